@@ -1,0 +1,376 @@
+"""Run configuration: Cerebras-style params.yaml plus command-line overrides.
+
+A params file has the sections ``model``, ``train_input``, ``eval_input``, ``optimizer`` and
+``runconfig``. Every section is a frozen dataclass; unknown keys and wrong types are errors
+that name the key (``ConfigError``), so a typo never silently trains the wrong thing. Any key
+can be overridden as ``--section.key=value`` (the value is parsed as YAML: ``50``, ``null``,
+``[256, 256]``). The familiar flags of other systems are aliases (table ``FLAG_ALIASES``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """Bad user input in params or flags; the message says what, where and what to do."""
+
+
+@dataclass(frozen=True)
+class FCMNISTConfig:
+    name: str = "fc_mnist"
+    hidden_sizes: list[int] = field(default_factory=lambda: [512, 512])
+    input_size: int = 784
+    num_classes: int = 10
+
+
+@dataclass(frozen=True)
+class GPT2ModelConfig:
+    name: str = "gpt2"
+    preset: str | None = None  # gpt2-mini | gpt2 | gpt2-medium | gpt2-large | gpt2-xl
+    n_layer: int | None = None
+    n_head: int | None = None
+    n_embd: int | None = None
+    block_size: int | None = None
+    vocab_size: int | None = None
+
+
+MODEL_CONFIGS: dict[str, type] = {"fc_mnist": FCMNISTConfig, "gpt2": GPT2ModelConfig}
+
+
+@dataclass(frozen=True)
+class TrainInputConfig:
+    data_dir: str | None = None
+    batch_size: int | None = 32  # per replica
+    global_batch_size: int | None = None
+    shuffle: bool = True
+
+
+@dataclass(frozen=True)
+class EvalInputConfig:
+    data_dir: str | None = None  # default: the train_input data's held-out split
+    batch_size: int = 250  # per replica
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    optimizer_type: str = "adamw"
+    learning_rate: float = 1e-3
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+    max_gradient_norm: float | None = None
+    grad_accum_steps: int = 1
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    mode: str = "train_and_eval"
+    max_steps: int = 500
+    save_summary_steps: int = 50
+    save_checkpoints_steps: int = 250
+    keep_checkpoint_max: int = 3
+    model_dir: str = "model_dir"
+    seed: int = 1
+    autoload: bool = True
+    checkpoint_path: str | None = None
+    enable_data_parallel: bool = True
+    zero_opt_level: int = 0
+    collective_algorithm: str = "auto"
+    check_collectives: bool = False
+    min_world_size: int = 1
+    progress_bar: str | bool = "auto"
+
+
+@dataclass(frozen=True)
+class Params:
+    model: Any
+    train_input: TrainInputConfig
+    eval_input: EvalInputConfig
+    optimizer: OptimizerConfig
+    runconfig: RunConfig
+    source: str = "<defaults>"
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d.pop("source")
+        return d
+
+
+SECTIONS: dict[str, type] = {
+    "train_input": TrainInputConfig,
+    "eval_input": EvalInputConfig,
+    "optimizer": OptimizerConfig,
+    "runconfig": RunConfig,
+}
+
+# Flags users bring from Cerebras (run.py), SambaFlow and RAF, mapped to params keys.
+# Value None means a switch that sets the key to true.
+FLAG_ALIASES: dict[str, tuple[str, str | None]] = {
+    "--zero_opt_level": ("runconfig.zero_opt_level", "value"),
+    "--zero-opt-level": ("runconfig.zero_opt_level", "value"),
+    "--multireplica": ("runconfig.enable_data_parallel", None),
+    "--data-parallel": ("runconfig.enable_data_parallel", None),
+    "--enable_data_parallel": ("runconfig.enable_data_parallel", None),
+    "--mode": ("runconfig.mode", "value"),
+    "--model_dir": ("runconfig.model_dir", "value"),
+    "--checkpoint_path": ("runconfig.checkpoint_path", "value"),
+    "--max_steps": ("runconfig.max_steps", "value"),
+    "--seed": ("runconfig.seed", "value"),
+    "--min-world-size": ("runconfig.min_world_size", "value"),
+    "-ws": ("runconfig.min_world_size", "value"),
+    "--algorithm": ("runconfig.collective_algorithm", "value"),
+}
+
+CHOICES: dict[str, tuple] = {
+    "runconfig.mode": ("train", "eval", "train_and_eval"),
+    "runconfig.collective_algorithm": ("auto", "ring", "rhd", "native"),
+    "runconfig.progress_bar": ("auto", True, False),
+    "optimizer.optimizer_type": ("adamw", "sgd"),
+}
+
+
+def preset_names() -> list[str]:
+    files = resources.files("simdist") / "params"
+    return sorted(p.name[: -len(".yaml")] for p in files.iterdir() if p.name.endswith(".yaml"))
+
+
+def _read_yaml(params: str) -> tuple[dict[str, Any], str]:
+    path = Path(params)
+    if path.suffix in (".yaml", ".yml") or path.exists():
+        if not path.is_file():
+            raise ConfigError(f"params file {params!r} does not exist")
+        text, source = path.read_text(), str(path)
+    else:
+        preset = resources.files("simdist") / "params" / f"{params}.yaml"
+        if not preset.is_file():
+            raise ConfigError(
+                f"--params {params!r} is neither a file nor a preset; "
+                f"presets: {', '.join(preset_names())}"
+            )
+        text, source = preset.read_text(), f"preset {params}"
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{source}: malformed YAML: {e}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: expected a mapping of sections, got {type(data).__name__}")
+    return data, source
+
+
+def _check_type(value: Any, annotation: Any, key: str) -> Any:
+    """Validate (and lightly coerce int->float) a value against a dataclass annotation."""
+    origin = typing.get_origin(annotation)
+    if origin in (types.UnionType, typing.Union):
+        errors = []
+        for arm in typing.get_args(annotation):
+            if arm is type(None):
+                if value is None:
+                    return None
+                continue
+            try:
+                return _check_type(value, arm, key)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(f"{key}: expected {_type_name(annotation)}, got {value!r}")
+    if origin is list:
+        (item,) = typing.get_args(annotation)
+        if not isinstance(value, list):
+            raise ConfigError(f"{key}: expected a list of {item.__name__}, got {value!r}")
+        return [_check_type(v, item, f"{key}[{i}]") for i, v in enumerate(value)]
+    if annotation is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{key}: expected a number, got {value!r}")
+        return float(value)
+    if annotation is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{key}: expected an integer, got {value!r}")
+        return value
+    if annotation is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key}: expected true or false, got {value!r}")
+        return value
+    if annotation is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{key}: expected a string, got {value!r}")
+        return value
+    raise TypeError(f"unsupported annotation {annotation!r} for {key}")
+
+
+def _type_name(annotation: Any) -> str:
+    args = typing.get_args(annotation)
+    if args:
+        return " or ".join("null" if a is type(None) else _type_name(a) for a in args)
+    return getattr(annotation, "__name__", str(annotation))
+
+
+def _build(cls: type, values: dict[str, Any], section: str) -> Any:
+    if not isinstance(values, dict):
+        raise ConfigError(f"section {section!r} must be a mapping, got {values!r}")
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ConfigError(
+            f"unknown key {section}.{unknown[0]}; valid keys in {section}: {', '.join(sorted(known))}"
+        )
+    checked = {}
+    for name, value in values.items():
+        key = f"{section}.{name}"
+        checked[name] = _check_type(value, hints[name], key)
+        if key in CHOICES and checked[name] not in CHOICES[key]:
+            options = ", ".join(str(c).lower() for c in CHOICES[key])
+            raise ConfigError(f"{key}: {value!r} is not one of {options}")
+    return cls(**checked)
+
+
+def parse_overrides(argv: list[str]) -> tuple[str | None, dict[str, Any]]:
+    """Split argv into --params and a {"section.key": value} override map."""
+    params_arg: str | None = None
+    overrides: dict[str, Any] = {}
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        name, eq, inline = arg.partition("=")
+        if name in ("--params", "-p"):
+            if eq:
+                params_arg = inline
+            elif i + 1 < len(argv):
+                params_arg, i = argv[i + 1], i + 1
+            else:
+                raise ConfigError("--params needs a file or preset name")
+        elif name in FLAG_ALIASES:
+            key, kind = FLAG_ALIASES[name]
+            if kind is None:
+                overrides[key] = _parse_value(inline) if eq else True
+            elif eq:
+                overrides[key] = _parse_value(inline)
+            elif i + 1 < len(argv):
+                overrides[key], i = _parse_value(argv[i + 1]), i + 1
+            else:
+                raise ConfigError(f"{name} needs a value")
+        elif name.startswith("--") and "." in name:
+            if not eq:
+                if i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+                    inline, i = argv[i + 1], i + 1
+                else:
+                    raise ConfigError(f"{name} needs a value: {name}=VALUE")
+            overrides[name[2:]] = _parse_value(inline)
+        else:
+            raise ConfigError(
+                f"unrecognised argument {arg!r}; use --params FILE_OR_PRESET, "
+                f"--section.key=value, or one of {', '.join(sorted(FLAG_ALIASES))}"
+            )
+        i += 1
+    return params_arg, overrides
+
+
+def _parse_value(text: str) -> Any:
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def load_params(argv: list[str] | None = None, default: str = "fc_mnist") -> Params:
+    """Resolve params from --params (file or preset, default ``fc_mnist``) and overrides."""
+    params_arg, overrides = parse_overrides(list(argv or []))
+    data, source = _read_yaml(params_arg or default)
+    unknown = sorted(set(data) - set(SECTIONS) - {"model"})
+    if unknown:
+        raise ConfigError(
+            f"{source}: unknown section {unknown[0]!r}; "
+            f"sections: model, {', '.join(SECTIONS)}"
+        )
+    data = {k: dict(v) if isinstance(v, dict) else v for k, v in data.items()}
+    for key, value in overrides.items():
+        section, _, name = key.partition(".")
+        if section not in SECTIONS and section != "model" or not name or "." in name:
+            raise ConfigError(
+                f"--{key}: expected --section.key=value with section one of "
+                f"model, {', '.join(SECTIONS)}"
+            )
+        data.setdefault(section, {})
+        if not isinstance(data[section], dict):
+            raise ConfigError(f"{source}: section {section!r} must be a mapping")
+        data[section][name] = value
+    model_values = data.get("model") or {}
+    model_name = model_values.get("name", "fc_mnist") if isinstance(model_values, dict) else None
+    if model_name not in MODEL_CONFIGS:
+        raise ConfigError(
+            f"model.name: unknown model {model_name!r}; available: {', '.join(MODEL_CONFIGS)}"
+        )
+    model = _build(MODEL_CONFIGS[model_name], model_values, "model")
+    sections = {name: _build(cls, data.get(name) or {}, name) for name, cls in SECTIONS.items()}
+    params = Params(model=model, source=source, **sections)
+    validate(params)
+    return params
+
+
+def validate(p: Params) -> None:
+    """Checks across keys that a type check cannot see."""
+    t, o, r = p.train_input, p.optimizer, p.runconfig
+    if (t.batch_size is None) == (t.global_batch_size is None):
+        raise ConfigError(
+            "train_input: give exactly one of batch_size (per replica) and global_batch_size "
+            "(set the other to null)"
+        )
+    for key, value in [
+        ("train_input.batch_size", t.batch_size),
+        ("train_input.global_batch_size", t.global_batch_size),
+        ("eval_input.batch_size", p.eval_input.batch_size),
+        ("runconfig.save_summary_steps", r.save_summary_steps),
+        ("optimizer.grad_accum_steps", o.grad_accum_steps),
+        ("runconfig.min_world_size", r.min_world_size),
+    ]:
+        if value is not None and value < 1:
+            raise ConfigError(f"{key} must be >= 1, got {value}")
+    for key, value in [
+        ("runconfig.max_steps", r.max_steps),
+        ("runconfig.save_checkpoints_steps", r.save_checkpoints_steps),
+        ("runconfig.keep_checkpoint_max", r.keep_checkpoint_max),
+    ]:
+        if value < 0:
+            raise ConfigError(f"{key} must be >= 0, got {value}")
+    if r.zero_opt_level not in (0, 1, 2):
+        raise ConfigError(
+            f"runconfig.zero_opt_level must be 0, 1 or 2, got {r.zero_opt_level} "
+            "(ZeRO-3 is not implemented)"
+        )
+    if o.learning_rate <= 0:
+        raise ConfigError(f"optimizer.learning_rate must be > 0, got {o.learning_rate}")
+    if o.max_gradient_norm is not None and o.max_gradient_norm <= 0:
+        raise ConfigError("optimizer.max_gradient_norm must be > 0 or null")
+    if r.zero_opt_level > 0 and not r.enable_data_parallel:
+        raise ConfigError("runconfig.zero_opt_level > 0 needs runconfig.enable_data_parallel: true")
+
+
+def batch_sizes(p: Params, world: int) -> tuple[int, int]:
+    """(per-replica micro-batch, global batch per optimizer step) for this world size."""
+    t, accum = p.train_input, p.optimizer.grad_accum_steps
+    replicas = world
+    if t.global_batch_size is not None:
+        if t.global_batch_size % (replicas * accum):
+            raise ConfigError(
+                f"train_input.global_batch_size={t.global_batch_size} is not divisible by "
+                f"replicas x grad_accum_steps = {replicas} x {accum}; choose a multiple of "
+                f"{replicas * accum} or give train_input.batch_size per replica instead"
+            )
+        return t.global_batch_size // (replicas * accum), t.global_batch_size
+    return t.batch_size, t.batch_size * replicas * accum
+
+
+def dump_yaml(p: Params) -> str:
+    return yaml.safe_dump(p.to_dict(), sort_keys=False)

@@ -1,0 +1,113 @@
+"""FC-MNIST: a multi-layer perceptron (784 -> hidden... -> 10) with ReLU and softmax CE.
+
+Weights are stored (in, out) like every simdist linear layer, so ``fc1.weight`` has shape
+[784, 512]. Initialisation follows PyTorch's nn.Linear default (uniform in +-1/sqrt(fan_in)
+for weight and bias), so results are comparable with a PyTorch reference.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from simdist.config import FCMNISTConfig
+from simdist.kernels.activation import relu_backward, relu_forward
+from simdist.kernels.linear import linear_backward, linear_backward_params, linear_forward
+from simdist.kernels.loss import softmax_cross_entropy_backward, softmax_cross_entropy_forward
+
+from .base import ParamSpec
+
+
+class _Workspace:
+    """Activations for one micro-batch size, allocated once."""
+
+    def __init__(self, sizes: list[int], batch: int):
+        # acts[i] is the output of layer i (post-ReLU for hidden layers, logits for the last)
+        self.acts = [np.zeros((batch, n), np.float32) for n in sizes[1:]]
+        self.dacts = [np.zeros((batch, n), np.float32) for n in sizes[1:-1]]
+        self.probs = np.zeros((batch, sizes[-1]), np.float32)
+        self.losses = np.zeros(batch, np.float32)
+        self.nbytes = sum(a.nbytes for a in self.acts + self.dacts) + self.probs.nbytes + self.losses.nbytes
+
+
+class FCMNIST:
+    def __init__(self, config: FCMNISTConfig):
+        if not config.hidden_sizes or any(h < 1 for h in config.hidden_sizes):
+            raise ValueError(
+                f"model.hidden_sizes must be a non-empty list of positive sizes, "
+                f"got {config.hidden_sizes}"
+            )
+        self.name = "fc_mnist"
+        self.sizes = [config.input_size, *config.hidden_sizes, config.num_classes]
+        self.n_layers = len(self.sizes) - 1
+        self._ws: dict[int, _Workspace] = {}
+        self._train: _Workspace | None = None
+        self._inputs: np.ndarray | None = None
+
+    def parameter_specs(self) -> list[ParamSpec]:
+        specs = []
+        for i in range(self.n_layers):
+            fan_in, fan_out = self.sizes[i], self.sizes[i + 1]
+            specs.append(ParamSpec(f"fc{i + 1}.weight", (fan_in, fan_out), True))
+            specs.append(ParamSpec(f"fc{i + 1}.bias", (fan_out,), False))
+        return specs
+
+    def init_parameters(self, params: dict[str, np.ndarray], rng: np.random.Generator) -> None:
+        for i in range(self.n_layers):
+            bound = 1.0 / np.sqrt(self.sizes[i])
+            for name in (f"fc{i + 1}.weight", f"fc{i + 1}.bias"):
+                p = params[name]
+                p[...] = rng.uniform(-bound, bound, size=p.shape).astype(np.float32)
+
+    def allocate(self, batch_size: int) -> None:
+        self._train = self._workspace(batch_size)
+
+    def _workspace(self, batch: int) -> _Workspace:
+        if batch not in self._ws:
+            self._ws[batch] = _Workspace(self.sizes, batch)
+        return self._ws[batch]
+
+    def _forward(self, ws: _Workspace, params, inputs: np.ndarray, targets: np.ndarray) -> None:
+        x = inputs
+        for i in range(self.n_layers):
+            out = ws.acts[i]
+            linear_forward(out, x, params[f"fc{i + 1}.weight"], params[f"fc{i + 1}.bias"])
+            if i < self.n_layers - 1:
+                relu_forward(out, out)
+            x = out
+        softmax_cross_entropy_forward(ws.losses, ws.probs, ws.acts[-1], targets)
+
+    def forward(self, params, inputs: np.ndarray, targets: np.ndarray) -> float:
+        ws = self._train
+        if ws is None or ws.losses.shape[0] != inputs.shape[0]:
+            raise ValueError(f"allocate({inputs.shape[0]}) before forward with that batch")
+        self._forward(ws, params, inputs, targets)
+        self._inputs, self._targets = inputs, targets
+        return float(ws.losses.mean(dtype=np.float64))
+
+    def backward(self, params, grads, dloss: float) -> None:
+        ws = self._train
+        dout = ws.probs  # dlogits overwrite the saved probabilities in place
+        softmax_cross_entropy_backward(dout, ws.probs, self._targets, np.float32(dloss))
+        for i in range(self.n_layers - 1, 0, -1):
+            x, dx = ws.acts[i - 1], ws.dacts[i - 1]
+            w = params[f"fc{i + 1}.weight"]
+            linear_backward(dx, grads[f"fc{i + 1}.weight"], grads[f"fc{i + 1}.bias"], dout, x, w)
+            relu_backward(dx, dx, x)
+            dout = dx
+        linear_backward_params(grads["fc1.weight"], grads["fc1.bias"], dout, self._inputs)
+
+    def evaluate(self, params, inputs: np.ndarray, targets: np.ndarray) -> tuple[float, int]:
+        ws = self._workspace(inputs.shape[0])
+        self._forward(ws, params, inputs, targets)
+        correct = int((ws.probs.argmax(axis=1) == targets).sum())
+        return float(ws.losses.sum(dtype=np.float64)), correct
+
+    def activation_bytes(self, batch_size: int) -> int:
+        sizes = self.sizes
+        return 4 * batch_size * (sum(sizes[1:]) + sum(sizes[1:-1]) + sizes[-1] + 1)
+
+    def flops_per_sample(self) -> int:
+        macs = sum(self.sizes[i] * self.sizes[i + 1] for i in range(self.n_layers))
+        # forward 2*macs; backward 4*macs except the first layer's input gradient (2*macs_1)
+        return 6 * macs - 2 * self.sizes[0] * self.sizes[1]
+

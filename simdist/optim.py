@@ -1,0 +1,50 @@
+"""Optimizers over a flat range of the parameter buffer.
+
+An optimizer owns state only for the flat range [lo, hi) it is given: the whole padded
+buffer in plain data parallelism, one rank's slice under ZeRO-1/2. Updates are element-wise
+(AdamW, SGD with momentum), so updating a slice gives exactly the bits that updating the
+whole buffer would give for those elements. Weight decay is skipped on tensors whose
+ParamSpec says so (biases, norms); padding is never touched.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from simdist.config import OptimizerConfig
+from simdist.kernels.optim import adamw_update, sgd_update
+
+from .arena import Layout
+
+
+class Optimizer:
+    def __init__(self, cfg: OptimizerConfig, layout: Layout, lo: int, hi: int, alloc):
+        self.cfg, self.lo, self.hi = cfg, lo, hi
+        # segments relative to lo, each with its weight-decay flag
+        self.segments = [
+            (s.lo - lo, s.hi - lo, cfg.weight_decay if s.weight_decay else 0.0)
+            for s in layout.segments(lo, hi)
+        ]
+        n = hi - lo
+        if cfg.optimizer_type == "adamw":
+            self.state = {"exp_avg": alloc("optimizer_state", "exp_avg", n),
+                          "exp_avg_sq": alloc("optimizer_state", "exp_avg_sq", n)}
+        else:
+            self.state = {"momentum_buffer": alloc("optimizer_state", "momentum_buffer", n)}
+
+    def step(self, params: np.ndarray, grads: np.ndarray, step: int, lr: float) -> None:
+        """Update params[lo:hi] given grads for the same range; ``step`` counts from 1."""
+        c = self.cfg
+        f32 = np.float32
+        for a, b, wd in self.segments:
+            p, g = params[a:b], grads[a:b]
+            if c.optimizer_type == "adamw":
+                adamw_update(
+                    p, g, self.state["exp_avg"][a:b], self.state["exp_avg_sq"][a:b],
+                    f32(lr), f32(c.beta1), f32(c.beta2), f32(c.eps), f32(wd), step,
+                )
+            else:
+                sgd_update(
+                    p, g, self.state["momentum_buffer"][a:b],
+                    f32(lr), f32(c.momentum), f32(wd), step,
+                )

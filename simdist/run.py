@@ -1,0 +1,384 @@
+"""Everything around the training loop: set-up, summaries, checkpoints, eval, artifacts.
+
+``setup`` turns argv into a ``Run``: params resolved and checked on every rank, the model
+and its flat parameter/gradient buffers, the optimizer over this rank's update range, the
+collectives, the data and sampler, and a resumed state when model_dir holds a checkpoint.
+Rank 0 alone prints and writes shared artifacts (params.yaml, events, performance.json,
+checkpoints); other ranks contribute through collectives.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import time
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from simdist import checkpoint
+from simdist.arena import Layout
+from simdist.comm import Collectives
+from simdist.comm.world import world
+from simdist.config import ConfigError, Params, batch_sizes, dump_yaml, load_params
+from simdist.data.datasets import build_dataset
+from simdist.data.sampler import DistributedSampler
+from simdist.events import EventWriter
+from simdist.kernels.registry import warm_all
+from simdist.models import build_model
+from simdist.optim import Optimizer
+from simdist.parallel import GradientSync
+
+
+def report_config_error(e: ConfigError) -> int:
+    """Bad input: one clear message (from rank 0), exit code 2, nothing written."""
+    if world().Get_rank() == 0:
+        sys.stderr.write(f"simdist: error: {e}\n")
+    return 2
+
+
+def agree(comm, error: str | None) -> None:
+    """Every rank learns whether any rank failed a check, so no rank waits alone."""
+    errors = comm.allgather(error)
+    failed = [(r, e) for r, e in enumerate(errors) if e]
+    if failed:
+        rank, msg = failed[0]
+        raise ConfigError(msg if len(set(e for _, e in failed)) == 1 else f"rank {rank}: {msg}")
+
+
+class Memory:
+    """Bytes this rank holds, by category, from what is actually allocated."""
+
+    def __init__(self):
+        self.bytes: dict[str, int] = {}
+
+    def alloc(self, category: str, name: str, n: int) -> np.ndarray:
+        a = np.zeros(n, np.float32)
+        self.bytes[category] = self.bytes.get(category, 0) + a.nbytes
+        return a
+
+    def add(self, category: str, nbytes: int) -> None:
+        self.bytes[category] = self.bytes.get(category, 0) + nbytes
+
+
+@dataclass
+class Timers:
+    started: float  # process entry
+    compile_time: float = 0.0
+    programming_time: float = 0.0
+    train_start: float = 0.0
+    train_time: float = 0.0
+    first_step: int = 0
+
+
+class Run:
+    def __init__(self, params: Params, comm, started: float):
+        self.params, self.comm = params, comm
+        self.rank, self.world = comm.Get_rank(), comm.Get_size()
+        self.is_main = self.rank == 0
+        self.timers = Timers(started)
+        r = params.runconfig
+        self.model_dir = Path(r.model_dir)
+        self.micro_batch, self.global_batch = batch_sizes(params, self.world)
+        self.coll = Collectives(comm, algorithm=r.collective_algorithm, check=r.check_collectives)
+        self.memory = Memory()
+        self.step = 0
+        self.events: EventWriter | None = None
+        self._summary_t = (0.0, 0)
+
+    # ----------------------------------------------------------------- set-up
+    def build(self) -> None:
+        p, r = self.params, self.params.runconfig
+        self.model = build_model(p.model)
+        self.data = build_dataset(p, self.micro_batch)
+        self.log(
+            f"simdist: {self.world} replica(s), model {self.model.name}, micro-batch "
+            f"{self.micro_batch} x {p.optimizer.grad_accum_steps} accumulation, global batch "
+            f"{self.global_batch} ({self._batch_origin()}), ZeRO-{r.zero_opt_level}, "
+            f"collectives {r.collective_algorithm}; data: {self.data.source}"
+        )
+        # Compile once: rank 0 compiles into numba's on-disk cache, the others then load it.
+        if self.is_main:
+            self.timers.compile_time = warm_all()
+        self.comm.Barrier()
+        if not self.is_main:
+            self.timers.compile_time = warm_all()
+        self.log(f"kernels ready in {self.timers.compile_time:.2f} s (rank 0: compile or load)")
+
+        specs = self.model.parameter_specs()
+        self.layout = layout = Layout(specs, self.world)
+        self.params_flat = self.memory.alloc("parameters", "params", layout.padded)
+        self.pviews = layout.views(self.params_flat)
+        accum = p.optimizer.grad_accum_steps
+        self.grads = self.memory.alloc("gradients", "grads", layout.padded)
+        # with accumulation the model writes each micro-batch into a scratch buffer
+        self.micro_grads = (
+            self.memory.alloc("gradients", "micro_grads", layout.padded) if accum > 1 else None
+        )
+        self.gviews = layout.views(self.micro_grads if accum > 1 else self.grads)
+        self.model.allocate(self.micro_batch)
+        self.memory.add("activations", self.model.activation_bytes(self.micro_batch))
+
+        self.sync = GradientSync(self.coll, layout, r.zero_opt_level)
+        lo, hi = self.sync.update_range
+        self.optimizer = Optimizer(p.optimizer, layout, lo, hi, self.memory.alloc)
+        self.sampler = DistributedSampler(
+            self.data.num_train, self.global_batch, self.world, self.rank, r.seed,
+            p.train_input.shuffle, accum,
+        )
+        self.model.init_parameters(self.pviews, np.random.default_rng(r.seed))
+        self.coll.broadcast(self.params_flat, root=0)  # replicas start identical, as DDP
+        self.log(
+            f"parameters: {layout.numel:,} ({layout.padded:,} padded); memory per rank: "
+            + ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in self.memory.bytes.items())
+        )
+        self._prepare_model_dir()
+        self._resume()
+
+    def _batch_origin(self) -> str:
+        t = self.params.train_input
+        return "global given" if t.global_batch_size is not None else "per replica given"
+
+    def _prepare_model_dir(self) -> None:
+        error = None
+        if self.is_main:
+            try:
+                self.model_dir.mkdir(parents=True, exist_ok=True)
+                probe = self.model_dir / f".write-test-{os.getpid()}"
+                probe.write_text("")
+                probe.unlink()
+            except OSError as e:
+                error = f"runconfig.model_dir {str(self.model_dir)!r} is not writable: {e}"
+        agree(self.comm, error)
+
+    def _resume(self) -> None:
+        r = self.params.runconfig
+        path = None
+        if r.checkpoint_path:
+            path = Path(r.checkpoint_path)
+        elif r.autoload:
+            path = checkpoint.latest_checkpoint(self.model_dir)
+        if path is None:
+            return
+        shapes = {s.name: s.shape for s in self.layout.specs}
+        step, tensors, state, _ = checkpoint.load(path, shapes, self.model.name)
+        for name, value in tensors.items():
+            self.pviews[name][...] = value
+        lo, hi = self.sync.update_range
+        for key, buf in self.optimizer.state.items():
+            if key not in state:
+                raise checkpoint.CheckpointError(
+                    f"checkpoint {path} has no optimizer state {key!r} "
+                    f"(written with another optimizer_type?)"
+                )
+            full = np.zeros(self.layout.padded, np.float32)
+            for name, view in self.layout.views(full).items():
+                view[...] = state[key][name]
+            buf[...] = full[lo:hi]
+        self.step = step
+        self.log(f"resumed from {path} at global_step = {step}")
+
+    # ----------------------------------------------------------------- per step
+    def accumulate_gradients(self, micro: int) -> None:
+        if self.micro_grads is None:
+            return
+        if micro == 0:
+            np.copyto(self.grads, self.micro_grads)
+        else:
+            np.add(self.grads, self.micro_grads, out=self.grads)
+
+    def clip(self, grads: np.ndarray) -> float | None:
+        max_norm = self.params.optimizer.max_gradient_norm
+        if max_norm is None:
+            return None
+        norm = self.sync.global_norm(grads)
+        coef = max_norm / (norm + 1e-6)  # as torch.nn.utils.clip_grad_norm_
+        if coef < 1.0:
+            np.multiply(grads, np.float32(coef), out=grads)
+        return norm
+
+    def start_training(self) -> None:
+        r = self.params.runconfig
+        if self.is_main:
+            (self.model_dir / "params.yaml").write_text(dump_yaml(self.params))
+            self.events = EventWriter(str(self.model_dir))
+        self.comm.Barrier()
+        now = time.perf_counter()
+        self.timers.programming_time = now - self.timers.started
+        self.timers.train_start = now
+        self.timers.first_step = self.step
+        self._summary_t = (now, self.step)
+        self._bar = _ProgressBar(r.max_steps, r.progress_bar) if self.is_main else None
+        if self.step >= r.max_steps:
+            self.log(f"nothing to train: global_step {self.step} >= max_steps {r.max_steps}")
+
+    def after_step(self, loss: float, norm: float | None) -> None:
+        r, step = self.params.runconfig, self.step
+        if self._bar:
+            self._bar.update(step, loss)
+        last = step == r.max_steps
+        if step % r.save_summary_steps == 0 or last:
+            mean_loss = self.coll.allreduce_scalars(np.array([loss]))[0] / self.world
+            self.check_replicas()
+            if self.is_main:
+                now = time.perf_counter()
+                t0, s0 = self._summary_t
+                rate = (step - s0) * self.global_batch / max(now - t0, 1e-9)
+                self._summary_t = (now, step)
+                extra = f", grad_norm = {norm:.4f}" if norm is not None else ""
+                self.log(f"global_step = {step}, loss = {mean_loss:.6f}{extra}")
+                self.events.scalar("loss", mean_loss, step)
+                self.events.scalar("samples_per_sec", rate, step)
+                self.events.flush()
+        if r.save_checkpoints_steps and (step % r.save_checkpoints_steps == 0 or last):
+            self.save_checkpoint()
+
+    def check_replicas(self) -> None:
+        """Replicas must hold bitwise-identical parameters: compare a hash across ranks."""
+        digest = zlib.crc32(self.params_flat.view(np.uint8))
+        digests = self.comm.allgather(digest)
+        if len(set(digests)) != 1:
+            raise RuntimeError(
+                f"replicas diverged at global_step {self.step}: parameter CRC32 per rank "
+                f"{[hex(d) for d in digests]}"
+            )
+
+    def save_checkpoint(self) -> None:
+        lo, hi = self.sync.update_range
+        state = {}
+        for key, buf in self.optimizer.state.items():
+            if hi - lo == self.layout.padded:
+                full = buf
+            else:  # ZeRO: gather the shards into one consolidated buffer
+                full = np.zeros(self.layout.padded, np.float32)
+                full[lo:hi] = buf
+                self.coll.allgather(full, bounds=self.layout.bounds)
+            state[key] = {k: v.copy() for k, v in self.layout.views(full).items()}
+        if self.is_main:
+            attrs = {
+                "model": self.model.name,
+                "world_size": self.world,
+                "zero_opt_level": self.params.runconfig.zero_opt_level,
+                "optimizer_type": self.params.optimizer.optimizer_type,
+                "layout": self.layout.describe(),
+            }
+            path = checkpoint.save(
+                self.model_dir, self.step, self.pviews, state, attrs,
+                self.params.runconfig.keep_checkpoint_max,
+            )
+            self.log(f"saved checkpoint {path}")
+        self.comm.Barrier()
+
+    def finish_training(self) -> None:
+        self.comm.Barrier()
+        t = self.timers
+        t.train_time = time.perf_counter() - t.train_start
+        if self._bar:
+            self._bar.close()
+        steps = self.step - t.first_step
+        samples = steps * self.global_batch
+        rate = samples / t.train_time if t.train_time > 0 else 0.0
+        self.log(
+            f"Training finished with {samples} samples in {t.train_time:.3f} seconds, "
+            f"{rate:.2f} samples/second."
+        )
+        if self.is_main:
+            perf = {
+                "total_samples": samples,
+                "total_time": t.train_time,
+                "samples_per_sec": rate,
+                "compile_time": t.compile_time,
+                "programming_time": t.programming_time,
+                "steps": steps,
+                "global_step": self.step,
+                "world_size": self.world,
+                "global_batch_size": self.global_batch,
+                "micro_batch_size": self.micro_batch,
+                "grad_accum_steps": self.params.optimizer.grad_accum_steps,
+                "zero_opt_level": self.params.runconfig.zero_opt_level,
+                "collective_algorithm": self.params.runconfig.collective_algorithm,
+                "memory_bytes": dict(self.memory.bytes),
+                "comm_bytes_sent_per_step": self.coll.bytes_sent / max(steps, 1),
+                "host": socket.gethostname(),
+            }
+            (self.model_dir / "performance.json").write_text(json.dumps(perf, indent=1))
+
+    # ----------------------------------------------------------------- eval
+    def evaluate(self) -> dict:
+        """Each rank scores a contiguous share of the held-out set; sums are combined."""
+        n = self.data.num_eval
+        lo, hi = n * self.rank // self.world, n * (self.rank + 1) // self.world
+        batch = self.params.eval_input.batch_size
+        loss_sum, correct = 0.0, 0
+        for start in range(lo, hi, batch):
+            x, y = self.data.eval_batch(start, min(start + batch, hi))
+            l, c = self.model.evaluate(self.pviews, x, y)
+            loss_sum, correct = loss_sum + l, correct + c
+        totals = self.coll.allreduce_scalars(np.array([loss_sum, correct], np.float64))
+        count = n * self.data.targets_per_sample
+        result = {
+            "global_step": self.step,
+            "accuracy": totals[1] / count,
+            "loss": totals[0] / count,
+            "eval_samples": n,
+        }
+        if self.is_main:
+            self.log(f"eval: accuracy = {result['accuracy']:.4f}, loss = {result['loss']:.6f}")
+            self.model_dir.mkdir(parents=True, exist_ok=True)
+            (self.model_dir / "eval.json").write_text(json.dumps(result, indent=1))
+        return result
+
+    def close(self) -> None:
+        if self.events:
+            self.events.close()
+
+    def log(self, message: str) -> None:
+        if self.is_main:
+            print(message, flush=True)
+            if self.model_dir.is_dir():
+                with open(self.model_dir / "run.log", "a") as f:
+                    f.write(message + "\n")
+
+
+class _ProgressBar:
+    """A one-line progress bar on rank 0's terminal (off when output is not a terminal)."""
+
+    def __init__(self, total: int, mode):
+        self.total = total
+        self.on = sys.stderr.isatty() if mode == "auto" else bool(mode)
+
+    def update(self, step: int, loss: float) -> None:
+        if self.on:
+            width = 30
+            done = int(width * step / max(self.total, 1))
+            bar = "#" * done + "." * (width - done)
+            sys.stderr.write(f"\r[{bar}] {step}/{self.total} loss {loss:.4f}")
+            sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.on:
+            sys.stderr.write("\n")
+
+
+def setup(argv: list[str], started: float) -> Run:
+    comm = world()
+    params = load_params(argv)
+    r = params.runconfig
+    if comm.Get_size() < r.min_world_size:
+        raise ConfigError(
+            f"this run needs at least runconfig.min_world_size = {r.min_world_size} ranks, "
+            f"but was started with {comm.Get_size()}; launch with mpirun -np "
+            f"{r.min_world_size} (or more)"
+        )
+    if not r.enable_data_parallel and comm.Get_size() > 1:
+        raise ConfigError(
+            f"runconfig.enable_data_parallel is false but {comm.Get_size()} ranks were "
+            "started; enable data parallelism or run one rank"
+        )
+    run = Run(params, comm, started)
+    run.build()
+    return run
