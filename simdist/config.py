@@ -174,7 +174,6 @@ def _check_type(value: Any, annotation: Any, key: str) -> Any:
     """Validate (and lightly coerce int->float) a value against a dataclass annotation."""
     origin = typing.get_origin(annotation)
     if origin in (types.UnionType, typing.Union):
-        errors = []
         for arm in typing.get_args(annotation):
             if arm is type(None):
                 if value is None:
@@ -182,8 +181,8 @@ def _check_type(value: Any, annotation: Any, key: str) -> Any:
                 continue
             try:
                 return _check_type(value, arm, key)
-            except ConfigError as e:
-                errors.append(str(e))
+            except ConfigError:
+                pass
         raise ConfigError(f"{key}: expected {_type_name(annotation)}, got {value!r}")
     if origin is list:
         (item,) = typing.get_args(annotation)
@@ -191,6 +190,12 @@ def _check_type(value: Any, annotation: Any, key: str) -> Any:
             raise ConfigError(f"{key}: expected a list of {item.__name__}, got {value!r}")
         return [_check_type(v, item, f"{key}[{i}]") for i, v in enumerate(value)]
     if annotation is float:
+        if isinstance(value, str):
+            # PyYAML reads "1e-2" (no dot) as a string; accept it as the number it spells
+            try:
+                value = float(value)
+            except ValueError:
+                pass
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ConfigError(f"{key}: expected a number, got {value!r}")
         return float(value)

@@ -1,0 +1,1 @@
+import simdist  # noqa: F401  (pins one compute thread per process before numpy loads)
