@@ -34,7 +34,7 @@ from simdist.optim import Optimizer
 from simdist.parallel import GradientSync
 
 
-def report_config_error(e: ConfigError) -> int:
+def report_config_error(e: Exception) -> int:
     """Bad input: one clear message (from rank 0), exit code 2, nothing written."""
     if world().Get_rank() == 0:
         sys.stderr.write(f"simdist: error: {e}\n")
@@ -89,6 +89,8 @@ class Run:
         self.step = 0
         self.events: EventWriter | None = None
         self._summary_t = (0.0, 0)
+        self._log_lines: list[str] = []
+        self._log_open = False  # nothing goes into model_dir until set-up has succeeded
 
     # ----------------------------------------------------------------- set-up
     def build(self) -> None:
@@ -138,6 +140,8 @@ class Run:
         )
         self._prepare_model_dir()
         self._resume()
+        if self.is_main:
+            self.open_log()
 
     def _batch_origin(self) -> str:
         t = self.params.train_input
@@ -337,11 +341,18 @@ class Run:
             self.events.close()
 
     def log(self, message: str) -> None:
+        """Rank 0 prints; run.log gets the lines once model_dir is ours to write."""
         if self.is_main:
             print(message, flush=True)
-            if self.model_dir.is_dir():
+            self._log_lines.append(message)
+            if self._log_open:
                 with open(self.model_dir / "run.log", "a") as f:
-                    f.write(message + "\n")
+                    f.write("\n".join(self._log_lines) + "\n")
+                self._log_lines.clear()
+
+    def open_log(self) -> None:
+        self._log_open = True
+        self.log(f"model_dir: {self.model_dir}")
 
 
 class _ProgressBar:

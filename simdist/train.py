@@ -13,8 +13,9 @@ import time
 
 import numpy as np
 
+from simdist.checkpoint import CheckpointError
 from simdist.config import ConfigError
-from simdist.run import Run, setup
+from simdist.run import Run, report_config_error, setup
 
 
 def train(run: Run) -> None:
@@ -44,9 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
         run = setup(argv, started)
-    except ConfigError as e:
-        from simdist.run import report_config_error
-
+    except (ConfigError, CheckpointError) as e:
         return report_config_error(e)
     try:
         if run.params.runconfig.mode in ("train", "train_and_eval"):
