@@ -1,0 +1,273 @@
+"""GPT-2's numba kernels against float64 NumPy references and central finite differences.
+
+Forward: the float32 kernel on float32 inputs vs the float64 reference on the same values.
+Backward: the float32 analytic gradient vs central differences of the float64 reference
+of L = sum(forward(x) * G) for a random G, over EVERY coordinate (shapes are small), so a
+single wrong element fails. Error measure everywhere: max|a - b| / max|b| per tensor.
+
+Tolerances (float32 against float64 truth; measured errors are ~1e-7..1e-6):
+- forward outputs and saved statistics: 1e-5
+- gradients: 2e-5 (attention 5e-5: softmax backward subtracts nearly equal float32 sums)
+Shapes are odd on purpose: T = 7, C = 13 or 12 (tails of the 8-wide unrolled sums),
+n_head = 3, tokens repeating (embedding scatter-add collisions).
+"""
+
+import numpy as np
+import pytest
+from kernel_checks import central_fd, float64_ops, nrt_allocations
+from numba.core.dispatcher import Dispatcher
+from simdist.kernels import attention, embedding, gelu, layernorm, matmul, residual
+
+F32 = np.float32
+FWD_TOL = 1e-5
+GRAD_TOL = 2e-5
+ATT_GRAD_TOL = 5e-5
+
+
+def rel_err(a: np.ndarray, b: np.ndarray) -> float:
+    """max|a - b| / max|b| over the whole tensor."""
+    return float(np.max(np.abs(np.asarray(a, np.float64) - b)) / np.max(np.abs(b)))
+
+
+def fd_grad(f, args: list[np.ndarray], which: int, G: np.ndarray) -> np.ndarray:
+    """Central differences of sum(f(*args) * G) w.r.t. every element of args[which]."""
+    args = [np.array(a, dtype=np.float64) for a in args]
+
+    def loss(x: np.ndarray) -> float:
+        return float(np.sum(f(*args[:which], x, *args[which + 1 :]) * G))
+
+    return central_fd(loss, args[which])
+
+
+# ----------------------------------------------------------------------- references
+def ref_layernorm(x, w, b):
+    m = x.mean(-1, keepdims=True)
+    v = ((x - m) ** 2).mean(-1, keepdims=True)
+    return (x - m) / np.sqrt(v + 1e-5) * w + b
+
+
+def ref_gelu(x):
+    return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3)))
+
+
+def ref_attention(qkv, n_head):
+    B, T, C3 = qkv.shape
+    C = C3 // 3
+    hs = C // n_head
+    q, k, v = (qkv[..., i * C : (i + 1) * C].reshape(B, T, n_head, hs) for i in range(3))
+    q, k, v = (a.transpose(0, 2, 1, 3) for a in (q, k, v))  # (B, NH, T, hs)
+    s = q @ k.transpose(0, 1, 3, 2) / np.sqrt(hs)
+    s = np.where(np.tril(np.ones((T, T), bool)), s, -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    return (p @ v).transpose(0, 2, 1, 3).reshape(B, T, C), p
+
+
+# ----------------------------------------------------------------------- kernels
+def test_tanh_f32_accuracy():
+    x = np.concatenate([np.linspace(-12, 12, 200001), np.logspace(-8, 1, 2001)]).astype(F32)
+    got = np.array([gelu.tanh_f32(v) for v in x[::97]], dtype=np.float64)
+    assert np.max(np.abs(got - np.tanh(x[::97].astype(np.float64)))) < 4e-7
+    assert gelu.tanh_f32(F32(-x[5])) == -gelu.tanh_f32(F32(x[5]))  # odd
+
+
+def test_embedding_forward_backward():
+    rng = np.random.default_rng(0)
+    B, T, C, V, maxT = 3, 7, 13, 11, 9
+    tokens = rng.integers(0, V, (B, T)).astype(np.int32)
+    tokens[0, :3] = 4  # repeated tokens: their gradients must add up, not overwrite
+    wte = rng.standard_normal((V, C)).astype(F32)
+    wpe = rng.standard_normal((maxT, C)).astype(F32)
+    out = np.empty((B, T, C), F32)
+    embedding.embedding_forward(out, tokens, wte, wpe)
+    ref = wte.astype(np.float64)[tokens] + wpe.astype(np.float64)[:T]
+    assert rel_err(out, ref) < FWD_TOL
+
+    G = rng.standard_normal((B, T, C))
+    dwte0 = rng.standard_normal((V, C)).astype(F32)  # what the tied LM head left there
+    dwpe0 = rng.standard_normal((maxT, C)).astype(F32)
+    dwte, dwpe = dwte0.copy(), dwpe0.copy()
+    embedding.embedding_backward_accumulate(dwte, dwpe, G.astype(F32), tokens)
+
+    def f(wte_, wpe_):
+        return wte_[tokens] + wpe_[:T]
+
+    fd_wte = fd_grad(f, [wte, wpe], 0, G)
+    fd_wpe = fd_grad(f, [wte, wpe], 1, G)
+    assert rel_err(dwte - dwte0, fd_wte) < GRAD_TOL
+    assert rel_err(dwpe - dwpe0, fd_wpe) < GRAD_TOL
+    assert np.array_equal(dwpe[T:], dwpe0[T:])  # positions past T untouched
+
+
+@pytest.mark.parametrize("N,C", [(7, 13), (5, 32), (3, 1)])
+def test_layernorm_forward_backward(N, C):
+    rng = np.random.default_rng(1)
+    x = (rng.standard_normal((N, C)) * 3 + 2).astype(F32)
+    w = rng.standard_normal(C).astype(F32)
+    b = rng.standard_normal(C).astype(F32)
+    out = np.empty((N, C), F32)
+    mean = np.empty(N, F32)
+    rstd = np.empty(N, F32)
+    layernorm.layernorm_forward(out, mean, rstd, x, w, b)
+    x64 = x.astype(np.float64)
+    assert rel_err(out, ref_layernorm(x64, w, b)) < FWD_TOL
+    assert rel_err(mean, x64.mean(-1)) < FWD_TOL
+    assert rel_err(rstd, 1 / np.sqrt(x64.var(-1) + 1e-5)) < FWD_TOL
+    if C == 1:
+        return  # the output is the bias; gradients w.r.t. x vanish, nothing to compare
+
+    G = rng.standard_normal((N, C))
+    dx = np.full((N, C), np.nan, F32)  # overwritten, so NaN must not survive
+    dw = np.full(C, np.nan, F32)
+    db = np.full(C, np.nan, F32)
+    layernorm.layernorm_backward(dx, dw, db, G.astype(F32), x, w, mean, rstd)
+    for i, got in enumerate((dx, dw, db)):
+        assert rel_err(got, fd_grad(ref_layernorm, [x, w, b], i, G)) < GRAD_TOL, i
+
+    resid = rng.standard_normal((N, C)).astype(F32)
+    dx2 = resid.copy()
+    dw2 = np.full(C, np.nan, F32)
+    db2 = np.full(C, np.nan, F32)
+    layernorm.layernorm_backward_accumulate(dx2, dw2, db2, G.astype(F32), x, w, mean, rstd)
+    assert np.allclose(dx2 - resid, dx, rtol=0, atol=1e-5 * np.abs(dx).max())
+    assert np.array_equal(dw2, dw) and np.array_equal(db2, db)
+
+
+def test_gelu_forward_backward():
+    rng = np.random.default_rng(2)
+    x = np.concatenate([rng.standard_normal(37) * 3, [-12.0, -5.0, 0.0, 5.0, 12.0]]).astype(F32)
+    out = np.empty_like(x)
+    gelu.gelu_forward(out, x)
+    assert rel_err(out, ref_gelu(x.astype(np.float64))) < FWD_TOL
+    G = rng.standard_normal(x.shape)
+    dx = np.empty_like(x)
+    gelu.gelu_backward(dx, x, G.astype(F32))
+    assert rel_err(dx, fd_grad(ref_gelu, [x], 0, G)) < GRAD_TOL
+    inplace = G.astype(F32)
+    gelu.gelu_backward(inplace, x, inplace)  # dinp aliasing dout is allowed
+    assert np.array_equal(inplace, dx)
+
+
+def test_residual_forward():
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal(29).astype(F32)
+    b = rng.standard_normal(29).astype(F32)
+    out = np.empty_like(a)
+    residual.residual_forward(out, a, b)
+    assert np.array_equal(out, a + b)
+    residual.residual_forward(b, a, b)  # in place
+    assert np.array_equal(b, out)
+
+
+def test_lm_head_forward_backward():
+    rng = np.random.default_rng(4)
+    N, C, V = 7, 13, 11
+    x = rng.standard_normal((N, C)).astype(F32)
+    wte = rng.standard_normal((V, C)).astype(F32)
+    logits = np.empty((N, V), F32)
+    matmul.lm_head_forward(logits, x, wte)
+    assert rel_err(logits, x.astype(np.float64) @ wte.astype(np.float64).T) < FWD_TOL
+    G = rng.standard_normal((N, V))
+    dx = np.full((N, C), np.nan, F32)
+    dwte = np.full((V, C), np.nan, F32)
+    matmul.lm_head_backward(dx, dwte, G.astype(F32), x, wte)
+
+    def f(x_, w_):
+        return x_ @ w_.T
+
+    assert rel_err(dx, fd_grad(f, [x, wte], 0, G)) < GRAD_TOL
+    assert rel_err(dwte, fd_grad(f, [x, wte], 1, G)) < GRAD_TOL
+
+
+@pytest.mark.parametrize("B,T,n_head,hs", [(2, 7, 3, 4), (1, 5, 1, 8), (2, 1, 2, 3)])
+def test_attention_forward_backward(B, T, n_head, hs):
+    rng = np.random.default_rng(5)
+    C = n_head * hs
+    qkv = rng.standard_normal((B, T, 3 * C)).astype(F32)
+    out = np.full((B, T, C), np.nan, F32)
+    att = np.full((B, n_head, T, T), np.nan, F32)
+    # NaN scratch: any read of a slot before it is written poisons the result
+    shape, dshape = attention.attention_scratch_shapes(T, hs)
+    scratch = np.full(shape, np.nan, F32)
+    dscores = np.full(dshape, np.nan, F32)
+    attention.attention_forward(out, att, qkv, scratch, n_head)
+    ref_out, ref_p = ref_attention(qkv.astype(np.float64), n_head)
+    assert rel_err(out, ref_out) < FWD_TOL
+    assert rel_err(att, ref_p) < FWD_TOL
+    assert np.all(att[..., np.triu_indices(T, 1)[0], np.triu_indices(T, 1)[1]] == 0)
+
+    G = rng.standard_normal((B, T, C))
+    dqkv = np.full_like(qkv, np.nan)
+    attention.attention_backward(dqkv, G.astype(F32), qkv, att, scratch, dscores, n_head)
+    fd = fd_grad(lambda a: ref_attention(a, n_head)[0], [qkv], 0, G)
+    assert rel_err(dqkv, fd) < ATT_GRAD_TOL
+
+
+def test_attention_rejects_wrong_scratch():
+    qkv = np.zeros((1, 4, 12), F32)  # T = 4, C = 4, n_head = 2, hs = 2
+    out, att = np.zeros((1, 4, 4), F32), np.zeros((1, 2, 4, 4), F32)
+    with pytest.raises(ValueError, match="scratch"):
+        attention.attention_forward(out, att, qkv, np.zeros((7, 5, 2), F32), 2)
+    with pytest.raises(ValueError, match="dscores"):
+        attention.attention_backward(
+            qkv.copy(), out, qkv, att, np.zeros((7, 4, 2), F32), np.zeros((4, 3), F32), 2
+        )
+
+
+# ------------------------------------------------- float32 discipline and allocation
+MODULES = (attention, embedding, gelu, layernorm, matmul, residual)
+
+
+def _dispatchers():
+    for mod in MODULES:
+        mod._warm()  # compiles the production signatures, helpers included
+        for name, obj in vars(mod).items():
+            if isinstance(obj, Dispatcher) and obj.py_func.__module__ == mod.__name__:
+                yield f"{mod.__name__}.{name}", obj
+
+
+def test_no_float64_arithmetic():
+    leaks = {}
+    for name, disp in _dispatchers():
+        for sig, lines in float64_ops(disp).items():
+            if lines:
+                leaks[f"{name}{sig}"] = lines[:3]
+    assert not leaks, leaks
+
+
+def test_kernels_do_not_allocate():
+    rng = np.random.default_rng(6)
+    B, T, NH, hs, V = 2, 9, 3, 8, 17
+    C = NH * hs
+    N = B * T
+
+    def f(*shape):
+        return rng.standard_normal(shape).astype(F32)
+
+    tokens = rng.integers(0, V, (B, T)).astype(np.int32)
+    x, y, w, b = f(B, T, C), f(B, T, C), f(C), f(C)
+    mean, rstd = f(N), f(N)
+    qkv, dqkv, att = f(B, T, 3 * C), f(B, T, 3 * C), f(B, NH, T, T)
+    shape, dshape = attention.attention_scratch_shapes(T, hs)
+    scratch, dscores = f(*shape), f(*dshape)
+    wte, wpe, logits = f(V, C), f(T, C), f(N, V)
+    x2, y2 = x.reshape(N, C), y.reshape(N, C)
+    calls = [
+        (embedding.embedding_forward, (x, tokens, wte, wpe)),
+        (embedding.embedding_backward_accumulate, (wte, wpe, y, tokens)),
+        (layernorm.layernorm_forward, (y2, mean, rstd, x2, w, b)),
+        (layernorm.layernorm_backward, (y2, w.copy(), b.copy(), x2, x2.copy(), w, mean, rstd)),
+        (
+            layernorm.layernorm_backward_accumulate,
+            (y2, w.copy(), b.copy(), x2, x2.copy(), w, mean, rstd),
+        ),
+        (gelu.gelu_forward, (y.reshape(-1), x.reshape(-1))),
+        (gelu.gelu_backward, (y.reshape(-1), x.reshape(-1), y.reshape(-1))),
+        (residual.residual_forward, (y.reshape(-1), x.reshape(-1), y.reshape(-1))),
+        (matmul.lm_head_forward, (logits, x2, wte)),
+        (matmul.lm_head_backward, (y2, wte.copy(), logits, x2, wte)),
+        (attention.attention_forward, (x, att, qkv, scratch, NH)),
+        (attention.attention_backward, (dqkv, x, qkv, att, scratch, dscores, NH)),
+    ]
+    counts = {fn.__name__: nrt_allocations(fn, *args) for fn, args in calls}
+    assert all(n == 0 for n in counts.values()), counts
