@@ -183,7 +183,9 @@ def _warm() -> None:
     layernorm_forward(y, m, s, x, w, b)
     layernorm_backward(x, w.copy(), b.copy(), y, x.copy(), w, m, s)
     layernorm_backward_accumulate(x, w.copy(), b.copy(), y, x.copy(), w, m, s)
-    # the row-sum helpers too, so their Python-visible dispatchers carry the signature
+    # the helpers too, so their Python-visible dispatchers carry a signature (a caller
+    # loaded from the cache never compiles them)
+    _layernorm_backward(x, w.copy(), b.copy(), y, x.copy(), w, m, s, False)
     _sum(w)
     _sum_sq_dev(w, F32(0.0))
     _sum_prod(w, b)

@@ -12,11 +12,16 @@ Shapes are odd on purpose: T = 7, C = 13 or 12 (tails of the 8-wide unrolled sum
 n_head = 3, tokens repeating (embedding scatter-add collisions).
 """
 
+import math
+
 import numpy as np
 import pytest
 from kernel_checks import central_fd, float64_ops, nrt_allocations
 from numba.core.dispatcher import Dispatcher
 from simdist.kernels import attention, embedding, gelu, layernorm, matmul, residual
+
+from simdist.arena import Layout
+from simdist.models.gpt2 import GPT2, PRESETS, num_parameters, resolve_config
 
 F32 = np.float32
 FWD_TOL = 1e-5
@@ -271,3 +276,72 @@ def test_kernels_do_not_allocate():
     ]
     counts = {fn.__name__: nrt_allocations(fn, *args) for fn, args in calls}
     assert all(n == 0 for n in counts.values()), counts
+
+
+# ------------------------------------------------- the model, checks that need no PyTorch
+# (loss and gradients against PyTorch: tests/test_gpt2_parity.py)
+def _mini_model(B: int, seed: int = 0):
+    cfg = resolve_config("gpt2-mini", n_layer=2)
+    model = GPT2(cfg)
+    layout = Layout(model.parameter_specs(), world=1)
+    params = layout.views(np.zeros(layout.padded, F32))
+    grads = layout.views(np.zeros(layout.padded, F32))
+    model.init_parameters(params, np.random.default_rng(seed))
+    model.allocate(B)
+    return cfg, model, params, grads
+
+
+def test_config_validation_names_the_key():
+    with pytest.raises(ValueError, match="n_embd"):
+        resolve_config("gpt2-mini", n_embd=250)
+    with pytest.raises(ValueError, match="preset"):
+        resolve_config("gpt3")
+    with pytest.raises(ValueError, match="n_layer"):
+        resolve_config(None, n_head=2)
+    assert resolve_config("gpt2-mini", n_layer=2).n_layer == 2
+
+
+def test_sizes_without_allocating():
+    assert num_parameters(PRESETS["gpt2"]) == 124_439_808
+    for name, cfg in PRESETS.items():
+        specs = GPT2(cfg).parameter_specs()
+        assert sum(s.numel for s in specs) == num_parameters(cfg), name
+    mini = GPT2(PRESETS["gpt2-mini"])
+    mini.allocate(3)
+    assert mini._arena.nbytes == mini.activation_bytes(3)
+    # flops: 6 N T-ish plus attention, e.g. 2.67 GFLOP per gpt2-mini sequence
+    assert math.isclose(
+        mini.flops_per_sample(), 128 * (72 * 256**2 * 4 + 12 * 128 * 256 * 4 + 6 * 256 * 256)
+    )
+
+
+def test_evaluate_sums_token_losses_in_chunks():
+    cfg, model, params, _ = _mini_model(B=2)
+    rng = np.random.default_rng(7)
+    tokens = rng.integers(0, cfg.vocab_size, (5, 33)).astype(np.int32)  # 5 > allocated 2
+    targets = tokens.copy()
+    targets[:, :-1] = tokens[:, 1:]
+    loss_sum, correct = model.evaluate(params, tokens, targets)
+    want_loss, want_correct = 0.0, 0
+    for b in range(5):  # one sequence at a time through forward
+        mean = model.forward(params, tokens[b : b + 1], targets[b : b + 1])
+        want_loss += mean * 33
+        logits = model._views_for(1, 33).logits
+        want_correct += int((logits.argmax(1) == targets[b]).sum())
+    assert loss_sum == pytest.approx(want_loss, rel=1e-6)
+    assert correct == want_correct
+
+
+def test_model_rejects_bad_batches():
+    cfg, model, params, grads = _mini_model(B=2)
+    ok = np.zeros((2, 8), np.int32)
+    with pytest.raises(RuntimeError, match="forward"):
+        model.backward(params, grads, 0.5)
+    with pytest.raises(ValueError, match="tokens"):
+        model.forward(params, ok + cfg.vocab_size, ok)
+    with pytest.raises(ValueError, match="targets"):
+        model.forward(params, ok, ok - 1)
+    with pytest.raises(ValueError, match="block_size"):
+        model.forward(params, np.zeros((2, 129), np.int32), np.zeros((2, 129), np.int32))
+    with pytest.raises(ValueError, match="allocate"):
+        model.forward(params, np.zeros((3, 8), np.int32), np.zeros((3, 8), np.int32))

@@ -1,0 +1,527 @@
+"""GPT-2 (Radford et al. 2019) on simdist's numba kernels, llm.c-style.
+
+What this file is: the configuration (with presets from gpt2-mini to gpt2-xl), the parameter
+list in Hugging Face's GPT-2 state-dict names and layouts, the activation arena, and the
+forward/backward passes as a sequence of kernel calls. What it is not: the kernels
+(``kernels/``) or the optimizer (AdamW on the flat buffer, elsewhere).
+
+Conventions:
+- inputs ``tokens`` and ``targets`` are (B, T) integers, T <= block_size; the loss is the
+  mean over the B*T next-token predictions. A *sample* is one sequence: its loss is the
+  mean over its T tokens, so ``backward(dloss)`` (dloss scales per-sample losses, 1/B for
+  a mean over the micro-batch) scales each token's loss by dloss / T.
+- parameter names and shapes follow the Hugging Face GPT-2 state dict (``GPT2Model``, no
+  ``transformer.`` prefix): linear weights are (in, out) like its Conv1D, and the LM head
+  is tied to ``wte.weight`` (so it has no parameter of its own).
+- weight decay follows nanoGPT: every tensor with ndim >= 2 decays (all matrices AND both
+  embeddings, wte doubling as the LM head); biases and layernorm gains/offsets do not.
+- initialisation follows GPT-2 / nanoGPT: normal(0, 0.02) for matrices and embeddings,
+  normal(0, 0.02 / sqrt(2 * n_layer)) for the two residual projections (``c_proj``),
+  zero biases, layernorm weight 1 and bias 0.
+- every activation, saved statistic, gradient-of-activation buffer and scratch lives in
+  ONE float32 arena allocated by ``allocate(batch_size)``; the int32 token/target copies are
+  carved from it too (same 4-byte element), so ``activation_bytes`` is its exact size.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from simdist.config import ConfigError
+from simdist.kernels.attention import (
+    SCRATCH_SLOTS,
+    attention_backward,
+    attention_forward,
+)
+from simdist.kernels.embedding import embedding_backward_accumulate, embedding_forward
+from simdist.kernels.gelu import gelu_backward, gelu_forward
+from simdist.kernels.layernorm import (
+    layernorm_backward,
+    layernorm_backward_accumulate,
+    layernorm_forward,
+)
+from simdist.kernels.linear import linear_backward, linear_forward
+from simdist.kernels.loss import softmax_cross_entropy_backward, softmax_cross_entropy_forward
+from simdist.kernels.matmul import lm_head_backward, lm_head_forward
+from simdist.kernels.residual import residual_forward
+
+from .base import ParamSpec
+
+F32 = np.float32
+
+
+@dataclass(frozen=True)
+class GPT2Config:
+    n_layer: int
+    n_head: int
+    n_embd: int
+    block_size: int  # longest sequence (rows of wpe)
+    vocab_size: int
+
+    def __post_init__(self) -> None:
+        for key, value in asdict(self).items():
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"model.{key} must be a positive integer, got {value!r}")
+        if self.n_embd % self.n_head != 0:
+            raise ConfigError(
+                f"model.n_embd ({self.n_embd}) must be divisible by model.n_head "
+                f"({self.n_head}): each head gets n_embd / n_head columns"
+            )
+
+    @property
+    def head_size(self) -> int:
+        return self.n_embd // self.n_head
+
+
+PRESETS: dict[str, GPT2Config] = {
+    # small enough for tests and single-core benchmarks (3.26M parameters, byte vocabulary)
+    "gpt2-mini": GPT2Config(n_layer=4, n_head=4, n_embd=256, block_size=128, vocab_size=256),
+    "gpt2": GPT2Config(n_layer=12, n_head=12, n_embd=768, block_size=1024, vocab_size=50257),
+    "gpt2-medium": GPT2Config(
+        n_layer=24, n_head=16, n_embd=1024, block_size=1024, vocab_size=50257
+    ),
+    "gpt2-large": GPT2Config(n_layer=36, n_head=20, n_embd=1280, block_size=1024, vocab_size=50257),
+    "gpt2-xl": GPT2Config(n_layer=48, n_head=25, n_embd=1600, block_size=1024, vocab_size=50257),
+}
+
+
+def resolve_config(preset: str | None = None, **overrides: int | None) -> GPT2Config:
+    """A preset with some fields replaced (None = keep); without a preset all are needed."""
+    fields = ("n_layer", "n_head", "n_embd", "block_size", "vocab_size")
+    unknown = set(overrides) - set(fields)
+    if unknown:
+        raise ConfigError(f"model: unknown GPT-2 keys {sorted(unknown)}; known: {fields}")
+    if preset is not None:
+        if preset not in PRESETS:
+            raise ConfigError(f"model.preset: unknown {preset!r}; choose from {sorted(PRESETS)}")
+        values = asdict(PRESETS[preset])
+    else:
+        values = {}
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    missing = [k for k in fields if k not in values]
+    if missing:
+        raise ConfigError(
+            f"model.{missing[0]} is required (set model.preset to one of {sorted(PRESETS)} "
+            "or give all of n_layer, n_head, n_embd, block_size, vocab_size)"
+        )
+    return GPT2Config(**values)
+
+
+def build_gpt2(config) -> GPT2:
+    """From params.yaml's model section (``simdist.config.GPT2ModelConfig``)."""
+    cfg = resolve_config(
+        config.preset,
+        n_layer=config.n_layer,
+        n_head=config.n_head,
+        n_embd=config.n_embd,
+        block_size=config.block_size,
+        vocab_size=config.vocab_size,
+    )
+    return GPT2(cfg)
+
+
+# ------------------------------------------------------------------ sizes without allocating
+def parameter_specs(cfg: GPT2Config) -> list[ParamSpec]:
+    """Hugging Face GPT-2 state-dict order, names and shapes; decay iff ndim >= 2."""
+    C, V, T = cfg.n_embd, cfg.vocab_size, cfg.block_size
+    shapes: list[tuple[str, tuple[int, ...]]] = [("wte.weight", (V, C)), ("wpe.weight", (T, C))]
+    for i in range(cfg.n_layer):
+        h = f"h.{i}."
+        shapes += [
+            (h + "ln_1.weight", (C,)),
+            (h + "ln_1.bias", (C,)),
+            (h + "attn.c_attn.weight", (C, 3 * C)),
+            (h + "attn.c_attn.bias", (3 * C,)),
+            (h + "attn.c_proj.weight", (C, C)),
+            (h + "attn.c_proj.bias", (C,)),
+            (h + "ln_2.weight", (C,)),
+            (h + "ln_2.bias", (C,)),
+            (h + "mlp.c_fc.weight", (C, 4 * C)),
+            (h + "mlp.c_fc.bias", (4 * C,)),
+            (h + "mlp.c_proj.weight", (4 * C, C)),
+            (h + "mlp.c_proj.bias", (C,)),
+        ]
+    shapes += [("ln_f.weight", (C,)), ("ln_f.bias", (C,))]
+    return [ParamSpec(name, shape, len(shape) >= 2) for name, shape in shapes]
+
+
+def num_parameters(cfg: GPT2Config) -> int:
+    """V*C + T*C + L*(12 C^2 + 13 C) + 2 C (124,439,808 for gpt2)."""
+    C, L = cfg.n_embd, cfg.n_layer
+    return cfg.vocab_size * C + cfg.block_size * C + L * (12 * C * C + 13 * C) + 2 * C
+
+
+def activation_shapes(cfg: GPT2Config, B: int, T: int) -> dict[str, tuple[int, ...]]:
+    """Every tensor of the arena for micro-batch B and sequence length T, in arena order."""
+    C, L, NH, V = cfg.n_embd, cfg.n_layer, cfg.n_head, cfg.vocab_size
+    N = B * T
+    return {
+        # int32, stored in the float32 arena (same element size)
+        "tokens": (B, T),
+        "targets": (B, T),
+        # saved by forward for backward, llm.c's ActivationTensors
+        "encoded": (B, T, C),  # wte[tokens] + wpe: the residual stream entering layer 0
+        "ln1": (L, N, C),
+        "ln1_mean": (L, N),
+        "ln1_rstd": (L, N),
+        "qkv": (L, B, T, 3 * C),
+        "atty": (L, B, T, C),  # attention output before c_proj
+        "att": (L, B, NH, T, T),  # softmax probabilities
+        "res2": (L, N, C),  # residual stream after the attention block
+        "ln2": (L, N, C),
+        "ln2_mean": (L, N),
+        "ln2_rstd": (L, N),
+        "fch": (L, N, 4 * C),  # c_fc output, GELU input
+        "fch_gelu": (L, N, 4 * C),
+        "res3": (L, N, C),  # residual stream after the MLP block (= the layer's output)
+        "lnf": (N, C),
+        "lnf_mean": (N,),
+        "lnf_rstd": (N,),
+        "logits": (N, V),
+        "probs": (N, V),  # softmax; backward overwrites it with dlogits
+        "losses": (N,),
+        # gradients of activations, reused by every layer in turn
+        "dres": (N, C),  # gradient of the residual stream
+        "dln": (N, C),  # gradient of a layernorm output
+        "datty": (B, T, C),
+        "dqkv": (B, T, 3 * C),
+        "dfch": (N, 4 * C),  # d fch_gelu, turned into d fch in place by GELU's backward
+        # attention scratch: gathered q, k, v, dy, dq, dk, dv of one head, and dscores
+        "att_scratch": (SCRATCH_SLOTS, T, cfg.head_size),
+        "att_dscores": (T, T),
+    }
+
+
+ARENA_ALIGN = 16  # elements (64 bytes): every tensor starts on its own cache line
+
+
+def arena_layout(cfg: GPT2Config, batch_size: int) -> tuple[dict[str, int], int]:
+    """(offset of each tensor, total elements) of the arena for micro-batches of batch_size."""
+    offsets, total = {}, 0
+    for name, shape in activation_shapes(cfg, batch_size, cfg.block_size).items():
+        offsets[name] = total
+        total += -(-math.prod(shape) // ARENA_ALIGN) * ARENA_ALIGN
+    return offsets, total
+
+
+def activation_bytes(cfg: GPT2Config, batch_size: int) -> int:
+    """Bytes of the arena ``GPT2(cfg).allocate(batch_size)`` creates (nothing allocated)."""
+    return 4 * arena_layout(cfg, batch_size)[1]
+
+
+def flops_per_sample(cfg: GPT2Config) -> int:
+    """Forward + backward FLOPs of one sequence of block_size tokens (2 per multiply-add).
+
+    Counts the matrix products only, as nanoGPT's MFU estimate (6 N + 12 L C T per token)
+    does, with N the matrices' parameters: per token and layer, the forward does
+    2 * 12 C^2 (c_attn 3C^2, attn c_proj C^2, c_fc 4C^2, mlp c_proj 4C^2) plus attention's
+    q k^T and p v, 2 * 2 T C, counted dense T x T (causal masking makes half of it zeros);
+    the LM head adds 2 C V. Backward does each product twice (input and weight gradient),
+    so the total is 3x forward: T * (72 C^2 L + 12 T C L + 6 C V). Layernorm, GELU, softmax,
+    embedding and the optimizer are not counted.
+    """
+    C, L, T, V = cfg.n_embd, cfg.n_layer, cfg.block_size, cfg.vocab_size
+    return T * (72 * C * C * L + 12 * T * C * L + 6 * C * V)
+
+
+# ------------------------------------------------------------------ the model
+class _Views:
+    """Named views of the arena for one (B, T), per layer where the tensor is per layer."""
+
+    def __init__(self, arena: np.ndarray, cfg: GPT2Config, B: int, T: int, offsets: dict):
+        self.B, self.T = B, T
+        N = B * T
+        C = cfg.n_embd
+        shapes = activation_shapes(cfg, B, T)
+        v = {}
+        for name, shape in shapes.items():
+            lo = offsets[name]
+            flat = arena[lo : lo + math.prod(shape)]
+            if name in ("tokens", "targets"):
+                flat = flat.view(np.int32)
+            v[name] = flat.reshape(shape)
+        self.tokens, self.targets = v["tokens"], v["targets"]
+        self.targets_flat = self.targets.reshape(N)
+        self.encoded = v["encoded"]
+        self.encoded2 = self.encoded.reshape(N, C)
+        L = cfg.n_layer
+        # per-layer tensors: one (L, ...) block each, split into a list of per-layer views
+        self.ln1, self.ln1_mean, self.ln1_rstd = (
+            list(v["ln1"]),
+            list(v["ln1_mean"]),
+            list(v["ln1_rstd"]),
+        )
+        self.ln2, self.ln2_mean, self.ln2_rstd = (
+            list(v["ln2"]),
+            list(v["ln2_mean"]),
+            list(v["ln2_rstd"]),
+        )
+        self.att, self.res2, self.res3 = list(v["att"]), list(v["res2"]), list(v["res3"])
+        self.fch, self.fch_gelu = list(v["fch"]), list(v["fch_gelu"])
+        self.qkv = list(v["qkv"])  # (B, T, 3C) for attention
+        self.qkv2 = [a.reshape(N, 3 * C) for a in self.qkv]  # (N, 3C) for the linear layers
+        self.atty = list(v["atty"])
+        self.atty2 = [a.reshape(N, C) for a in self.atty]
+        self.fch1 = [a.reshape(-1) for a in self.fch]  # flat, for GELU
+        self.fch_gelu1 = [a.reshape(-1) for a in self.fch_gelu]
+        self.res2_1 = [a.reshape(-1) for a in self.res2]  # flat, for the residual add
+        self.res3_1 = [a.reshape(-1) for a in self.res3]
+        # the residual stream entering each layer
+        self.layer_in = [self.encoded2] + self.res3[: L - 1]
+        self.layer_in1 = [a.reshape(-1) for a in self.layer_in]
+        self.lnf, self.lnf_mean, self.lnf_rstd = v["lnf"], v["lnf_mean"], v["lnf_rstd"]
+        self.logits, self.probs, self.losses = v["logits"], v["probs"], v["losses"]
+        self.dres, self.dln = v["dres"], v["dln"]
+        self.dres3 = self.dres.reshape(B, T, C)
+        self.datty = v["datty"]
+        self.datty2 = self.datty.reshape(N, C)
+        self.dqkv = v["dqkv"]
+        self.dqkv2 = self.dqkv.reshape(N, 3 * C)
+        self.dfch = v["dfch"]
+        self.dfch1 = self.dfch.reshape(-1)
+        self.att_scratch, self.att_dscores = v["att_scratch"], v["att_dscores"]
+
+
+class GPT2:
+    """The Model protocol (``simdist.models.base``) for GPT-2."""
+
+    def __init__(self, config: GPT2Config):
+        self.config = config
+        self.name = "gpt2"
+        L = config.n_layer
+        self._layer_names = [
+            tuple(
+                f"h.{i}.{p}"
+                for p in (
+                    "ln_1.weight",
+                    "ln_1.bias",
+                    "attn.c_attn.weight",
+                    "attn.c_attn.bias",
+                    "attn.c_proj.weight",
+                    "attn.c_proj.bias",
+                    "ln_2.weight",
+                    "ln_2.bias",
+                    "mlp.c_fc.weight",
+                    "mlp.c_fc.bias",
+                    "mlp.c_proj.weight",
+                    "mlp.c_proj.bias",
+                )
+            )
+            for i in range(L)
+        ]
+        self._arena: np.ndarray | None = None
+        self._batch = 0
+        self._offsets: dict[str, int] = {}
+        self._views: dict[tuple[int, int], _Views] = {}
+        self._saved: _Views | None = None  # what the last forward left for backward
+
+    # -------------------------------------------------------------- protocol: sizes
+    def parameter_specs(self) -> list[ParamSpec]:
+        return parameter_specs(self.config)
+
+    def num_parameters(self) -> int:
+        return num_parameters(self.config)
+
+    def activation_bytes(self, batch_size: int) -> int:
+        return activation_bytes(self.config, batch_size)
+
+    def flops_per_sample(self) -> int:
+        return flops_per_sample(self.config)
+
+    # -------------------------------------------------------------- protocol: set-up
+    def init_parameters(self, params: dict[str, np.ndarray], rng: np.random.Generator) -> None:
+        std = 0.02
+        proj_std = 0.02 / math.sqrt(2 * self.config.n_layer)  # GPT-2's residual scaling
+        for spec in self.parameter_specs():
+            p = params[spec.name]
+            if spec.name.endswith("c_proj.weight"):
+                rng.standard_normal(out=p, dtype=np.float32)
+                p *= F32(proj_std)
+            elif len(spec.shape) >= 2:
+                rng.standard_normal(out=p, dtype=np.float32)
+                p *= F32(std)
+            elif spec.name.endswith(("ln_1.weight", "ln_2.weight", "ln_f.weight")):
+                p.fill(1.0)
+            else:
+                p.fill(0.0)  # biases
+
+    def allocate(self, batch_size: int) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be positive, got {batch_size}")
+        offsets, total = arena_layout(self.config, batch_size)
+        self._arena = np.zeros(total, dtype=np.float32)
+        self._offsets = offsets
+        self._batch = batch_size
+        self._views = {}
+        self._saved = None
+
+    def _views_for(self, B: int, T: int) -> _Views:
+        if self._arena is None:
+            raise ValueError("call allocate(batch_size) before forward/evaluate")
+        if B > self._batch:
+            raise ValueError(f"batch of {B} sequences, but allocate({self._batch}) was called")
+        if T > self.config.block_size:
+            raise ValueError(
+                f"sequence length {T} exceeds model.block_size ({self.config.block_size})"
+            )
+        key = (B, T)
+        if key not in self._views:
+            self._views[key] = _Views(self._arena, self.config, B, T, self._offsets)
+        return self._views[key]
+
+    # -------------------------------------------------------------- protocol: compute
+    def forward(self, params, inputs: np.ndarray, targets: np.ndarray) -> float:
+        v = self._load_batch(inputs, targets)
+        self._forward(v, params)
+        self._saved = v
+        return float(v.losses.mean(dtype=np.float64))
+
+    def backward(self, params, grads, dloss: float) -> None:
+        v = self._saved
+        if v is None:
+            raise RuntimeError("backward without a preceding forward")
+        cfg = self.config
+        wte = params["wte.weight"]
+        dwte = grads["wte.weight"]
+        # per-sample loss = mean over its T tokens, so each token's loss is scaled dloss / T
+        dlogits = v.probs  # overwritten in place
+        softmax_cross_entropy_backward(dlogits, v.probs, v.targets_flat, F32(dloss / v.T))
+        lm_head_backward(v.dln, dwte, dlogits, v.lnf, wte)  # writes dwte (tied head)
+        x_last = v.res3[cfg.n_layer - 1]
+        layernorm_backward(
+            v.dres,
+            grads["ln_f.weight"],
+            grads["ln_f.bias"],
+            v.dln,
+            x_last,
+            params["ln_f.weight"],
+            v.lnf_mean,
+            v.lnf_rstd,
+        )
+        for i in range(cfg.n_layer - 1, -1, -1):
+            (
+                ln1w,
+                ln1b,
+                attnw,
+                attnb,
+                aprojw,
+                aprojb,
+                ln2w,
+                ln2b,
+                fcw,
+                fcb,
+                mprojw,
+                mprojb,
+            ) = self._layer_names[i]
+            # MLP block: res3 = res2 + c_proj(gelu(c_fc(ln_2(res2)))); dres is d res3
+            linear_backward(
+                v.dfch, grads[mprojw], grads[mprojb], v.dres, v.fch_gelu[i], params[mprojw]
+            )
+            gelu_backward(v.dfch1, v.fch1[i], v.dfch1)
+            linear_backward(v.dln, grads[fcw], grads[fcb], v.dfch, v.ln2[i], params[fcw])
+            # dres becomes d res2: the skip path's dres plus the branch's contribution
+            layernorm_backward_accumulate(
+                v.dres,
+                grads[ln2w],
+                grads[ln2b],
+                v.dln,
+                v.res2[i],
+                params[ln2w],
+                v.ln2_mean[i],
+                v.ln2_rstd[i],
+            )
+            # attention block: res2 = x + c_proj(attn(c_attn(ln_1(x))))
+            linear_backward(
+                v.datty2, grads[aprojw], grads[aprojb], v.dres, v.atty2[i], params[aprojw]
+            )
+            attention_backward(
+                v.dqkv, v.datty, v.qkv[i], v.att[i], v.att_scratch, v.att_dscores, cfg.n_head
+            )
+            linear_backward(v.dln, grads[attnw], grads[attnb], v.dqkv2, v.ln1[i], params[attnw])
+            layernorm_backward_accumulate(
+                v.dres,
+                grads[ln1w],
+                grads[ln1b],
+                v.dln,
+                v.layer_in[i],
+                params[ln1w],
+                v.ln1_mean[i],
+                v.ln1_rstd[i],
+            )
+        # dres is now d encoded; wpe rows past T get no gradient, so zero it all first
+        dwpe = grads["wpe.weight"]
+        dwpe.fill(0.0)
+        embedding_backward_accumulate(dwte, dwpe, v.dres3, v.tokens)
+
+    def evaluate(self, params, inputs: np.ndarray, targets: np.ndarray) -> tuple[float, int]:
+        """(sum of the B*T token losses, correct next-token argmax predictions)."""
+        if self._arena is None:
+            self.allocate(inputs.shape[0])
+        loss_sum, correct = 0.0, 0
+        # chunks of the allocated micro-batch: evaluation needs no memory of its own
+        for lo in range(0, inputs.shape[0], self._batch):
+            hi = min(lo + self._batch, inputs.shape[0])
+            v = self._load_batch(inputs[lo:hi], targets[lo:hi])
+            self._forward(v, params)
+            loss_sum += float(v.losses.sum(dtype=np.float64))
+            correct += int(np.count_nonzero(v.logits.argmax(axis=1) == v.targets_flat))
+        self._saved = None  # the arena no longer holds a training forward
+        return loss_sum, correct
+
+    # -------------------------------------------------------------- internals
+    def _load_batch(self, inputs: np.ndarray, targets: np.ndarray) -> _Views:
+        if inputs.ndim != 2 or inputs.shape != targets.shape:
+            raise ValueError(
+                f"tokens and targets must both be (B, T); got {inputs.shape} and {targets.shape}"
+            )
+        B, T = inputs.shape
+        v = self._views_for(B, T)
+        V = self.config.vocab_size
+        for what, src, dst in (("tokens", inputs, v.tokens), ("targets", targets, v.targets)):
+            # the kernels index with these unchecked: a bad id would read or write wild memory
+            if src.size and (src.min() < 0 or src.max() >= V):
+                raise ValueError(f"{what} must lie in [0, vocab_size={V})")
+            np.copyto(dst, src, casting="same_kind")
+        return v
+
+    def _forward(self, v: _Views, params) -> None:
+        cfg = self.config
+        wte = params["wte.weight"]
+        embedding_forward(v.encoded, v.tokens, wte, params["wpe.weight"])
+        for i in range(cfg.n_layer):
+            (
+                ln1w,
+                ln1b,
+                attnw,
+                attnb,
+                aprojw,
+                aprojb,
+                ln2w,
+                ln2b,
+                fcw,
+                fcb,
+                mprojw,
+                mprojb,
+            ) = self._layer_names[i]
+            x = v.layer_in[i]
+            layernorm_forward(v.ln1[i], v.ln1_mean[i], v.ln1_rstd[i], x, params[ln1w], params[ln1b])
+            linear_forward(v.qkv2[i], v.ln1[i], params[attnw], params[attnb])
+            attention_forward(v.atty[i], v.att[i], v.qkv[i], v.att_scratch, cfg.n_head)
+            linear_forward(v.res2[i], v.atty2[i], params[aprojw], params[aprojb])
+            residual_forward(v.res2_1[i], v.layer_in1[i], v.res2_1[i])
+            layernorm_forward(
+                v.ln2[i], v.ln2_mean[i], v.ln2_rstd[i], v.res2[i], params[ln2w], params[ln2b]
+            )
+            linear_forward(v.fch[i], v.ln2[i], params[fcw], params[fcb])
+            gelu_forward(v.fch_gelu1[i], v.fch1[i])
+            linear_forward(v.res3[i], v.fch_gelu[i], params[mprojw], params[mprojb])
+            residual_forward(v.res3_1[i], v.res2_1[i], v.res3_1[i])
+        x_last = v.res3[cfg.n_layer - 1]
+        layernorm_forward(
+            v.lnf, v.lnf_mean, v.lnf_rstd, x_last, params["ln_f.weight"], params["ln_f.bias"]
+        )
+        lm_head_forward(v.logits, v.lnf, wte)
+        softmax_cross_entropy_forward(v.losses, v.probs, v.logits, v.targets_flat)
