@@ -1,0 +1,400 @@
+"""Measure this machine and write the ``host`` device profile.
+
+    python -m simdist.calibrate [--out simdist/device/profiles/host.yaml]
+    mpiexec -n 2 python -m simdist.calibrate        # also measures the MPI link (α, β)
+
+What is measured (one thread, as each simdist rank runs):
+
+* GEMM: float32 ``np.dot(a, b, out=c)`` through BLAS for n = 64 … 1024, best of N; the best
+  rate is the matrix peak and each size's fraction of it forms the size-keyed efficiency
+  table (so the host profile's table, unlike the GPU ones, is fitted to whole-kernel times
+  and is used with the roofline max).
+* Elementwise: a numba loop ``c = a * b + c`` on a cache-resident array (vector peak) and the
+  Python-to-kernel call overhead (``kernel_launch_us``, added per call: ``launch_mode:
+  serial``).
+* Memory: ``np.copyto`` and ``np.add`` from cache-sized to 64 MiB arrays, bytes read plus
+  written per second; the best rate is the bandwidth, each size's fraction its efficiency.
+* MPI (only under ``mpiexec -n 2``): ping-pong (one-way = half the round trip) and
+  bidirectional ``Sendrecv`` sweeps from 8 B to 16 MiB, best of N per size, then α and β by
+  least squares on t = α + n·β weighted by 1/t (relative error, so the small messages pin α
+  and the large ones β). The Sendrecv fit is the ``intra`` link, because simdist's ring and
+  halving-doubling steps are Sendrecv exchanges. Run serially, the previous profile's link
+  figures are kept (or left null if there is none) and the file says so.
+
+Shared machines are noisy (research/simulators.md saw 10x swings in BLAS throughput): the
+1-minute load average is recorded and a warning printed when it exceeds the core count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from simdist.device.profile import PROFILE_DIR
+
+DEFAULT_OUT = PROFILE_DIR / "host.yaml"
+
+
+def best_time(fn: Callable[[], Any], repeats: int, min_time: float = 0.02) -> float:
+    """Best-of-``repeats`` seconds per call, each sample long enough to time reliably."""
+    fn()  # warm up (page faults, BLAS thread start-up, JIT)
+    calls = 1
+    while True:
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        if time.perf_counter() - t0 >= min_time or calls >= 1 << 20:
+            break
+        calls *= 2
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        best = min(best, (time.perf_counter() - t0) / calls)
+    return best
+
+
+def measure_gemm(sizes: list[int], repeats: int) -> dict[int, float]:
+    """FLOP/s of float32 n x n x n GEMM per size."""
+    rng = np.random.default_rng(0)
+    out = {}
+    for n in sizes:
+        a = rng.standard_normal((n, n), dtype=np.float32)
+        b = rng.standard_normal((n, n), dtype=np.float32)
+        c = np.empty((n, n), np.float32)
+        t = best_time(lambda a=a, b=b, c=c: np.dot(a, b, out=c), repeats)
+        out[n] = 2.0 * n**3 / t
+    return out
+
+
+def measure_memory(sizes: list[int], repeats: int) -> dict[str, dict[int, float]]:
+    """Bytes moved per second (read + write) for copy and add, per array size in bytes."""
+    res: dict[str, dict[int, float]] = {"copy": {}, "add": {}}
+    for nbytes in sizes:
+        n = nbytes // 4
+        a = np.ones(n, np.float32)
+        b = np.ones(n, np.float32)
+        c = np.empty(n, np.float32)
+        t = best_time(lambda a=a, c=c: np.copyto(c, a), repeats)
+        res["copy"][nbytes] = 2 * nbytes / t
+        t = best_time(lambda a=a, b=b, c=c: np.add(a, b, out=c), repeats)
+        res["add"][nbytes] = 3 * nbytes / t
+    return res
+
+
+def measure_vector(repeats: int) -> tuple[float, float]:
+    """(elementwise FLOP/s of a numba loop on cached data, per-call overhead in seconds)."""
+    from numba import njit
+
+    @njit(cache=False, nogil=True, fastmath=False, error_model="numpy", boundscheck=False)
+    def fma_loop(a, b, c, reps):  # pragma: no cover - compiled
+        for _ in range(reps):
+            for i in range(a.size):
+                c[i] = a[i] * b[i] + c[i]
+
+    @njit(cache=False, nogil=True, error_model="numpy")
+    def nothing(a):  # pragma: no cover - compiled
+        a[0] = a[0]
+
+    n, reps = 4096, 2000  # 16 KiB per array: stays in L1/L2
+    a = np.full(n, 1.0000001, np.float32)
+    b = np.full(n, 0.9999999, np.float32)
+    c = np.zeros(n, np.float32)
+    fma_loop(a, b, c, 1)
+    nothing(a)
+    t = best_time(lambda: fma_loop(a, b, c, reps), repeats)
+    overhead = best_time(lambda: nothing(a), repeats, min_time=0.01)
+    return 2.0 * n * reps / t, overhead
+
+
+def fit_alpha_beta(sizes: list[int], times: list[float]) -> tuple[float, float]:
+    """Least squares t = α + n·β with relative (1/t) weights; α clamped at 0."""
+    n = np.asarray(sizes, float)
+    t = np.asarray(times, float)
+    design = np.stack([1.0 / t, n / t], axis=1)
+    (alpha, beta), *_ = np.linalg.lstsq(design, np.ones_like(t), rcond=None)
+    if alpha < 0:  # refit β alone through the origin
+        alpha = 0.0
+        beta = float(np.sum(n / t) / np.sum((n / t) ** 2))
+    return float(alpha), float(beta)
+
+
+def measure_mpi(comm: Any, repeats: int) -> dict[str, Any]:
+    """Ping-pong and Sendrecv sweeps between ranks 0 and 1 (others wait)."""
+    rank = comm.Get_rank()
+    sizes = [8 * 4**k for k in range(12)]  # 8 B .. 32 MiB
+    sizes = [s for s in sizes if s <= 16 * 2**20]
+    result: dict[str, Any] = {"sizes": sizes, "pingpong": [], "sendrecv": []}
+    peer = 1 - rank
+    for nbytes in sizes:
+        sbuf = np.ones(nbytes, np.uint8)
+        rbuf = np.empty(nbytes, np.uint8)
+        reps = max(3, min(200, (1 << 24) // max(nbytes, 1)))
+        best_pp = best_sr = float("inf")
+        for _ in range(repeats):
+            comm.Barrier()
+            if rank < 2:
+                t0 = time.perf_counter()
+                for _ in range(reps):
+                    if rank == 0:
+                        comm.Send(sbuf, dest=1)
+                        comm.Recv(rbuf, source=1)
+                    else:
+                        comm.Recv(rbuf, source=0)
+                        comm.Send(sbuf, dest=0)
+                best_pp = min(best_pp, (time.perf_counter() - t0) / reps / 2)
+            comm.Barrier()
+            if rank < 2:
+                t0 = time.perf_counter()
+                for _ in range(reps):
+                    comm.Sendrecv(sbuf, dest=peer, recvbuf=rbuf, source=peer)
+                best_sr = min(best_sr, (time.perf_counter() - t0) / reps)
+        result["pingpong"].append(best_pp)
+        result["sendrecv"].append(best_sr)
+    result["pingpong_fit"] = fit_alpha_beta(sizes, result["pingpong"])
+    result["sendrecv_fit"] = fit_alpha_beta(sizes, result["sendrecv"])
+    return result
+
+
+def _mem_total() -> int:
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 8 * 2**30
+
+
+def render(m: dict[str, Any], previous: dict[str, Any] | None) -> str:
+    """The host profile YAML, one comment per number saying how it was obtained."""
+    cores = m["cores"]
+    now = m["date"]
+    gemm, mem = m["gemm"], m["memory"]
+    peak_gemm = max(gemm.values())
+    best_n = max(gemm, key=gemm.get)
+    copy_peak = max(mem["copy"].values())
+    add_peak = max(mem["add"].values())
+    mem_peak = max(copy_peak, add_peak)
+    mem_pts = {s: max(mem["copy"][s], mem["add"][s]) for s in mem["copy"]}
+    big = max(mem["copy"])
+    lines = [
+        "# This machine as a simdist device: one rank = one core, one BLAS/numba thread.",
+        f"# Written by `{m['command']}` on {now} (simdist.calibrate).",
+        f"# Host: {m['host']}, {cores} cores (ranks beyond {cores} oversubscribe the cores),",
+        f"# load average {m['loadavg']} at the start; OPENBLAS_CORETYPE="
+        f"{m['openblas_coretype']}, OPENBLAS_L2_SIZE={m['openblas_l2']}.",
+        "# All numbers are measured here (best of N); re-run calibrate on another machine.",
+        "name: host",
+        f"description: this host ({m['cpu']}), one core per simulated device",
+        "confidence: measured",
+        "sources:",
+        f'  calibrate: "simdist.calibrate measurements, {now}"',
+        "compute:",
+        "  matrix_tflops:",
+        f"    fp32: {peak_gemm / 1e12:.6f}  # [calibrate] best float32 GEMM, n={best_n}: "
+        f"{peak_gemm / 1e9:.1f} GFLOP/s",
+        "    tf32: null          # no such unit on this CPU",
+        "    bf16: null          # numpy/BLAS has no bf16 GEMM; kernels run float32",
+        "    fp16: null          # numpy/BLAS has no fast fp16 GEMM",
+        "  vector_tflops:",
+        f"    fp32: {m['vector_flops'] / 1e12:.6f}  # [calibrate] numba c = a*b + c on "
+        f"16 KiB arrays: {m['vector_flops'] / 1e9:.1f} GFLOP/s",
+        "    tf32: null          # not applicable",
+        "    bf16: null          # not applicable",
+        "    fp16: null          # not applicable",
+        f"  kernel_launch_us: {m['overhead'] * 1e6:.3f}  # [calibrate] Python -> numba call "
+        "of an empty kernel",
+        "  launch_mode: serial   # the host runs Python and kernel back to back",
+        "  combine: roofline     # table below fitted to whole-kernel times",
+        "  matrix_efficiency:    # [min op GFLOP, fraction of peak] from the GEMM sweep",
+    ]
+    for n in sorted(gemm, reverse=True):  # the smallest size stands for everything below
+        gflop = 2 * n**3 / 1e9 if n != min(gemm) else 0.0
+        eff = gemm[n] / peak_gemm
+        lines.append(
+            f"    - [{gflop:.6g}, {eff:.4f}]  # [calibrate] n={n}: {gemm[n] / 1e9:.1f} GFLOP/s"
+        )
+    lines += [
+        "  vector_efficiency: null  # elementwise kernels are memory-bound here",
+        "memory:",
+        f"  capacity_gib: {m['mem_total'] / cores / 2**30:.3f}  # [calibrate] MemTotal "
+        f"{m['mem_total'] / 2**30:.2f} GiB / {cores} cores (one rank per core)",
+        f"  bandwidth_gbs: {mem_peak / 1e9:.3f}  # [calibrate] best of copy/add over sizes "
+        "(read + write bytes)",
+        "  efficiency:           # [min MB moved, fraction of bandwidth] copy/add sweep",
+    ]
+    for size in sorted(mem_pts, reverse=True):
+        eff = mem_pts[size] / mem_peak
+        moved_mb = 2 * size / 1e6 if size != min(mem_pts) else 0.0
+        lines.append(
+            f"    - [{moved_mb:.6g}, {eff:.4f}]  # [calibrate] {size / 2**20:g} MiB arrays: "
+            f"copy {mem['copy'][size] / 1e9:.1f}, add {mem['add'][size] / 1e9:.1f} GB/s"
+        )
+    lines += ["links:", f"  devices_per_node: {cores}  # [calibrate] os.cpu_count()"]
+    mpi = m.get("mpi")
+    prev_intra = ((previous or {}).get("links") or {}).get("intra")
+    reduce_gbs = add_peak / 3 / 1e9  # an in-place add moves 3 bytes per byte reduced
+    if mpi:
+        a_pp, b_pp = mpi["pingpong_fit"]
+        a_sr, b_sr = mpi["sendrecv_fit"]
+        lines += [
+            "  intra:                # MPI between two ranks on this host (shared memory)",
+            f"    bandwidth_gbs: {1 / b_sr / 1e9:.4f}  # [calibrate] Sendrecv fit, per "
+            f"direction; ping-pong fit {1 / b_pp / 1e9:.2f} GB/s",
+            f"    latency_us: {a_sr * 1e6:.3f}  # [calibrate] Sendrecv fit; ping-pong fit "
+            f"{a_pp * 1e6:.2f} us",
+            "    efficiency: 1.0     # the fit is already an achieved rate",
+            f"    reduce_gbs: {reduce_gbs:.3f}  # [calibrate] np.add in place: add rate / 3",
+        ]
+    elif prev_intra and prev_intra.get("bandwidth_gbs"):
+        lines += [
+            "  intra:                # kept from the previous calibration (this run was serial)",
+            f"    bandwidth_gbs: {prev_intra['bandwidth_gbs']}  # [previous] Sendrecv fit",
+            f"    latency_us: {prev_intra.get('latency_us')}  # [previous] Sendrecv fit",
+            f"    efficiency: {prev_intra.get('efficiency', 1.0)}  # [previous]",
+            f"    reduce_gbs: {reduce_gbs:.3f}  # [calibrate] np.add in place: add rate / 3",
+        ]
+    else:
+        lines += [
+            "  intra:                # not measured: run under `mpiexec -n 2` to fit α and β",
+            "    bandwidth_gbs: null  # unknown",
+            "    latency_us: null    # unknown",
+            "    efficiency: null    # unknown",
+        ]
+    lines += [
+        "  inter: null           # no inter-node network measured from one host",
+        "  host:                 # the device is the host: staging is a memory copy",
+        f"    bandwidth_gbs: {copy_peak / 2 / 1e9:.3f}  # [calibrate] copy rate / 2 (bytes "
+        "copied per second)",
+        f"    latency_us: {m['overhead'] * 1e6:.3f}  # [calibrate] call overhead",
+        "    efficiency: 1.0     # measured rate",
+        "streaming: null",
+        "calibration:           # raw measurements (ignored by the profile loader)",
+        f"  date: {now!r}",
+        f"  command: {m['command']!r}",
+        f"  loadavg: {m['loadavg']!r}",
+        "  gemm_gflops: {" + ", ".join(f"{n}: {r / 1e9:.2f}" for n, r in gemm.items()) + "}",
+        "  copy_gbs: {" + ", ".join(f"{s}: {r / 1e9:.2f}" for s, r in mem["copy"].items()) + "}",
+        "  add_gbs: {" + ", ".join(f"{s}: {r / 1e9:.2f}" for s, r in mem["add"].items()) + "}",
+        f"  large_array_bytes: {big}",
+    ]
+    if mpi:
+        lines += [
+            "  mpi_sizes: " + str(mpi["sizes"]),
+            "  pingpong_us: [" + ", ".join(f"{t * 1e6:.2f}" for t in mpi["pingpong"]) + "]",
+            "  sendrecv_us: [" + ", ".join(f"{t * 1e6:.2f}" for t in mpi["sendrecv"]) + "]",
+        ]
+    elif prev_intra and prev_intra.get("bandwidth_gbs"):
+        prev_date = ((previous or {}).get("calibration") or {}).get("date", "unknown date")
+        lines.append(f"  link_source: 'kept from the calibration of {prev_date}'")
+    else:
+        lines.append("  link_source: 'not measured (serial run, no previous profile)'")
+    return "\n".join(lines) + "\n"
+
+
+def _mpi_comm() -> Any | None:
+    """The world communicator when launched by mpiexec with >= 2 ranks, else None."""
+    launched = any(k in os.environ for k in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK"))
+    if not launched:
+        return None
+    from simdist.comm.world import world  # simdist.comm owns the mpi4py import
+
+    comm = world()
+    return comm if comm.Get_size() >= 2 else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default=str(DEFAULT_OUT), help="profile YAML to write")
+    ap.add_argument("--repeats", type=int, default=5, help="best-of-N samples per point")
+    ap.add_argument("--rounds", type=int, default=3, help="sweeps over all sizes (best kept)")
+    ap.add_argument("--quick", action="store_true", help="fewer sizes and rounds (for tests)")
+    args = ap.parse_args(argv)
+
+    comm = _mpi_comm()
+    rank = comm.Get_rank() if comm is not None else 0
+    mpi = measure_mpi(comm, args.repeats) if comm is not None else None
+    if rank != 0:
+        comm.Barrier()
+        return 0
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    cores = os.cpu_count() or 1
+    if load > cores:
+        print(f"warning: load average {load:.1f} exceeds {cores} cores; figures will be low")
+    if args.quick:
+        args.rounds = 1
+    gemm_sizes = [64, 256] if args.quick else [64, 128, 256, 512, 1024]
+    mem_sizes = [2**18, 2**24] if args.quick else [2**18, 2**21, 2**24, 2**26]
+    # several rounds over all sizes, best per size: a burst of load from other processes
+    # then spoils one round of one size instead of the whole point
+    gemm: dict[int, float] = {}
+    memory: dict[str, dict[int, float]] = {"copy": {}, "add": {}}
+    for _ in range(args.rounds):
+        for n, rate in measure_gemm(gemm_sizes, args.repeats).items():
+            gemm[n] = max(gemm.get(n, 0.0), rate)
+        for kind, points in measure_memory(mem_sizes, args.repeats).items():
+            for size, rate in points.items():
+                memory[kind][size] = max(memory[kind].get(size, 0.0), rate)
+    vector, overhead = measure_vector(args.repeats)
+    out = Path(args.out)
+    previous = None
+    if out.is_file():
+        try:
+            previous = yaml.safe_load(out.read_text())
+        except yaml.YAMLError:
+            previous = None
+    cmd = "python -m simdist.calibrate " + " ".join(argv if argv is not None else sys.argv[1:])
+    if comm is not None:
+        cmd = f"mpiexec -n {comm.Get_size()} {cmd}"
+    measured = {
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "command": cmd.strip(),
+        "host": platform.node() or "unknown",
+        "cpu": platform.processor() or platform.machine(),
+        "cores": cores,
+        "loadavg": f"{load:.2f}",
+        "openblas_coretype": os.environ.get("OPENBLAS_CORETYPE", "(unset)"),
+        "openblas_l2": os.environ.get("OPENBLAS_L2_SIZE", "(unset)"),
+        "gemm": gemm,
+        "memory": memory,
+        "vector_flops": vector,
+        "overhead": overhead,
+        "mem_total": _mem_total(),
+        "mpi": mpi,
+    }
+    text = render(measured, previous)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(text)
+    tmp.replace(out)
+    print(f"wrote {out}")
+    print(
+        f"  GEMM {max(gemm.values()) / 1e9:.1f} GFLOP/s, memory "
+        f"{max(max(v.values()) for v in memory.values()) / 1e9:.1f} GB/s, vector "
+        f"{vector / 1e9:.1f} GFLOP/s, call overhead {overhead * 1e6:.2f} us"
+    )
+    if mpi:
+        a, b = mpi["sendrecv_fit"]
+        print(f"  MPI Sendrecv: alpha {a * 1e6:.2f} us, beta^-1 {1 / b / 1e9:.2f} GB/s")
+    else:
+        print("  MPI link not measured (serial run): kept previous figures or left null")
+    if comm is not None:
+        comm.Barrier()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,285 @@
+"""Device profiles: what one simulated accelerator can do, read from a cited YAML file.
+
+A profile holds peak rates, memory capacity and bandwidth, size-keyed efficiency tables and
+the three link classes a rank can talk over (``intra``-node fabric, ``inter``-node network,
+``host`` link for host-staged traffic). It holds numbers, not behaviour: ``simdist.device.cost``
+turns them into times. Every number in a shipped profile carries its source in a comment;
+a figure nobody published is ``null`` and is listed in ``DeviceProfile.unknown`` so that
+reports can say which terms were left out instead of silently inventing them.
+
+YAML units are the ones datasheets use (TFLOP/s, GB/s = 1e9 B/s, GiB or GB, µs); the
+dataclass stores SI units (FLOP/s, B/s, bytes, seconds).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
+DTYPES = ("fp32", "tf32", "bf16", "fp16")
+
+
+class ProfileError(ValueError):
+    """A profile name that does not exist or a profile file that is malformed."""
+
+
+@dataclass(frozen=True)
+class Link:
+    """One link class in the α–β (Hockney) model.
+
+    ``bandwidth`` is the line rate per direction in B/s and ``efficiency`` the fraction of it
+    that large transfers achieve (protocol overhead); ``beta`` is the resulting s/B.
+    ``gamma`` is the reduction cost in s/B where the reduction is not free (CPU reductions).
+    A ``None`` bandwidth means the profile has no published figure for this link.
+    """
+
+    name: str
+    bandwidth: float | None  # B/s per direction, line rate
+    latency: float = 0.0  # s per message / algorithm step (α)
+    efficiency: float = 1.0  # achieved / line rate for large messages
+    gamma: float = 0.0  # s per byte reduced
+
+    @property
+    def known(self) -> bool:
+        return self.bandwidth is not None and self.bandwidth > 0
+
+    @property
+    def effective_bandwidth(self) -> float:
+        if not self.known:
+            raise ProfileError(f"link '{self.name}' has no published bandwidth in this profile")
+        return float(self.bandwidth) * self.efficiency
+
+    @property
+    def beta(self) -> float:
+        """Seconds per byte on the wire."""
+        return 1.0 / self.effective_bandwidth
+
+
+@dataclass(frozen=True)
+class Streaming:
+    """Weight-streaming execution (Cerebras MemoryX/SwarmX): weights live off-device."""
+
+    bandwidth: float  # B/s each way between the device and the weight store
+    capacity_bytes: int  # capacity of the external weight store
+
+
+@dataclass(frozen=True)
+class DeviceProfile:
+    """A simulated accelerator. Efficiency tables are ``((min_size, fraction), ...)``,
+    sorted by descending ``min_size`` (FLOPs for compute tables, bytes for memory)."""
+
+    name: str
+    description: str
+    confidence: str
+    matrix_flops: Mapping[str, float]  # dtype -> dense peak FLOP/s of the matrix engine
+    vector_flops: Mapping[str, float]  # dtype -> peak FLOP/s of the vector engine
+    memory_bytes: int
+    memory_bandwidth: float | None  # B/s
+    kernel_launch: float  # s
+    launch_mode: str  # "hidden": async launch, bounds tiny kernels; "serial": adds per call
+    combine: str  # "roofline" (max of compute and memory time) or "sum"
+    matrix_efficiency: tuple[tuple[float, float], ...]
+    vector_efficiency: tuple[tuple[float, float], ...]
+    memory_efficiency: tuple[tuple[float, float], ...]
+    devices_per_node: int
+    nics_per_node: int
+    intra: Link
+    inter: Link
+    host: Link
+    streaming: Streaming | None = None
+    execution: str = "resident"  # "resident" (weights in device memory) | "weight_streaming"
+    sources: Mapping[str, str] = field(default_factory=dict)
+    unknown: tuple[str, ...] = ()  # fields the profile leaves null (not published)
+    path: str = ""
+    sha256: str = ""
+
+    def peak(self, kind: str, dtype: str) -> float:
+        """Peak FLOP/s for ``kind`` ("matmul" or "vector") and ``dtype``; error if unpublished."""
+        table = self.matrix_flops if kind == "matmul" else self.vector_flops
+        value = table.get(dtype)
+        if value is None:
+            have = ", ".join(sorted(table)) or "none"
+            raise ProfileError(
+                f"device profile '{self.name}' has no published {kind} peak for {dtype} "
+                f"(published: {have})"
+            )
+        return value
+
+    def has_peak(self, kind: str, dtype: str) -> bool:
+        table = self.matrix_flops if kind == "matmul" else self.vector_flops
+        return table.get(dtype) is not None
+
+    def link(self, name: str) -> Link:
+        if name not in ("intra", "inter", "host"):
+            raise ProfileError(f"unknown link class '{name}'; use intra, inter or host")
+        return getattr(self, name)
+
+
+def list_profiles() -> list[str]:
+    """Names of the profiles shipped in ``simdist/device/profiles``."""
+    return sorted(p.stem for p in PROFILE_DIR.glob("*.yaml"))
+
+
+def _resolve(name_or_path: str | Path) -> Path:
+    text = str(name_or_path)
+    candidate = Path(text)
+    if candidate.suffix in (".yaml", ".yml") or "/" in text or "\\" in text:
+        if candidate.is_file():
+            return candidate
+        raise ProfileError(
+            f"device profile file '{text}' does not exist; available profiles: "
+            + ", ".join(list_profiles())
+        )
+    shipped = PROFILE_DIR / f"{text}.yaml"
+    if shipped.is_file():
+        return shipped
+    raise ProfileError(
+        f"device profile '{text}' does not exist; available: " + ", ".join(list_profiles())
+    )
+
+
+def _num(section: Mapping[str, Any], key: str, where: str, unknown: list[str]) -> float | None:
+    if key not in section:
+        raise ProfileError(f"{where}: missing key '{key}' (write null if it is not published)")
+    value = section[key]
+    if value is None:
+        unknown.append(f"{where}.{key}")
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ProfileError(f"{where}.{key} must be a number or null, got {value!r}")
+    if value < 0:
+        raise ProfileError(f"{where}.{key} must be >= 0, got {value}")
+    return float(value)
+
+
+def _table(raw: Any, where: str, scale: float) -> tuple[tuple[float, float], ...]:
+    if raw is None:
+        return ((0.0, 1.0),)
+    rows = []
+    for row in raw:
+        if not (isinstance(row, list | tuple) and len(row) == 2):
+            raise ProfileError(f"{where}: rows must be [min_size, efficiency], got {row!r}")
+        size, eff = float(row[0]), float(row[1])
+        if not 0.0 < eff <= 1.0:
+            raise ProfileError(f"{where}: efficiency must be in (0, 1], got {eff}")
+        rows.append((size * scale, eff))
+    rows.sort(key=lambda r: -r[0])
+    if rows[-1][0] != 0.0:
+        raise ProfileError(f"{where}: the table needs a row for size 0 (smallest ops)")
+    return tuple(rows)
+
+
+def _link(raw: Mapping[str, Any] | None, name: str, unknown: list[str]) -> Link:
+    where = f"links.{name}"
+    if raw is None:
+        unknown.append(where)
+        return Link(name, None)
+    bw = _num(raw, "bandwidth_gbs", where, unknown)
+    lat = _num(raw, "latency_us", where, unknown)
+    eff = _num(raw, "efficiency", where, unknown)
+    gamma = raw.get("reduce_gbs")  # optional: reduction throughput for CPU-side reductions
+    return Link(
+        name=name,
+        bandwidth=None if bw is None else bw * 1e9,
+        latency=0.0 if lat is None else lat * 1e-6,
+        efficiency=1.0 if eff is None else eff,
+        gamma=0.0 if not gamma else 1.0 / (float(gamma) * 1e9),
+    )
+
+
+def _capacity(section: Mapping[str, Any], where: str) -> int:
+    if section.get("capacity_gib") is not None:
+        return int(round(float(section["capacity_gib"]) * 2**30))
+    if section.get("capacity_gb") is not None:
+        return int(round(float(section["capacity_gb"]) * 1e9))
+    raise ProfileError(f"{where}: give capacity_gib or capacity_gb")
+
+
+def _dtype_table(raw: Mapping[str, Any] | None, where: str, unknown: list[str]) -> dict:
+    out: dict[str, float] = {}
+    for dtype in DTYPES:
+        value = None if raw is None else raw.get(dtype)
+        if value is None:
+            unknown.append(f"{where}.{dtype}")
+            continue
+        out[dtype] = float(value) * 1e12
+    if raw is not None:
+        extra = set(raw) - set(DTYPES)
+        if extra:
+            raise ProfileError(f"{where}: unknown dtypes {sorted(extra)}; use {DTYPES}")
+    return out
+
+
+def load_profile(name_or_path: str | Path) -> DeviceProfile:
+    """Load a shipped profile by name (``"a100-80gb"``) or any profile YAML by path."""
+    path = _resolve(name_or_path)
+    blob = path.read_bytes()
+    try:
+        doc = yaml.safe_load(blob)
+    except yaml.YAMLError as exc:
+        raise ProfileError(f"{path}: not valid YAML: {exc}") from exc
+    if not isinstance(doc, dict):
+        raise ProfileError(f"{path}: a profile is a YAML mapping")
+    unknown: list[str] = []
+    try:
+        compute = doc["compute"]
+        memory = doc["memory"]
+        links = doc["links"]
+    except KeyError as exc:
+        raise ProfileError(f"{path}: missing section {exc}") from exc
+
+    combine = compute.get("combine", "roofline")
+    if combine not in ("roofline", "sum"):
+        raise ProfileError(f"{path}: compute.combine must be roofline or sum, got {combine!r}")
+    launch_mode = compute.get("launch_mode", "hidden")
+    if launch_mode not in ("hidden", "serial"):
+        raise ProfileError(f"{path}: compute.launch_mode must be hidden or serial")
+    launch = _num(compute, "kernel_launch_us", "compute", unknown)
+    mem_bw = _num(memory, "bandwidth_gbs", "memory", unknown)
+
+    streaming = None
+    if doc.get("streaming") is not None:
+        s = doc["streaming"]
+        sbw = _num(s, "bandwidth_gbs", "streaming", unknown)
+        if sbw is None:
+            raise ProfileError(f"{path}: streaming.bandwidth_gbs is required for streaming")
+        streaming = Streaming(bandwidth=sbw * 1e9, capacity_bytes=_capacity(s, "streaming"))
+    execution = doc.get("execution", "resident")
+    if execution not in ("resident", "weight_streaming"):
+        raise ProfileError(f"{path}: execution must be resident or weight_streaming")
+    if execution == "weight_streaming" and streaming is None:
+        raise ProfileError(f"{path}: weight_streaming execution needs a streaming section")
+
+    return DeviceProfile(
+        name=str(doc.get("name", path.stem)),
+        description=str(doc.get("description", "")).strip(),
+        confidence=str(doc.get("confidence", "unknown")),
+        matrix_flops=_dtype_table(compute.get("matrix_tflops"), "compute.matrix_tflops", unknown),
+        vector_flops=_dtype_table(compute.get("vector_tflops"), "compute.vector_tflops", unknown),
+        memory_bytes=_capacity(memory, "memory"),
+        memory_bandwidth=None if mem_bw is None else mem_bw * 1e9,
+        kernel_launch=0.0 if launch is None else launch * 1e-6,
+        launch_mode=launch_mode,
+        combine=combine,
+        matrix_efficiency=_table(compute.get("matrix_efficiency"), "matrix_efficiency", 1e9),
+        vector_efficiency=_table(compute.get("vector_efficiency"), "vector_efficiency", 1e9),
+        memory_efficiency=_table(memory.get("efficiency"), "memory.efficiency", 1e6),
+        devices_per_node=int(links.get("devices_per_node") or 1),
+        nics_per_node=int((links.get("inter") or {}).get("nics_per_node") or 1),
+        intra=_link(links.get("intra"), "intra", unknown),
+        inter=_link(links.get("inter"), "inter", unknown),
+        host=_link(links.get("host"), "host", unknown),
+        streaming=streaming,
+        execution=execution,
+        sources={str(k): str(v) for k, v in (doc.get("sources") or {}).items()},
+        unknown=tuple(unknown),
+        path=str(path),
+        sha256=hashlib.sha256(blob).hexdigest(),
+    )

@@ -1,0 +1,480 @@
+"""simdist.device (profiles, memory, cost model, timeline), plan mode and calibrate."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from simdist.device import (
+    CostModel,
+    DeviceMemory,
+    Link,
+    ProfileError,
+    SimulatedOutOfMemoryError,
+    VirtualClock,
+    chrome_trace,
+    collective_time,
+    list_profiles,
+    load_profile,
+    validate_chrome_trace,
+    write_chrome_trace,
+)
+from simdist.device import memory as memory_mod
+from simdist.device.profile import PROFILE_DIR
+from simdist.plan import (
+    MODELS,
+    PlanConfig,
+    Planner,
+    layer_activation_bytes,
+    main,
+    model_state_bytes,
+    plan,
+)
+
+REQUIRED = {"a100-40gb", "a100-80gb", "h100-sxm", "h200", "mi300x", "tpu-v4", "cs2", "sn30-rdu"}
+SOURCE_TAG = re.compile(r"\[([a-z0-9]+)\]")
+NUMBER_LINE = re.compile(r"^\s*[\w-]+:\s*-?[\d.]+([eE][-+]?\d+)?\s*$")  # key: 12.5
+
+
+# -- profiles ------------------------------------------------------------------------------
+
+
+def test_required_profiles_ship_and_load():
+    names = set(list_profiles())
+    assert REQUIRED <= names
+    assert "host" in names
+    for name in names:
+        prof = load_profile(name)
+        assert prof.name == name
+        assert prof.memory_bytes > 0
+        assert prof.sources, f"{name} cites no sources"
+        blob = (PROFILE_DIR / f"{name}.yaml").read_bytes()
+        assert prof.sha256 == hashlib.sha256(blob).hexdigest()
+
+
+@pytest.mark.parametrize("name", sorted(REQUIRED))
+def test_every_number_in_a_profile_carries_a_cited_comment(name):
+    prof = load_profile(name)
+    allowed = set(prof.sources) | {"assumption", "derived"}
+    for lineno, line in enumerate((PROFILE_DIR / f"{name}.yaml").read_text().splitlines(), 1):
+        code = line.split("#", 1)[0]
+        numeric = re.match(NUMBER_LINE, code) or code.strip().startswith("- [")
+        if not numeric:
+            continue
+        assert "#" in line, f"{name}.yaml:{lineno} has a number without a comment: {line!r}"
+        tags = SOURCE_TAG.findall(line.split("#", 1)[1])
+        assert all(t in allowed for t in tags), f"{name}.yaml:{lineno}: unknown source {tags}"
+
+
+def test_datasheet_figures_reach_si_units():
+    a100 = load_profile("a100-80gb")
+    assert a100.peak("matmul", "bf16") == 312e12
+    assert a100.peak("matmul", "fp32") == 19.5e12
+    assert a100.memory_bytes == 80 * 2**30
+    assert a100.memory_bandwidth == 2039e9
+    assert a100.intra.bandwidth == 300e9 and a100.intra.effective_bandwidth == 240e9
+    assert load_profile("a100-40gb").memory_bandwidth == 1555e9
+    assert load_profile("h100-sxm").peak("matmul", "fp16") == pytest.approx(989.4e12)
+    cs2 = load_profile("cs2")
+    assert cs2.execution == "weight_streaming" and cs2.streaming.bandwidth == 150e9
+    assert "compute.matrix_tflops.bf16" in cs2.unknown
+    with pytest.raises(ProfileError, match="no published matmul peak for bf16"):
+        cs2.peak("matmul", "bf16")
+
+
+def test_unknown_profile_lists_the_available_ones():
+    with pytest.raises(ProfileError) as err:
+        load_profile("a100-81gb")
+    text = str(err.value)
+    assert text.startswith("device profile 'a100-81gb' does not exist; available: ")
+    for name in REQUIRED:
+        assert name in text
+
+
+def test_profile_by_path_and_malformed_profile(tmp_path):
+    good = tmp_path / "mine.yaml"
+    good.write_text((PROFILE_DIR / "a100-80gb.yaml").read_text())
+    assert load_profile(good).name == "a100-80gb"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: bad\ncompute: {}\nmemory: {capacity_gib: 1}\nlinks: {}\n")
+    with pytest.raises(ProfileError, match="missing key 'kernel_launch_us'"):
+        load_profile(bad)
+    with pytest.raises(ProfileError, match="does not exist"):
+        load_profile(tmp_path / "nope.yaml")
+
+
+# -- memory --------------------------------------------------------------------------------
+
+
+def test_memory_accounting_is_exact_to_the_byte():
+    mem = DeviceMemory(10_000, "toy")
+    a = mem.allocate("parameters", "w", (3, 5))
+    assert a.shape == (3, 5) and a.dtype == np.float32 and not a.any()
+    mem.allocate("gradients", "g", 7, np.float64)
+    mem.reserve("optimizer_state", "m", 123)
+    assert mem.current == {
+        "parameters": 60,
+        "gradients": 56,
+        "optimizer_state": 123,
+        "activations": 0,
+        "workspace": 0,
+        "buckets": 0,
+        "total": 239,
+    }
+    assert mem.free("g") == 56
+    mem.reserve("activations", "act", 1000)
+    assert mem.current["total"] == 60 + 123 + 1000
+    assert mem.peak["gradients"] == 56  # per-category high-water marks survive frees
+    assert mem.peak["total"] == 1183  # the peak of the sum, not the sum of peaks (1239)
+    assert mem.peak_breakdown["gradients"] == 0
+    assert mem.summary()["peak_bytes"]["total"] == 1183
+    with pytest.raises(ValueError, match="already allocated"):
+        mem.reserve("workspace", "act", 1)
+    with pytest.raises(ValueError, match="unknown memory category"):
+        mem.reserve("weights", "x", 1)
+    with pytest.raises(KeyError):
+        mem.free("never")
+
+
+def test_oom_is_raised_before_allocating(monkeypatch):
+    mem = DeviceMemory(1000, "tiny-dev", hint=lambda short: f"drop {short} bytes")
+    mem.allocate("parameters", "w", 100)  # 400 B
+    mem.reserve("activations", "a", 500)
+
+    def boom(*args, **kwargs):
+        raise AssertionError("np.zeros must not run when the device is out of memory")
+
+    monkeypatch.setattr(memory_mod.np, "zeros", boom)
+    with pytest.raises(SimulatedOutOfMemoryError) as err:
+        mem.allocate("gradients", "g", 100)  # 400 B more: 1300 > 1000
+    e = err.value
+    assert e.shortfall == 300 and e.needed == 1300 and e.capacity == 1000
+    msg = str(e)
+    assert "simulated out of memory on tiny-dev" in msg
+    assert "'g' (gradients, 400 B)" in msg and "short by 300 B" in msg
+    assert "parameters 400 B" in msg and "activations 500 B" in msg
+    assert "hint: drop 300 bytes" in msg
+    assert "g" not in mem and mem.current["total"] == 900  # nothing was accounted either
+    with pytest.raises(SimulatedOutOfMemoryError, match="hint: batch 4 would fit"):
+        mem.reserve("workspace", "ws", 2000, hint="batch 4 would fit")
+
+
+def test_fits_and_what_would_fit():
+    mem = DeviceMemory(1000)
+    mem.reserve("parameters", "p", 300)
+    assert mem.fits(700) and not mem.fits(701)
+    assert mem.what_would_fit(100) == 7
+    assert mem.what_would_fit(lambda b: 50 + 60 * b) == 10  # 50 + 600 <= 700 < 50 + 660
+    assert mem.what_would_fit(lambda b: 800 + b) == 0
+
+
+# -- cost model ----------------------------------------------------------------------------
+
+TOY = """
+name: toy
+compute:
+  matrix_tflops: {{fp32: 1.0, tf32: null, bf16: 4.0, fp16: null}}
+  vector_tflops: {{fp32: 0.5, tf32: null, bf16: null, fp16: null}}
+  kernel_launch_us: 10
+  launch_mode: {launch}
+  combine: {combine}
+  matrix_efficiency: [[1, 0.5], [0, 0.25]]
+  vector_efficiency: null
+memory:
+  capacity_gib: 1
+  bandwidth_gbs: 100
+  efficiency: [[1, 1.0], [0, 0.5]]
+links:
+  devices_per_node: 4
+  intra: {{bandwidth_gbs: 10, latency_us: 2, efficiency: 0.5}}
+  inter: {{bandwidth_gbs: 1, latency_us: 20, efficiency: 1.0, nics_per_node: 2}}
+  host: {{bandwidth_gbs: 4, latency_us: 1, efficiency: 1.0}}
+streaming: null
+"""
+
+
+def toy(tmp_path: Path, combine: str = "roofline", launch: str = "hidden") -> CostModel:
+    path = tmp_path / f"toy-{combine}-{launch}.yaml"
+    path.write_text(TOY.format(combine=combine, launch=launch))
+    return CostModel(load_profile(path), "fp32")
+
+
+def test_roofline_kernel_times(tmp_path):
+    cm = toy(tmp_path)
+    # 2 GFLOP at 1 TF x 0.5 = 4 ms; 10 MB at 100 GB/s x 1.0 = 0.1 ms -> compute-bound
+    assert cm.compute_time(2e9, 10e6) == pytest.approx(4e-3)
+    # 0.5 GFLOP (eff 0.25) = 2 ms vs 400 MB = 4 ms -> memory-bound
+    assert cm.compute_time(0.5e9, 400e6) == pytest.approx(4e-3)
+    # small: 1 kFLOP, 1 kB (eff 0.5) -> far below the 10 us launch, which bounds it
+    assert cm.compute_time(1e3, 1e3) == pytest.approx(10e-6)
+    assert cm.compute_time(2e9, 10e6, dtype="bf16") == pytest.approx(1e-3)
+    assert toy(tmp_path, "sum").compute_time(2e9, 10e6) == pytest.approx(4.1e-3)
+    assert toy(tmp_path, launch="serial").compute_time(2e9, 10e6) == pytest.approx(4.01e-3)
+    # vector kernels: bf16 has no vector peak -> falls back to the fp32 vector peak (0.5 TF)
+    assert cm.compute_time(1e9, 0, "vector", "bf16") == pytest.approx(2e-3)
+    with pytest.raises(ProfileError, match="no published matmul peak for fp16"):
+        cm.compute_time(1e9, 0, dtype="fp16")
+
+
+def test_collective_formulas_match_hand_computation():
+    a, bw = 1e-6, 1e9
+    link = Link("l", bw, a)
+    n, b = 1e6, 1 / bw
+    ring_ar = 2 * 3 * a + 2 * 3 / 4 * n * b
+    assert collective_time("allreduce", "ring", n, 4, link) == pytest.approx(ring_ar)
+    assert collective_time("allreduce", "rhd", n, 4, link) == pytest.approx(4 * a + 1.5 * n * b)
+    # p = 6 folds to q = 4: + 2 alpha + 2 n beta
+    rhd6 = 2 * 2 * a + 2 * 3 / 4 * n * b + 2 * a + 2 * n * b
+    assert collective_time("allreduce", "rhd", n, 6, link) == pytest.approx(rhd6)
+    assert collective_time("all-reduce", "recursive_doubling", n, 8, link) == pytest.approx(
+        3 * (a + n * b)
+    )
+    assert collective_time("reduce_scatter", "ring", n, 4, link) == pytest.approx(
+        3 * a + 0.75 * n * b
+    )
+    assert collective_time("allgather", "rhd", n, 5, link) == pytest.approx(3 * a + 0.8 * n * b)
+    assert collective_time("broadcast", "rhd", n, 4, link) == pytest.approx(2 * (a + n * b))
+    assert collective_time("p2p", "ring", n, 2, link) == pytest.approx(a + n * b)
+    assert collective_time("allreduce", "ring", n, 1, link) == 0.0
+    assert collective_time("allreduce", "ring", 0, 8, link) == 0.0
+    assert collective_time("allreduce", "auto", n, 4, link) == pytest.approx(
+        min(ring_ar, 4 * a + 1.5 * n * b)
+    )
+    # native: MPICH uses recursive doubling up to 2 KiB, Rabenseifner above
+    assert collective_time("allreduce", "native", 1024, 4, link) == pytest.approx(
+        2 * (a + 1024 * b)
+    )
+    # hierarchical, 2 nodes x 4: RS(n, 4) + AR(n/4, 2, rail) + AG(n, 4)
+    rail = Link("rail", 1e8, 1e-5)
+    hier = (3 * a + 0.75 * n * b) * 2 + (2 * 1e-5 + 2 * 0.5 * (n / 4) / 1e8)
+    got = collective_time("allreduce", "hierarchical", n, 8, link, inter=rail, devices_per_node=4)
+    assert got == pytest.approx(hier)
+    gamma = Link("g", bw, a, 1.0, 1e-10)  # CPU reduction cost adds (p-1)/p n gamma
+    assert collective_time("allreduce", "ring", n, 4, gamma) == pytest.approx(
+        ring_ar + 0.75 * n * 1e-10
+    )
+    with pytest.raises(ValueError, match="unknown collective"):
+        collective_time("alltoall", "ring", n, 4, link)
+
+
+def test_link_classes(tmp_path):
+    cm = toy(tmp_path)
+    p = cm.profile
+    assert cm.link("intra") is p.intra
+    # a ring over 8 ranks on 2 nodes: node NIC aggregate 2 x 1 GB/s, capped by intra 5 GB/s
+    inter = cm.link("inter", 8)
+    assert inter.bandwidth == pytest.approx(2e9)
+    assert inter.latency == pytest.approx((20e-6 * 2 + 2e-6 * 6) / 8)
+    assert cm.rail(8).bandwidth == pytest.approx(0.5e9)  # 2 NICs shared by 4 GPUs
+    n = 1e6
+    assert cm.collective_time("allreduce", "ring", n, 4, "auto") == pytest.approx(
+        collective_time("allreduce", "ring", n, 4, p.intra)
+    )
+    assert cm.collective_time("allreduce", "ring", n, 8, "auto") == pytest.approx(
+        collective_time("allreduce", "ring", n, 8, inter)
+    )
+    staged = 2 * 1e-6 + 2 * n / 4e9 + collective_time("allreduce", "ring", n, 4, p.host)
+    assert cm.collective_time("allreduce", "ring", n, 4, "host") == pytest.approx(staged)
+    a100 = CostModel(load_profile("a100-80gb"))
+    assert a100.link("inter", 16).bandwidth == pytest.approx(8 * 25e9 * 0.92)
+
+
+def test_virtual_clock_overlap_and_summary(tmp_path):
+    cm = toy(tmp_path)
+    clock = VirtualClock(cm, rank=1)
+    f = clock.compute("fwd", 2e9, 0)  # 4 ms
+    b = clock.compute("bwd", 4e9, 0)  # 8 ms
+    assert (f, b) == pytest.approx((4e-3, 8e-3))
+    link = cm.profile.intra  # 5 GB/s effective
+    d = 2 * 3 * 2e-6 + 2 * 3 / 4 * 20e6 / 5e9  # 6.012 ms
+    # bucket ready 5 ms before the end of backward: 1.012 ms exposed
+    dur = clock.collective("bucket0", "allreduce", "ring", 20e6, 4, "intra", overlappable_with=5e-3)
+    assert dur == pytest.approx(d)
+    assert dur == pytest.approx(collective_time("allreduce", "ring", 20e6, 4, link))
+    # the second bucket (ready 1 ms before the end) waits for the comm stream: fully exposed
+    clock.collective("bucket1", "allreduce", "ring", 20e6, 4, "intra", overlappable_with=1e-3)
+    clock.advance("optimizer", 1e-3)
+    s = clock.end_step()
+    assert s.compute_s == pytest.approx(12e-3)
+    assert s.exposed_comm_s == pytest.approx((d - 5e-3) + d)
+    assert s.overlapped_comm_s == pytest.approx(5e-3)
+    assert s.total_s == pytest.approx(s.compute_s + s.exposed_comm_s + s.other_s)
+    assert s.other_s == pytest.approx(1e-3) and s.flops == 6e9
+    # next step starts clean; a blocking collective is fully exposed
+    clock.collective("sync", "allreduce", "ring", 20e6, 4, "intra")
+    s2 = clock.end_step()
+    assert s2.total_s == pytest.approx(d) and s2.exposed_comm_s == pytest.approx(d)
+    assert clock.totals()["steps"] == 2
+    tracks = {e["track"] for e in clock.events}
+    assert tracks == {"compute", "comm"}
+    waits = [e for e in clock.events if e["name"].startswith("wait ")]
+    assert len(waits) == 3
+
+
+# -- timeline --------------------------------------------------------------------------------
+
+
+def test_chrome_trace_structure(tmp_path):
+    cm = toy(tmp_path)
+    per_rank = []
+    for rank in range(2):
+        clock = VirtualClock(cm, rank)
+        clock.compute("gemm", 1e9, 1e6)
+        clock.collective("ar", "allreduce", "ring", 1e6, 2, "intra", overlappable_with=1e-3)
+        clock.measured("step (wall)", clock._wall0 + 0.001, clock._wall0 + 0.002, step=np.int64(0))
+        clock.end_step()
+        per_rank.append(clock.events)
+    path = write_chrome_trace(tmp_path / "t" / "timeline.json", per_rank, metadata={"run": "x"})
+    trace = json.loads(path.read_text())
+    validate_chrome_trace(trace)
+    xs = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert {e["pid"] for e in xs} == {0, 1}
+    assert {e["tid"] for e in xs} == {1, 2, 3}  # measured, compute, comm
+    gemm = next(e for e in xs if e["name"] == "gemm")
+    assert gemm["ts"] == 0 and gemm["dur"] == pytest.approx(2000.0)  # µs
+    meta = [e for e in trace["traceEvents"] if e["ph"] == "M"]
+    names = {(e["pid"], e["args"]["name"]) for e in meta if e["name"] != "process_sort_index"}
+    assert (0, "rank 0") in names and (1, "simulated communication") in names
+    assert trace["otherData"] == {"run": "x"}
+    bad = chrome_trace(per_rank)
+    bad["traceEvents"][-1]["dur"] = -1.0
+    with pytest.raises(ValueError, match="negative duration"):
+        validate_chrome_trace(bad)
+    with pytest.raises(ValueError, match="unknown track"):
+        chrome_trace([[{"name": "x", "track": "gpu", "start": 0, "dur": 1}]])
+
+
+# -- plan mode -------------------------------------------------------------------------------
+
+
+def test_zero_paper_figure_1_exactly():
+    """Rajbhandari et al. 2020, Fig. 1: 7.5B, N_d = 64, K = 12 -> 120 / 31.4 / 16.6 / 1.9 GB.
+
+    The paper's GB are 1e9 bytes: 16 * 7.5e9 B = 120e9 B = 111.8 GiB.
+    """
+    psi, n = 7_500_000_000, 64
+    exact = [120e9, 31.40625e9, 16.640625e9, 1.875e9]
+    shown = [120.0, 31.4, 16.6, 1.9]
+    for level, (want, label) in enumerate(zip(exact, shown, strict=True)):
+        got = sum(model_state_bytes(psi, n, level, "mixed").values())
+        assert got == want
+        assert round(got / 1e9, 1) == label
+        res = plan(params_count=psi, devices=n, zero=level)
+        states = sum(res.memory_bytes[c] for c in ("parameters", "gradients", "optimizer_state"))
+        assert states == want
+
+
+def test_fp32_adam_formulas():
+    psi, n = 1_000_000, 8
+    totals = [sum(model_state_bytes(psi, n, z, "fp32").values()) for z in range(4)]
+    assert totals == [16 * psi, 8 * psi + 8 * psi // n, 4 * psi + 12 * psi // n, 16 * psi // n]
+
+
+def test_parameter_counts_of_presets():
+    counts = {k: MODELS[k].param_count() for k in MODELS}
+    assert counts["gpt2"] == 124_439_808  # HF gpt2
+    assert counts["gpt2-medium"] == 354_823_168
+    assert counts["gpt2-large"] == 774_030_080
+    assert counts["gpt2-xl"] == 1_557_611_200
+    assert counts["gpt2-mini"] == 3_257_856
+    assert counts["fc-mnist"] == 784 * 512 + 512 + 512 * 512 + 512 + 512 * 10 + 10
+    assert 1.3e9 < counts["gpt3-xl"] < 1.35e9
+    assert abs(counts["gpt-j-6b"] - 6_053_381_344) / 6_053_381_344 < 1e-3
+
+
+def test_korthikanti_activation_formulas():
+    spec = MODELS["megatron-22b"]  # h 6144, a 64, L 48; s 2048, b 4, t 8
+    none = spec.n_layer * layer_activation_bytes(spec, 4, 2048, tp=8)
+    seqsel = spec.n_layer * layer_activation_bytes(
+        spec, 4, 2048, tp=8, sequence_parallel=True, recompute="selective"
+    )
+    assert none / 2**30 == pytest.approx(59.25)  # Korthikanti Fig. 1
+    assert seqsel / 2**30 == pytest.approx(9.5625)
+    s, b, h, a = 2048, 4, 6144, 64
+    # sbh(34 + 5as/h) for mixed precision; sbh(66 + 9as/h) for fp32
+    assert layer_activation_bytes(spec, b, s) == 34 * s * b * h + 5 * a * s * s * b
+    assert layer_activation_bytes(spec, b, s, elem=4) == 66 * s * b * h + 9 * a * s * s * b
+    assert layer_activation_bytes(spec, b, s, recompute="full") == 2 * s * b * h
+
+
+def test_plan_cli_is_fast_and_reports(capsys):
+    assert main(["--model", "gpt2-xl", "--devices", "64", "--profile", "a100-80gb", "--zero",
+                 "2", "--batch", "8"]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    for word in ("parameters", "optimizer_state", "activations", "fits", "samples/s"):
+        assert word in out
+    assert main(["--model", "gpt2", "--devices", "8", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["fits"] and res["step_s"] > 0 and res["plan_seconds"] < 0.5
+    assert main(["--model", "nope"]) == 2
+    assert "unknown model 'nope'" in capsys.readouterr().err
+
+
+def test_plan_predicts_oom_with_a_hint():
+    res = plan(model="gpt2-xl", devices=8, profile="a100-40gb", zero=0, batch=32)
+    assert not res.fits
+    assert "simulated out of memory on a100-40gb" in res.oom_message
+    assert "micro-batch" in res.oom_message or "zero_opt_level" in res.oom_message
+    assert plan(model="gpt2-xl", devices=8, profile="a100-40gb", zero=2, batch=2).fits
+
+
+def test_plan_overlap_rule_and_zero_levels():
+    base = dict(model="gpt2-large", devices=16, batch=8, profile="a100-80gb")
+    r0 = plan(**base, zero=0)
+    assert r0.breakdown_s["dp_comm_exposed"] <= r0.breakdown_s["dp_comm_total"]
+    r0n = plan(**base, zero=0, overlap=False)
+    assert r0n.breakdown_s["dp_comm_exposed"] == pytest.approx(r0n.breakdown_s["dp_comm_total"])
+    r2 = plan(**base, zero=2)
+    assert r2.memory_bytes["optimizer_state"] < r0.memory_bytes["optimizer_state"]
+    r3 = plan(**base, zero=3)
+    assert r3.breakdown_s["dp_comm_total"] > r0.breakdown_s["dp_comm_total"]  # 1.5x volume
+
+
+def test_weight_streaming_and_missing_figures():
+    res = plan(model="gpt2-xl", devices=1, profile="cs2", batch=8)
+    assert res.step_s == pytest.approx(2 * 2 * res.params / 150e9)
+    assert any("streaming" in n for n in res.notes)
+    sn = plan(model="gpt2", devices=16, profile="sn30-rdu", batch=8)
+    assert any("not modelled" in n for n in sn.notes)
+
+
+def test_plan_matches_the_pipeline_formula():
+    """(m + (pp-1)/v) stage times: the bubble is (pp-1)/v of one micro-batch's stage time."""
+    cfg = PlanConfig(model="gpt3-175b", devices=64, tp=8, pp=8, interleave=3, batch=64,
+                     micro_batch=1, recompute="full")  # fmt: skip
+    r = Planner(cfg).run()
+    per_micro = (r.step_s - r.breakdown_s["optimizer"] - r.breakdown_s["pp_bubble"]) / 64
+    assert r.breakdown_s["pp_bubble"] == pytest.approx(7 / 3 * per_micro, rel=1e-9)
+
+
+# -- calibrate -----------------------------------------------------------------------------
+
+
+def test_alpha_beta_fit_recovers_a_synthetic_link():
+    from simdist.calibrate import fit_alpha_beta
+
+    sizes = [8 * 4**k for k in range(11)]
+    times = [3e-6 + s / 5e9 for s in sizes]
+    alpha, beta = fit_alpha_beta(sizes, times)
+    assert alpha == pytest.approx(3e-6, rel=1e-6) and 1 / beta == pytest.approx(5e9, rel=1e-6)
+
+
+def test_calibrate_writes_a_loadable_host_profile(tmp_path):
+    from simdist.calibrate import main as calibrate
+
+    out = tmp_path / "host.yaml"
+    assert calibrate(["--out", str(out), "--quick", "--repeats", "1"]) == 0
+    prof = load_profile(out)
+    assert prof.name == "host" and prof.launch_mode == "serial"
+    assert prof.peak("matmul", "fp32") > 1e9
+    assert prof.memory_bandwidth > 1e9
+    assert "links.intra.bandwidth_gbs" in prof.unknown  # serial run, no previous figures
+    text = out.read_text()
+    assert "not measured" in text and "cores" in text
+    assert math.isfinite(CostModel(prof).compute_time(1e9, 1e6))
