@@ -2,9 +2,9 @@
 
 qkv is (B, T, 3C) laid out as [q | k | v] along the last axis, each split into n_head heads
 of hs = C / n_head columns (Hugging Face's c_attn layout). Scores are scaled by
-1/sqrt(hs), masked causally and normalised with a max-subtracted softmax; the
-probabilities are saved for backward. The output is the heads' results side by side,
-(B, T, C), before c_proj.
+1/sqrt(hs) (folded into q while it is gathered), masked causally and normalised with a
+max-subtracted softmax (``rowops.exp_f32``, which vectorises); the probabilities are saved
+for backward. The output is the heads' results side by side, (B, T, C), before c_proj.
 
 Per (batch, head) the products go through BLAS ``np.dot(a, b, out)``: the head's q, k, v
 columns are strided inside qkv, and BLAS in numba would copy (allocate) a non-contiguous
@@ -19,6 +19,7 @@ a triangular loop at GPT-2's head sizes (64).
 import numpy as np
 
 from ._jit import kernel
+from .rowops import exp_f32, row_dot, row_max, row_sum
 
 F32 = np.float32
 
@@ -55,25 +56,21 @@ def attention_forward(out, att, qkv, scratch, n_head):
             for t in range(T):
                 src = qkv[b, t]
                 for i in range(hs):
-                    q[t, i] = src[oq + i]
+                    q[t, i] = src[oq + i] * scale  # (q / sqrt(hs)) k^T: scale T*hs, not T*T
                     k[t, i] = src[ok + i]
                     v[t, i] = src[ov + i]
             p = att[b, h]  # (T, T), C-contiguous
-            np.dot(q, k.T, p)  # raw scores, (T, T)
+            np.dot(q, k.T, p)  # scaled scores, (T, T)
             for t in range(T):
                 row = p[t]
-                mx = row[0] * scale
-                for j in range(1, t + 1):
-                    mx = max(mx, row[j] * scale)
-                s = zero
-                for j in range(t + 1):
-                    e = np.exp(row[j] * scale - mx)
-                    row[j] = e
-                    s += e
-                inv = one / s
-                for j in range(t + 1):
+                n = t + 1  # causal: position t sees 0..t
+                mx = row_max(row, n)
+                for j in range(n):
+                    row[j] = exp_f32(row[j] - mx)
+                inv = one / row_sum(row, n)
+                for j in range(n):
                     row[j] *= inv
-                for j in range(t + 1, T):
+                for j in range(n, T):
                     row[j] = zero  # future positions: zero probability
             np.dot(p, v, y)  # (T, hs)
             for t in range(T):
@@ -113,31 +110,30 @@ def attention_backward(dqkv, dout, qkv, att, scratch, dscores, n_head):
                 src = qkv[b, t]
                 g = dout[b, t]
                 for i in range(hs):
-                    q[t, i] = src[oq + i]
+                    q[t, i] = src[oq + i] * scale  # the scaled q of the forward
                     k[t, i] = src[ok + i]
                     v[t, i] = src[ov + i]
                     dy[t, i] = g[oq + i]
             p = att[b, h]  # (T, T)
             np.dot(dy, v.T, ds)  # dP = dY V^T, (T, T)
             np.dot(p.T, dy, dv)  # dV = P^T dY, (T, hs)
-            # softmax backward per row, dS = P * (dP - sum_j P dP), then the score scale;
-            # rows are causal, so only j <= t carries gradient
+            # softmax backward per row: dS = P * (dP - sum_j P dP); rows are causal, so
+            # only j <= t carries gradient
             for t in range(T):
                 prow = p[t]
                 drow = ds[t]
-                s = zero
-                for j in range(t + 1):
-                    s += prow[j] * drow[j]
-                for j in range(t + 1):
-                    drow[j] = prow[j] * (drow[j] - s) * scale
-                for j in range(t + 1, T):
+                n = t + 1
+                s = row_dot(prow, drow, n)
+                for j in range(n):
+                    drow[j] = prow[j] * (drow[j] - s)
+                for j in range(n, T):
                     drow[j] = zero
-            np.dot(ds, k, dq)  # dQ = dS K, (T, hs)
-            np.dot(ds.T, q, dk)  # dK = dS^T Q, (T, hs)
+            np.dot(ds, k, dq)  # d(scaled q) = dS K, (T, hs)
+            np.dot(ds.T, q, dk)  # dK = dS^T (scaled q), (T, hs)
             for t in range(T):
                 dst = dqkv[b, t]
                 for i in range(hs):
-                    dst[oq + i] = dq[t, i]
+                    dst[oq + i] = dq[t, i] * scale  # chain rule through q * scale
                     dst[ok + i] = dk[t, i]
                     dst[ov + i] = dv[t, i]
 

@@ -54,7 +54,11 @@ def gelu_forward(out, inp):
 
 @kernel
 def gelu_backward(dinp, inp, dout):
-    """dinp = gelu'(inp) * dout (overwrites); dinp may be the same array as dout."""
+    """dinp = gelu'(inp) * dout (overwrites).
+
+    dinp may be the same array as dout, but then the loop runs scalar (LLVM's runtime
+    overlap check fails), 16x slower than with a separate dinp (measured, 1M elements).
+    """
     # dinp, inp, dout: (n,)
     half = F32(0.5)
     one = F32(1.0)

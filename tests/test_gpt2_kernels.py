@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from kernel_checks import central_fd, float64_ops, nrt_allocations
 from numba.core.dispatcher import Dispatcher
-from simdist.kernels import attention, embedding, gelu, layernorm, matmul, residual
+from simdist.kernels import attention, embedding, gelu, layernorm, matmul, residual, rowops
 
 from simdist.arena import Layout
 from simdist.models.gpt2 import GPT2, PRESETS, num_parameters, resolve_config
@@ -74,6 +74,30 @@ def test_tanh_f32_accuracy():
     got = np.array([gelu.tanh_f32(v) for v in x[::97]], dtype=np.float64)
     assert np.max(np.abs(got - np.tanh(x[::97].astype(np.float64)))) < 4e-7
     assert gelu.tanh_f32(F32(-x[5])) == -gelu.tanh_f32(F32(x[5]))  # odd
+
+
+def test_exp_f32_accuracy():
+    x = np.concatenate([np.linspace(-87.3, 88.0, 400001), np.linspace(-1, 1, 10001)])
+    x = x.astype(F32)
+    got = np.array([rowops.exp_f32(v) for v in x[::7]], dtype=np.float64)
+    want = np.exp(x[::7].astype(np.float64))
+    assert np.max(np.abs(got - want) / want) < 2.5e-7  # 2 ulp: float32 ulp/2 is 6e-8
+    assert rowops.exp_f32(F32(-87.4)) == 0 and rowops.exp_f32(F32(-np.inf)) == 0
+    assert rowops.exp_f32(F32(0.0)) == 1
+    assert np.isnan(rowops.exp_f32(F32(np.nan)))
+
+
+@pytest.mark.parametrize("n", [1, 7, 8, 13, 64])
+def test_row_reductions(n):
+    rng = np.random.default_rng(n)
+    a, b, x = (rng.standard_normal(n + 3).astype(F32) for _ in range(3))  # tail ignored
+    a64, b64, x64 = (v[:n].astype(np.float64) for v in (a, b, x))
+    m = F32(0.3)
+    assert rowops.row_sum(a, n) == pytest.approx(a64.sum(), abs=1e-5)
+    assert rowops.row_max(a, n) == a64.max()
+    assert rowops.row_dot(a, b, n) == pytest.approx(a64 @ b64, abs=1e-5)
+    assert rowops.row_dot_dev(a, b, x, m, n) == pytest.approx(a64 @ (b64 * (x64 - 0.3)), abs=1e-5)
+    assert rowops.row_sq_dev(a, m, n) == pytest.approx(((a64 - 0.3) ** 2).sum(), abs=1e-5)
 
 
 def test_embedding_forward_backward():
@@ -220,7 +244,7 @@ def test_attention_rejects_wrong_scratch():
 
 
 # ------------------------------------------------- float32 discipline and allocation
-MODULES = (attention, embedding, gelu, layernorm, matmul, residual)
+MODULES = (attention, embedding, gelu, layernorm, matmul, residual, rowops)
 
 
 def _dispatchers():
