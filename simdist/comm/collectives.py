@@ -1,0 +1,296 @@
+"""``Collectives``: simdist's collective operations on flat float32 buffers.
+
+Validates arguments, optionally cross-checks them between ranks (``check=True``), chooses
+the algorithm and dispatches to it. All operations work in place on 1-D contiguous float32
+arrays.
+
+Determinism. For "ring" and "rhd" an all-reduce IS reduce-scatter + all-gather over
+``partition(len(buf), world)``, and averaging happens once, on the finished owned block (see
+``algorithm.average_block``). Each element's summation order therefore depends only on the
+algorithm, the rank that owns its block and the world size (ring: a chain starting after the
+owner; rhd: one fixed tree; see ``ring.py`` and ``rhd.py``). Data parallelism (all-reduce) and
+ZeRO (reduce-scatter over the same bounds + all-gather) get bit-identical results, every
+replica gets the same bits, and runs repeat bit for bit. "native" (MPI's own collectives) is
+the reference backend and makes none of these promises.
+
+Traffic goes over a private duplicate of the caller's communicator, so simdist's messages
+never match the application's.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+from mpi4py import MPI
+
+from . import native, rhd, ring  # noqa: F401  (importing registers the algorithms)
+from .algorithm import ALGORITHMS, Algorithm, average_block
+from .cost import choose_algorithm
+from .p2p import Exchanger
+from .partition import bounds_list, partition
+
+OPS = ("allreduce", "reduce_scatter", "allgather", "broadcast", "barrier", "allreduce_scalars")
+_BLOCKED = ("allreduce", "reduce_scatter", "allgather")  # ops that work on bounds
+
+
+class CollectiveMismatchError(RuntimeError):
+    """Ranks called a collective with arguments that do not agree (raised on every rank)."""
+
+
+class Collectives:
+    """Collective operations over ``comm``; see the module docstring for the guarantees.
+
+    ``algorithm``: "ring", "rhd", "native" or "auto" (default for every call; each call may
+    override it). ``check``: before each collective, exchange (call number, op, algorithm,
+    length, dtype, bounds/root hash) between ranks and raise ``CollectiveMismatchError`` on
+    every rank if they differ, instead of hanging or silently mixing data.
+    """
+
+    def __init__(self, comm: MPI.Comm, algorithm: str = "auto", check: bool = False):
+        if algorithm != "auto" and algorithm not in ALGORITHMS:
+            raise ValueError(
+                f"unknown collective algorithm {algorithm!r}; choose from {['auto', *ALGORITHMS]}"
+            )
+        self.comm = comm
+        self.rank: int = comm.Get_rank()
+        self.world: int = comm.Get_size()
+        self.algorithm = algorithm
+        self.check = check
+        self.calls = 0  # collective calls made on this rank (all ops)
+        self._comm = comm.Dup()
+        self._p2p = Exchanger(self._comm)
+        self._impls: dict[str, Algorithm] = {}
+        self._bounds: dict[int, list[int]] = {}  # default partition per length
+        self._choices: dict[tuple[bool, int], str] = {}  # "auto" decisions per length
+        if check:
+            self._row = np.zeros(_NFIELDS, dtype=np.int64)
+            self._table = np.zeros((self.world, _NFIELDS), dtype=np.int64)
+
+    @property
+    def bytes_sent(self) -> int:
+        """Payload bytes this rank has sent through simdist collectives (native: nominal)."""
+        return self._p2p.bytes_sent
+
+    def free(self) -> None:
+        """Release the private communicator (collective; the object is unusable after)."""
+        if self._comm != MPI.COMM_NULL:
+            self._comm.Free()
+
+    # ------------------------------------------------------------------ operations
+
+    def allreduce(
+        self, buf: np.ndarray, *, average: bool = False, algorithm: str | None = None
+    ) -> None:
+        """Sum (or average) ``buf`` over all ranks, in place."""
+        name, b = self._begin("allreduce", buf, None, int(average), algorithm)
+        if self.world > 1 and buf.size:
+            self._impl(name).allreduce(buf, b, average)
+
+    def reduce_scatter(
+        self,
+        buf: np.ndarray,
+        *,
+        bounds: np.ndarray | list[int] | None = None,
+        average: bool = False,
+        algorithm: str | None = None,
+    ) -> np.ndarray:
+        """Leave this rank's block of the sum (or average) in ``buf[bounds[r]:bounds[r+1]]``.
+
+        Returns that view. The rest of ``buf`` is scratch afterwards.
+        """
+        name, b = self._begin("reduce_scatter", buf, bounds, int(average), algorithm)
+        view = buf[b[self.rank] : b[self.rank + 1]]
+        if self.world == 1 or buf.size == 0:
+            return view
+        self._impl(name).reduce_scatter(buf, b)
+        if average:
+            average_block(view, self.world)
+        return view
+
+    def allgather(
+        self,
+        buf: np.ndarray,
+        *,
+        bounds: np.ndarray | list[int] | None = None,
+        algorithm: str | None = None,
+    ) -> None:
+        """Each rank's block ``buf[bounds[r]:bounds[r+1]]`` is valid on entry; all of it on exit."""
+        name, b = self._begin("allgather", buf, bounds, 0, algorithm)
+        if self.world > 1 and buf.size:
+            self._impl(name).allgather(buf, b)
+
+    def broadcast(self, buf: np.ndarray, root: int = 0, *, algorithm: str | None = None) -> None:
+        """Copy ``buf`` of rank ``root`` into ``buf`` on every rank."""
+        name, _ = self._begin("broadcast", buf, None, root, algorithm)
+        if self.world > 1 and buf.size:
+            self._impl(name).broadcast(buf, root)
+
+    def barrier(self, *, algorithm: str | None = None) -> None:
+        """Return only after every rank has entered the barrier."""
+        name, _ = self._begin("barrier", None, None, 0, algorithm)
+        if self.world > 1:
+            self._impl(name).barrier()
+
+    def allreduce_scalars(self, values: np.ndarray) -> np.ndarray:
+        """Sum a few float64 values over ranks: gathered, then added in rank order 0, 1, ..
+
+        Every rank adds the same numbers in the same order, so all get identical bits, and the
+        result does not depend on any algorithm choice (use it for losses, norms, counters).
+        """
+        vals = np.ascontiguousarray(values, dtype=np.float64)
+        self._begin("allreduce_scalars", vals, None, 0, "native")
+        if self.world == 1:
+            return vals.copy()
+        table = np.empty((self.world, vals.size), dtype=np.float64)
+        self._comm.Allgather([vals, MPI.DOUBLE], [table, MPI.DOUBLE])
+        self._p2p.bytes_sent += vals.nbytes * (self.world - 1)
+        total = table[0].copy()
+        for row in table[1:]:
+            total += row
+        return total
+
+    # ------------------------------------------------------------------ internals
+
+    def _impl(self, name: str) -> Algorithm:
+        impl = self._impls.get(name)
+        if impl is None:
+            impl = self._impls[name] = ALGORITHMS[name](self._comm, self._p2p)
+        return impl
+
+    def _default_bounds(self, n: int) -> list[int]:
+        hit = self._bounds.get(n)
+        if hit is None:
+            if len(self._bounds) >= 256:  # bounded: a training run uses a few sizes
+                self._bounds.clear()
+            hit = self._bounds[n] = partition(n, self.world).tolist()
+        return hit
+
+    def _auto(self, op: str, n: int) -> str:
+        key = (op == "broadcast", n)
+        name = self._choices.get(key)
+        if name is None:
+            if len(self._choices) >= 256:
+                self._choices.clear()
+            name = self._choices[key] = choose_algorithm(op, 4 * n, self.world)
+        return name
+
+    def _begin(
+        self,
+        op: str,
+        buf: np.ndarray | None,
+        bounds: object,
+        extra: int,
+        algorithm: str | None,
+    ) -> tuple[str, list[int]]:
+        """Count the call, resolve the algorithm, validate; with check, compare across ranks.
+
+        Returns the algorithm name and the block bounds as a list (the default partition
+        where the op has bounds and the caller gave none).
+        """
+        self.calls += 1
+        requested = algorithm or self.algorithm
+        n = int(getattr(buf, "size", 0))
+        name = self._auto(op, n) if requested == "auto" else requested
+        b: list[int] = []
+        try:
+            self._validate(op, buf, name, extra)
+            if op in _BLOCKED:
+                b = (
+                    self._default_bounds(n)
+                    if bounds is None
+                    else bounds_list(bounds, n, self.world)
+                )
+            error = None
+        except (TypeError, ValueError) as exc:
+            error = exc
+        if self.check and self.world > 1:
+            self._cross_check(op, buf, b, extra, name, error)
+        if error is not None:
+            raise type(error)(f"{op}: {error}") from None
+        return name, b
+
+    def _validate(self, op: str, buf: np.ndarray | None, name: str, extra: int) -> None:
+        """Raise TypeError / ValueError for arguments no rank could run with."""
+        if name not in ALGORITHMS:
+            raise ValueError(
+                f"unknown collective algorithm {name!r}; choose from {['auto', *ALGORITHMS]}"
+            )
+        if op == "broadcast" and not 0 <= extra < self.world:
+            raise ValueError(f"root must be in [0, {self.world}), got {extra}")
+        if buf is None:
+            return
+        want = np.float64 if op == "allreduce_scalars" else np.float32
+        if not isinstance(buf, np.ndarray):
+            raise TypeError(f"buffer must be a numpy array, got {type(buf).__name__}")
+        if buf.dtype != want:
+            raise TypeError(f"buffer dtype must be {np.dtype(want)}, got {buf.dtype}")
+        if buf.ndim != 1:
+            raise ValueError(f"buffer must be 1-D, got shape {buf.shape}")
+        if not buf.flags.c_contiguous:
+            raise ValueError("buffer must be contiguous (pass a flat view, not a strided one)")
+        if not buf.flags.writeable and op != "allreduce_scalars":
+            raise ValueError("buffer must be writeable (the operation is in place)")
+
+    def _cross_check(
+        self,
+        op: str,
+        buf: np.ndarray | None,
+        bounds: list[int],
+        extra: int,
+        name: str,
+        error: Exception | None,
+    ) -> None:
+        """One tiny Allgather of each rank's call signature; raise on every rank if any differ."""
+        row = self._row
+        row[_SEQ] = self.calls
+        row[_OP] = OPS.index(op)
+        row[_ALG] = list(ALGORITHMS).index(name) if name in ALGORITHMS else -1
+        row[_LEN] = -1 if buf is None else int(getattr(buf, "size", -1))
+        row[_DTYPE] = np.dtype(buf.dtype).num if isinstance(buf, np.ndarray) else -1
+        row[_EXTRA] = extra
+        if bounds:
+            row[_EXTRA] |= zlib.crc32(np.asarray(bounds, dtype=np.int64).tobytes()) << 1
+        row[_OK] = int(error is None)
+        table = self._table
+        self._comm.Allgather([row, MPI.INT64_T], [table, MPI.INT64_T])
+        if (table == row).all() or error is not None:  # a local error is raised by _begin
+            return
+        raise CollectiveMismatchError(_describe_mismatch(op, table))
+
+
+# Fields of the check-mode signature row.
+_SEQ, _OP, _ALG, _LEN, _DTYPE, _EXTRA, _OK = range(7)
+_NFIELDS = 7
+
+
+def _describe_mismatch(op: str, table: np.ndarray) -> str:
+    """A message naming the operation and every rank's view of the call."""
+    algs = list(ALGORITHMS)
+
+    def per_rank(field: int, show=lambda v: str(int(v))) -> str:
+        return ", ".join(f"rank {r}: {show(v)}" for r, v in enumerate(table[:, field]))
+
+    lines = [f"collective arguments differ across ranks in {op} (call #{table[0, _SEQ]})"]
+    lines.append(f"  lengths: {per_rank(_LEN)}")
+    if len(set(table[:, _OP])) > 1:
+        lines.append(f"  ops: {per_rank(_OP, lambda v: OPS[v])}")
+    if len(set(table[:, _SEQ])) > 1:
+        lines.append(f"  call numbers: {per_rank(_SEQ)}")
+    if len(set(table[:, _ALG])) > 1:
+        lines.append(f"  algorithms: {per_rank(_ALG, lambda v: algs[v] if v >= 0 else '?')}")
+    if len(set(table[:, _DTYPE])) > 1:
+        lines.append(f"  dtypes: {per_rank(_DTYPE, lambda v: _dtype_name(int(v)))}")
+    if len(set(table[:, _EXTRA])) > 1:
+        lines.append(f"  bounds/root/average: {per_rank(_EXTRA)}")
+    bad = [r for r in range(table.shape[0]) if not table[r, _OK]]
+    if bad:
+        lines.append(f"  invalid arguments (see their own error) on ranks {bad}")
+    return "\n".join(lines)
+
+
+_DTYPE_NAMES = {np.dtype(c).num: np.dtype(c).name for c in np.typecodes["All"] if c not in "MmV"}
+
+
+def _dtype_name(num: int) -> str:
+    return _DTYPE_NAMES.get(num, "not an array" if num < 0 else f"dtype #{num}")

@@ -1,0 +1,337 @@
+"""MPI check of simdist's collectives. Run under mpiexec (any number of ranks):
+
+    mpiexec -n 4 python -m mpi4py tests/mpi/check_collectives.py
+
+Covers every algorithm x op, each algorithm twice in a row (catches state left behind), over
+lengths 0, 1, world-1, world+1, 1000 and 2**20+3. Inputs are small integers stored as float32,
+so every sum is exact and results are compared bit for bit with NumPy. Random inputs then pin
+down the documented summation orders of "ring" and "rhd" and check that all-reduce equals
+reduce-scatter + all-gather bitwise. Check mode must turn mismatched calls into an error on
+every rank. Each rank prints its failures; the program exits 1 if any rank saw one (and
+``python -m mpi4py`` turns an unexpected exception into an abort of the whole job).
+"""
+
+from __future__ import annotations
+
+import simdist  # noqa: F401, I001  (first: pins one thread per rank before numpy loads)
+
+# isort: split
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+from simdist.comm import ALGORITHMS, CollectiveMismatchError, Collectives, partition
+from simdist.comm.world import world
+
+COMM = world()
+RANK, P = COMM.Get_rank(), COMM.Get_size()
+ALGS = [*ALGORITHMS, "auto"]
+LENGTHS = sorted({0, 1, P - 1, P + 1, 1000, 2**20 + 3})
+failures = 0
+checks = 0
+
+
+def expect(ok: bool, what: str) -> None:
+    """Record one check; print failures right away, with the rank."""
+    global failures, checks
+    checks += 1
+    if not ok:
+        failures += 1
+        print(f"[rank {RANK}/{P}] FAIL: {what}", flush=True)
+
+
+def same(got: np.ndarray, want: np.ndarray, what: str) -> None:
+    """Bitwise equality (NaN-free inputs), with the first differing index in the message."""
+    ok = got.shape == want.shape and np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    if not ok and got.shape == want.shape:
+        i = int(np.flatnonzero(got.view(np.uint32) != want.view(np.uint32))[0])
+        what += f" (first difference at {i}: got {got[i]!r}, want {want[i]!r})"
+    elif not ok:
+        what += f" (shape {got.shape} != {want.shape})"
+    expect(ok, what)
+
+
+def contribution(r: int, n: int) -> np.ndarray:
+    """Rank r's integer-valued input; sums over ranks stay exact in float32."""
+    i = np.arange(n, dtype=np.int64)
+    return ((i * 5 + r * 3) % 11 - 5 + r).astype(np.float32)
+
+
+_sums: dict[int, np.ndarray] = {}
+
+
+def exact_sum(n: int) -> np.ndarray:
+    if n not in _sums:
+        total = np.zeros(n, dtype=np.float64)
+        for r in range(P):
+            total += contribution(r, n)
+        _sums[n] = total.astype(np.float32)
+    return _sums[n]
+
+
+def exact_average(n: int) -> np.ndarray:
+    return exact_sum(n) / np.float32(P)  # the definition: float32 sum, then true division
+
+
+def pattern(n: int) -> np.ndarray:
+    """Distinct, exactly representable values for copy-only collectives."""
+    return (np.arange(n, dtype=np.int64) % 251).astype(np.float32) + np.float32(0.25)
+
+
+def custom_bounds(n: int) -> np.ndarray:
+    """Uneven blocks with weights r % 3: rank 0 (and 3) get empty blocks."""
+    w = np.array([r % 3 for r in range(P)], dtype=np.int64)
+    if w.sum() == 0:
+        return np.array([0, n], dtype=np.int64)
+    b = np.concatenate([[0], n * np.cumsum(w) // w.sum()]).astype(np.int64)
+    b[-1] = n
+    return b
+
+
+def block(b: np.ndarray, r: int = RANK) -> slice:
+    return slice(int(b[r]), int(b[r + 1]))
+
+
+def is_block_view(view: np.ndarray, buf: np.ndarray, b: np.ndarray) -> bool:
+    """``view`` is buf[b[RANK]:b[RANK+1]] itself, not a copy."""
+    lo, hi = int(b[RANK]), int(b[RANK + 1])
+    if view.size != hi - lo:
+        return False
+    return view.size == 0 or (
+        view.ctypes.data - buf.ctypes.data == 4 * lo and view.base is not None
+    )
+
+
+# ---------------------------------------------------------------- exact results per op
+
+
+def check_ops(coll: Collectives, alg: str, rep: int, n: int) -> None:
+    tag = f"{alg} #{rep} n={n}"
+    x = contribution(RANK, n)
+    coll.allreduce(x, algorithm=alg)
+    same(x, exact_sum(n), f"allreduce sum {tag}")
+
+    x = contribution(RANK, n)
+    coll.allreduce(x, average=True, algorithm=alg)
+    same(x, exact_average(n), f"allreduce average {tag}")
+
+    for name, b, avg in (
+        ("default", partition(n, P), False),
+        ("default", partition(n, P), True),
+        ("custom", custom_bounds(n), False),
+    ):
+        x = contribution(RANK, n)
+        given = None if name == "default" else b
+        view = coll.reduce_scatter(x, bounds=given, average=avg, algorithm=alg)
+        want = (exact_average(n) if avg else exact_sum(n))[block(b)]
+        expect(is_block_view(view, x, b), f"reduce_scatter {name} returns its block view {tag}")
+        same(np.array(view), want, f"reduce_scatter {name} bounds average={avg} {tag}")
+
+    for name, b in (("default", partition(n, P)), ("custom", custom_bounds(n))):
+        x = np.full(n, np.nan, dtype=np.float32)
+        x[block(b)] = pattern(n)[block(b)]
+        coll.allgather(x, bounds=None if name == "default" else b, algorithm=alg)
+        same(x, pattern(n), f"allgather {name} bounds {tag}")
+
+    for root in sorted({0, P - 1}):
+        x = pattern(n) if RANK == root else np.full(n, np.nan, dtype=np.float32)
+        coll.broadcast(x, root=root, algorithm=alg)
+        same(x, pattern(n), f"broadcast root={root} {tag}")
+
+
+def check_barrier(coll: Collectives, alg: str, rep: int, folder: str) -> None:
+    """After the barrier every rank's marker file must exist, though the last rank is late."""
+    if RANK == P - 1:
+        time.sleep(0.05)
+    open(os.path.join(folder, f"{alg}-{rep}-{RANK}"), "w").close()
+    coll.barrier(algorithm=alg)
+    missing = [r for r in range(P) if not os.path.exists(os.path.join(folder, f"{alg}-{rep}-{r}"))]
+    expect(not missing, f"barrier {alg} #{rep}: returned before ranks {missing} arrived")
+
+
+def check_scalars(coll: Collectives) -> None:
+    """Rank-order summation: 1e16 + 1 - 1e16 style values make any other order visible."""
+    mine = np.array([1e16 if RANK % 2 == 0 else 1.0, RANK + 0.1, -(RANK**3) * 1e-3], np.float64)
+    want = None
+    for r in range(P):
+        v = np.array([1e16 if r % 2 == 0 else 1.0, r + 0.1, -(r**3) * 1e-3], np.float64)
+        want = v.copy() if want is None else want + v
+    got = coll.allreduce_scalars(mine)
+    expect(got.dtype == np.float64 and np.array_equal(got, want), f"allreduce_scalars {got}")
+    expect(mine[1] == RANK + 0.1, "allreduce_scalars must not modify its input")
+
+
+# ---------------------------------------------------------------- bitwise determinism
+
+
+def ring_order(xs: list[np.ndarray], b: np.ndarray) -> np.ndarray:
+    """Documented ring order: block q = (((x[q+1] + x[q+2]) + ...) + x[q])."""
+    out = np.empty_like(xs[0])
+    for q in range(P):
+        s = block(b, q)
+        acc = xs[(q + 1) % P][s].copy()
+        for k in range(2, P + 1):
+            acc += xs[(q + k) % P][s]
+        out[s] = acc
+    return out
+
+
+def rhd_order(xs: list[np.ndarray]) -> np.ndarray:
+    """Documented rhd tree: folded pairs, then participants paired across the highest bit."""
+    pof2 = 1 << (P.bit_length() - 1)
+    rem = P - pof2
+    v = [xs[2 * i] + xs[2 * i + 1] if i < rem else xs[i + rem].copy() for i in range(pof2)]
+    half = pof2 // 2
+    while half:
+        v = [v[i] + v[i + half] for i in range(half)]
+        half //= 2
+    return v[0]
+
+
+def check_bitwise(coll: Collectives, alg: str, n: int) -> None:
+    xs = [np.random.default_rng(1000 + r).standard_normal(n).astype(np.float32) for r in range(P)]
+    b = partition(n, P)
+    want = ring_order(xs, b) if alg == "ring" else rhd_order(xs)
+    for average in (False, True):
+        tag = f"{alg} n={n} average={average}"
+        ref = want / np.float32(P) if average and P > 1 else want
+        a = xs[RANK].copy()
+        coll.allreduce(a, average=average, algorithm=alg)
+        same(a, ref, f"allreduce follows the documented summation order, {tag}")
+        c = xs[RANK].copy()
+        coll.reduce_scatter(c, average=average, algorithm=alg)
+        coll.allgather(c, algorithm=alg)
+        same(c, a, f"allreduce == reduce_scatter + allgather bitwise, {tag}")
+        a2 = xs[RANK].copy()
+        coll.allreduce(a2, average=average, algorithm=alg)
+        same(a2, a, f"allreduce repeats bit for bit, {tag}")
+
+
+# ---------------------------------------------------------------- errors
+
+
+def raised(fn, kind: type[BaseException]) -> BaseException | None:
+    try:
+        fn()
+    except kind as exc:
+        return exc
+    return None
+
+
+def check_mismatches(alg: str) -> None:
+    cc = Collectives(COMM, algorithm=alg, check=True)
+    if P > 1:
+        n = 10 + (RANK == P - 1)
+        err = raised(lambda: cc.allreduce(np.ones(n, np.float32)), CollectiveMismatchError)
+        expect(err is not None, f"check mode: length mismatch must raise ({alg})")
+        if err is not None:
+            text = str(err)
+            lens = all(f"rank {r}: {10 + (r == P - 1)}" in text for r in range(P))
+            expect("allreduce" in text and lens, f"mismatch message names op and lengths: {text}")
+
+        def op_mismatch() -> None:
+            buf = np.ones(8, np.float32)
+            cc.allgather(buf) if RANK == 0 else cc.allreduce(buf)
+
+        err = raised(op_mismatch, CollectiveMismatchError)
+        expect(err is not None and "ops:" in str(err), f"check mode: op mismatch ({alg}): {err}")
+
+        def dtype_mismatch() -> None:
+            cc.allreduce(np.ones(8, np.float64 if RANK == 0 else np.float32))
+
+        err = raised(dtype_mismatch, CollectiveMismatchError if RANK else TypeError)
+        expect(err is not None, f"check mode: dtype mismatch raises on every rank ({alg})")
+
+        def bounds_mismatch() -> None:
+            b = partition(12, P) if RANK else custom_bounds(12)
+            cc.reduce_scatter(np.ones(12, np.float32), bounds=b)
+
+        differ = not np.array_equal(partition(12, P), custom_bounds(12))
+        err = raised(bounds_mismatch, CollectiveMismatchError)
+        expect((err is not None) == differ, f"check mode: bounds mismatch ({alg}): {err}")
+    # Still in step after the errors: a matching call works.
+    x = contribution(RANK, 1000)
+    cc.allreduce(x)
+    same(x, exact_sum(1000), f"check mode: allreduce after mismatches ({alg})")
+    cc.free()
+
+
+def check_local_errors(coll: Collectives) -> None:
+    """Invalid arguments passed by every rank raise before any communication (no hang)."""
+    x = np.zeros(16, np.float32)
+    for what, fn, kind in (
+        ("float64 buffer", lambda: coll.allreduce(np.zeros(4)), TypeError),
+        ("strided buffer", lambda: coll.allreduce(x[::2]), ValueError),
+        ("2-D buffer", lambda: coll.allgather(x.reshape(4, 4)), ValueError),
+        ("bounds too short", lambda: coll.reduce_scatter(x, bounds=[0]), ValueError),
+        ("bounds not ending at len", lambda: coll.allgather(x, bounds=[0] * (P + 1)), ValueError),
+        ("unknown algorithm", lambda: coll.allreduce(x, algorithm="bogus"), ValueError),
+        ("broadcast root out of range", lambda: coll.broadcast(x, root=P), ValueError),
+    ):
+        expect(raised(fn, kind) is not None, f"{what} must raise {kind.__name__}")
+    try:
+        Collectives(COMM, algorithm="bogus")
+        expect(False, "Collectives(algorithm='bogus') must raise ValueError")
+    except ValueError:
+        pass
+
+
+def check_accounting(coll: Collectives) -> None:
+    """bytes_sent of a ring all-reduce: every block but the own one, then all but the next."""
+    n = 1000
+    b = partition(n, P)
+    q = (RANK + 1) % P
+    own, nxt = b[RANK + 1] - b[RANK], b[q + 1] - b[q]
+    before, calls = coll.bytes_sent, coll.calls
+    coll.allreduce(contribution(RANK, n), algorithm="ring")
+    sent = coll.bytes_sent - before
+    want = 0 if P == 1 else 4 * (2 * n - own - nxt)
+    expect(sent == want, f"ring allreduce bytes_sent {sent} != {want}")
+    expect(coll.calls == calls + 1, f"calls must count each collective once: {coll.calls}")
+
+
+# ---------------------------------------------------------------- main
+
+
+def main() -> int:
+    t0 = time.perf_counter()
+    coll = Collectives(COMM)
+    token = coll.allreduce_scalars(np.array([float(os.getpid()) if RANK == 0 else 0.0]))[0]
+    folder = os.path.join(tempfile.gettempdir(), f"simdist-barrier-{int(token)}")
+    os.makedirs(folder, exist_ok=True)
+    try:
+        for alg in ALGS:
+            for rep in (1, 2):
+                for n in LENGTHS:
+                    check_ops(coll, alg, rep, n)
+                check_barrier(coll, alg, rep, folder)
+                check_scalars(coll)
+            if RANK == 0:
+                print(f"check_collectives np={P}: {alg} done", flush=True)
+        for alg in ("ring", "rhd"):
+            for n in (1, P + 1, 1000, 2**20 + 3):
+                check_bitwise(coll, alg, n)
+        for alg in ALGORITHMS:
+            check_mismatches(alg)
+        check_local_errors(coll)
+        check_accounting(coll)
+        coll.barrier()
+    finally:
+        if RANK == 0:
+            shutil.rmtree(folder, ignore_errors=True)
+    total = int(coll.allreduce_scalars(np.array([float(failures)]))[0])
+    if RANK == 0:
+        print(
+            f"check_collectives np={P}: {checks} checks per rank, {total} failures in all, "
+            f"{time.perf_counter() - t0:.1f} s",
+            flush=True,
+        )
+    return 1 if total or failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

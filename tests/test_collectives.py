@@ -1,0 +1,85 @@
+"""Collectives: serial tests of partition and the auto rule, and the MPI check at np 1..4."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from mpi_launch import run_mpi
+
+from simdist.comm import choose_algorithm, partition
+from simdist.comm.cost import predicted_time
+from simdist.comm.partition import bounds_list
+
+
+@pytest.mark.parametrize("np_", [1, 2, 3, 4])
+def test_collectives_under_mpi(np_: int) -> None:
+    proc = run_mpi(np_, ["tests/mpi/check_collectives.py"], timeout=120)
+    assert proc.returncode == 0, f"mpiexec -n {np_} failed:\n{proc.stdout}"
+    assert f"np={np_}:" in proc.stdout and "0 failures" in proc.stdout, proc.stdout
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4, 7, 8])
+@pytest.mark.parametrize("n", [0, 1, 2, 3, 7, 8, 1000, 2**20 + 3])
+def test_partition_blocks(n: int, world: int) -> None:
+    off = partition(n, world)
+    assert off.dtype == np.int64 and off.shape == (world + 1,)
+    assert off[0] == 0 and off[-1] == n
+    sizes = np.diff(off)
+    extra = n % world
+    assert (sizes[:extra] == n // world + 1).all()
+    assert (sizes[extra:] == n // world).all()
+
+
+def test_partition_examples() -> None:
+    assert partition(10, 4).tolist() == [0, 3, 6, 8, 10]
+    assert partition(2, 4).tolist() == [0, 1, 2, 2, 2]
+    assert partition(0, 3).tolist() == [0, 0, 0, 0]
+    assert partition(5, 1).tolist() == [0, 5]
+
+
+@pytest.mark.parametrize("n, world", [(5, 0), (-1, 2)])
+def test_partition_rejects(n: int, world: int) -> None:
+    with pytest.raises(ValueError):
+        partition(n, world)
+
+
+def test_bounds_list_accepts_custom_partitions() -> None:
+    assert bounds_list(np.array([0, 0, 4, 4, 9]), 9, 4) == [0, 0, 4, 4, 9]
+    assert bounds_list([0, 9], 9, 1) == [0, 9]
+    assert all(type(v) is int for v in bounds_list(np.array([0, 3, 9], np.int32), 9, 2))
+
+
+@pytest.mark.parametrize(
+    "bounds, world, error",
+    [
+        ([0, 9], 2, ValueError),  # too short for world 2
+        ([1, 4, 9], 2, ValueError),  # does not start at 0
+        ([0, 4, 8], 2, ValueError),  # does not end at n
+        ([0, 5, 4, 9], 3, ValueError),  # decreasing
+        (np.array([0.0, 4.0, 9.0]), 2, TypeError),  # not integers
+        (np.zeros((3, 3), np.int64), 2, TypeError),  # not 1-D
+        (9, 2, TypeError),  # not a sequence
+    ],
+)
+def test_bounds_list_rejects(bounds, world: int, error: type[Exception]) -> None:
+    with pytest.raises(error):
+        bounds_list(bounds, 9, world)
+
+
+def test_auto_rule() -> None:
+    # Powers of two: rhd has fewer steps and the same volume, so it always wins.
+    for p in (2, 4, 8):
+        for nbytes in (4, 4 << 10, 64 << 20):
+            assert choose_algorithm("allreduce", nbytes, p) == "rhd"
+    # p = 3: the fold costs rhd a whole extra buffer and saves no step.
+    assert choose_algorithm("allreduce", 64 << 20, 3) == "ring"
+    # p = 6: rhd saves latency on small messages, ring saves volume on large ones.
+    assert choose_algorithm("allreduce", 1 << 10, 6) == "rhd"
+    assert choose_algorithm("allreduce", 64 << 20, 6) == "ring"
+    # One rule for the three reductions: DP and ZeRO run the same algorithm on a buffer.
+    for p in (3, 5, 6, 7):
+        for nbytes in (4 << 10, 256 << 10, 16 << 20):
+            ops = ("allreduce", "reduce_scatter", "allgather")
+            assert len({choose_algorithm(op, nbytes, p) for op in ops}) == 1
+    assert predicted_time("allreduce", "ring", 0, 4) == 0.0
+    assert predicted_time("allreduce", "ring", 1 << 20, 1) == 0.0
