@@ -30,6 +30,7 @@ from simdist.data.sampler import DistributedSampler
 from simdist.events import EventWriter
 from simdist.kernels.registry import warm_all
 from simdist.models import build_model
+from simdist.models.base import GradientViews
 from simdist.optim import Optimizer
 from simdist.parallel import GradientSync
 
@@ -116,16 +117,20 @@ class Run:
         self.params_flat = self.memory.alloc("parameters", "params", layout.padded)
         self.pviews = layout.views(self.params_flat)
         accum = p.optimizer.grad_accum_steps
-        self.grads = self.memory.alloc("gradients", "grads", layout.padded)
-        # with accumulation the model writes each micro-batch into a scratch buffer
-        self.micro_grads = (
-            self.memory.alloc("gradients", "micro_grads", layout.padded) if accum > 1 else None
-        )
-        self.gviews = layout.views(self.micro_grads if accum > 1 else self.grads)
+        self.sync = GradientSync(self.coll, layout, r.zero_opt_level, r.collective_algorithm)
+        self.micro_grads = None
+        if r.zero_opt_level == 2:
+            # gradients exist only as this rank's slice plus a bucket (see parallel.py)
+            self.grads = None
+            self.gviews = self.sync.make_sharded(self.model.gradient_groups(), self.memory.alloc)
+        else:
+            self.grads = self.memory.alloc("gradients", "grads", layout.padded)
+            if accum > 1:  # the model writes each micro-batch into scratch, summed into grads
+                self.micro_grads = self.memory.alloc("gradients", "micro_grads", layout.padded)
+            self.gviews = GradientViews(layout.views(self.micro_grads if accum > 1 else self.grads))
         self.model.allocate(self.micro_batch)
         self.memory.add("activations", self.model.activation_bytes(self.micro_batch))
 
-        self.sync = GradientSync(self.coll, layout, r.zero_opt_level)
         lo, hi = self.sync.update_range
         self.optimizer = Optimizer(p.optimizer, layout, lo, hi, self.memory.alloc)
         self.sampler = DistributedSampler(
@@ -187,6 +192,12 @@ class Run:
         self.log(f"resumed from {path} at global_step = {step}")
 
     # ----------------------------------------------------------------- per step
+    def gradients(self, micro: int) -> GradientViews:
+        """Where the model writes micro-batch ``micro``'s gradients."""
+        if self.grads is None:
+            self.gviews.begin_micro_batch(micro)
+        return self.gviews
+
     def accumulate_gradients(self, micro: int) -> None:
         if self.micro_grads is None:
             return

@@ -29,7 +29,7 @@ def train(run: Run) -> None:
         for micro, indices in enumerate(run.sampler.indices(step)):
             x, y = run.data.train_batch(indices)
             loss += model.forward(run.pviews, x, y) / accum
-            model.backward(run.pviews, run.gviews, dloss)
+            model.backward(run.pviews, run.gradients(micro), dloss)
             run.accumulate_gradients(micro)
         grads = sync.reduce_gradients(run.grads)  # averaged, for [lo, hi)
         norm = run.clip(grads)

@@ -124,8 +124,8 @@ def test_config_error_exits_2_and_writes_nothing(tmp_path):
     d.mkdir()
     (d / "keep.txt").write_text("mine")
     out = train(2, d, "--runconfig.max_stepz=3", check=False)
-    assert out.returncode == 2, (out.returncode, out.stderr)
-    assert out.stderr.count("unknown key runconfig.max_stepz") == 1
+    assert out.returncode == 2, (out.returncode, out.stdout)
+    assert out.stdout.count("unknown key runconfig.max_stepz") == 1
     assert sorted(p.name for p in d.iterdir()) == ["keep.txt"]
 
 

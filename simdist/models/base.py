@@ -25,6 +25,27 @@ class ParamSpec:
         return int(np.prod(self.shape, dtype=np.int64))
 
 
+@dataclass(frozen=True)
+class GradientGroup:
+    """Parameters whose gradients the backward pass finishes together (e.g. one layer).
+
+    Groups let ZeRO-2 reduce-scatter gradients as soon as they are final, so a rank never
+    holds the whole gradient: ``held`` marks a group written early and finished late (tied
+    embeddings: the LM head writes d(wte) first, the embedding backward adds to it last).
+    Names must be contiguous in ``parameter_specs`` order.
+    """
+
+    names: tuple[str, ...]
+    held: bool = False
+
+
+class GradientViews(dict):
+    """Plain gradient views (DP, ZeRO-1): the whole gradient lives in one flat buffer."""
+
+    def done(self, names) -> None:
+        """The model calls this when the gradients of ``names`` are final; nothing to do."""
+
+
 class Model(Protocol):
     name: str
 
@@ -42,10 +63,15 @@ class Model(Protocol):
     ) -> float:
         """Mean loss over the micro-batch; keeps what backward needs."""
 
-    def backward(
-        self, params: dict[str, np.ndarray], grads: dict[str, np.ndarray], dloss: float
-    ) -> None:
-        """Overwrite every parameter gradient; ``dloss`` scales per-sample losses (1/B)."""
+    def backward(self, params: dict[str, np.ndarray], grads: GradientViews, dloss: float) -> None:
+        """Overwrite every parameter gradient; ``dloss`` scales per-sample losses (1/B).
+
+        ``grads[name]`` gives the buffer to write; after finishing a group of
+        ``gradient_groups()`` the model calls ``grads.done(group.names)``.
+        """
+
+    def gradient_groups(self) -> list[GradientGroup]:
+        """Gradient groups, in the order the backward pass finishes them."""
 
     def evaluate(
         self, params: dict[str, np.ndarray], inputs: np.ndarray, targets: np.ndarray

@@ -14,7 +14,7 @@ from simdist.kernels.activation import relu_backward, relu_forward
 from simdist.kernels.linear import linear_backward, linear_backward_params, linear_forward
 from simdist.kernels.loss import softmax_cross_entropy_backward, softmax_cross_entropy_forward
 
-from .base import ParamSpec
+from .base import GradientGroup, ParamSpec
 
 
 class _Workspace:
@@ -91,10 +91,19 @@ class FCMNIST:
         for i in range(self.n_layers - 1, 0, -1):
             x, dx = ws.acts[i - 1], ws.dacts[i - 1]
             w = params[f"fc{i + 1}.weight"]
-            linear_backward(dx, grads[f"fc{i + 1}.weight"], grads[f"fc{i + 1}.bias"], dout, x, w)
+            names = (f"fc{i + 1}.weight", f"fc{i + 1}.bias")
+            linear_backward(dx, grads[names[0]], grads[names[1]], dout, x, w)
+            grads.done(names)
             relu_backward(dx, dx, x)
             dout = dx
         linear_backward_params(grads["fc1.weight"], grads["fc1.bias"], dout, self._inputs)
+        grads.done(("fc1.weight", "fc1.bias"))
+
+    def gradient_groups(self) -> list[GradientGroup]:
+        return [
+            GradientGroup((f"fc{i + 1}.weight", f"fc{i + 1}.bias"))
+            for i in range(self.n_layers - 1, -1, -1)
+        ]
 
     def evaluate(self, params, inputs: np.ndarray, targets: np.ndarray) -> tuple[float, int]:
         ws = self._workspace(inputs.shape[0])
