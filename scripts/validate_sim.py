@@ -56,6 +56,7 @@ class Case:
     published: float
     predict: Callable[[], float]
     source: str
+    kind: str = ""  # memory | collective | step time | activations (formula check)
 
 
 def _busbw(profile: str, world: int, nbytes: int, link: str, **overrides) -> float:
@@ -212,9 +213,13 @@ def cases() -> list[Case]:
     return out
 
 
+KINDS = {"GB": "model-state memory", "GB/s": "collective busbw", "s": "step time"}
+
+
 def run() -> list[dict]:
     rows = []
     for c in cases():
+        c.kind = c.kind or KINDS.get(c.unit, "activation memory (formula check)")
         pred = float(c.predict())
         rows.append(
             {
@@ -224,6 +229,7 @@ def run() -> list[dict]:
                 "measured": c.published,
                 "rel_error": (pred - c.published) / c.published,
                 "source": c.source,
+                "kind": c.kind,
             }
         )
     return rows
@@ -249,12 +255,18 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['case']:<{w}}  {r['predicted']:11.4g}  {r['measured']:11.4g}  {r['unit']:<4}"
             f"  {100 * r['rel_error']:+8.2f}%  {r['source']}{flag}"
         )
-    errs = [abs(r["rel_error"]) for r in rows]
-    within = sum(e <= 0.15 for e in errs)
-    print(
-        f"\n{len(rows)} cases: mean |rel_error| {100 * sum(errs) / len(errs):.2f} %, "
-        f"max {100 * max(errs):.2f} %, {within}/{len(rows)} within 15 %"
-    )
+    print()
+    groups = {"all": rows}
+    for r in rows:
+        groups.setdefault(r["kind"], []).append(r)
+    for name, group in groups.items():
+        errs = [abs(r["rel_error"]) for r in group]
+        within = sum(e <= 0.15 for e in errs)
+        print(
+            f"{name:<36} {len(group):2d} cases: mean |rel_error| "
+            f"{100 * sum(errs) / len(errs):5.2f} %, max {100 * max(errs):5.2f} %, "
+            f"{within}/{len(group)} within 15 %"
+        )
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
     return 0

@@ -13,7 +13,7 @@ layout, so a plan takes milliseconds. What it computes, per device:
 * Activations (Korthikanti et al. 2022, arXiv 2205.05198 §4): per layer, e = bytes per
   activation element (2 mixed, 4 fp32), dropout masks 1 byte, f = d_ff::
 
-      attention  sbh(5e + 1) + as²b(2e + 1)     MLP  sbh(2e + 1) + 2e·sbf     LN  2e·sbh
+      attention  sbh(5e + 1) + as²b(2e + 1)     MLP  sbh(e + 1) + 2e·sbf     LN  2e·sbh
 
   which for e = 2, f = 4h is the paper's sbh(34 + 5as/h); for fp32 it is sbh(66 + 9as/h).
   Tensor parallel t splits the Q, K, V, projection-input, GELU and attention-score terms
@@ -23,8 +23,10 @@ layout, so a plan takes milliseconds. What it computes, per device:
   flight on the first stage (×(1 + (pp−1)/(pp·v)) interleaved); the last stage adds the
   logits (s·b·V/t elements at e bytes, plus fp32 for the cross-entropy).
 * Step time: every kernel of one layer (GEMMs, attention core, softmax, dropout, LayerNorm,
-  GELU, residual) through the profile's roofline (``CostModel.compute_time``); backward GEMMs
-  are two GEMMs of the forward's size, backward elementwise ops move 1.5× the bytes. Tensor
+  GELU, residual) through the profile's kernel-time rule (``CostModel.compute_time``: the
+  roofline max, or the additive rule the GPU profiles' Calculon tables were fitted with,
+  see ``simdist.device.cost``); backward GEMMs are two GEMMs of the forward's size,
+  backward elementwise ops move 1.5× the bytes. Tensor
   parallel all-reduces (or reduce-scatter/all-gather with sequence parallel, plus the
   backward all-gather redo) are exposed, as in Megatron. Pipeline: (m + (pp−1)/v) stage
   times (Narayanan et al. 2021, arXiv 2104.04473 §2.2) plus blocking p2p transfers.
@@ -388,6 +390,8 @@ class Planner:
         k_dp = max(1, prof.devices_per_node // mp) if mp < prof.devices_per_node else 1
         if dp <= k_dp:
             return prof.intra, k_dp
+        if mp == 1:  # the DP group fills whole nodes: the flat multi-node ring
+            return self.cost.link("inter", dp), k_dp
         nic = prof.inter
         if not nic.known:
             return nic, k_dp
@@ -488,13 +492,15 @@ class Planner:
             breakdown_s=breakdown,
             model_flops_per_step=model_flops,
             mfu=mfu,
-            notes=(
-                self.notes + [f"profile leaves out: {', '.join(prof.unknown)}"]
-                if prof.unknown
-                else self.notes
-            ),
+            notes=self.notes + self._unknown_note(),
             plan_seconds=time.perf_counter() - t0,
         )
+
+    def _unknown_note(self) -> list[str]:
+        """Unpublished profile figures this plan could have used (other dtypes left out)."""
+        other = [f"tflops.{d}" for d in ("fp32", "tf32", "bf16", "fp16") if d != self.dtype]
+        missing = [u for u in self.profile.unknown if not u.endswith(tuple(other))]
+        return [f"profile leaves out (not published): {', '.join(missing)}"] if missing else []
 
     def _peak_or_none(self) -> float | None:
         if self.profile.has_peak("matmul", self.dtype):
@@ -581,6 +587,15 @@ class Planner:
         first = stored + working + embed + (logits if pp == 1 else 0)
         last = per_layer * layers * factor + working + logits
         mem["activations"] = int(max(first, last))
+        coef = (
+            f"sbh({16 * e + 2} + {2 * e + 1}as/h)" if spec.ffn == 4 * spec.d_model else "sbh(...)"
+        )
+        self.notes.append(
+            f"activations: Korthikanti et al. 2022, {coef} bytes per layer before TP/SP/"
+            f"recompute ({e}-byte elements, 1-byte dropout masks), {layers} layers x "
+            f"{in_flight} micro-batch(es) in flight, + logits"
+            + (", + the working set of the layer being recomputed" if working else "")
+        )
 
         # compute of one micro-batch on one stage
         fwd, bwd = transformer_layer_ops(spec, micro, seq, t, sp, e)
@@ -638,6 +653,7 @@ class Planner:
         dp_exposed, dp_total = self._dp_sync(params_dev, dp, m, f_c * layers, b_c * layers)
         out["dp_comm_total"] = dp_total
         out["dp_comm_exposed"] = dp_exposed
+        self._overlap_note(dp)
         opt = self._optimizer_time(params_dev, dp)
         out["optimizer"] = opt
         step = pipeline + dp_exposed + opt
@@ -683,6 +699,25 @@ class Planner:
             self.notes.append(f"data-parallel communication not modelled: {err}")
             return 0.0, 0.0
 
+    def _overlap_note(self, dp: int) -> None:
+        c = self.cfg
+        if dp <= 1:
+            return
+        if not c.overlap:
+            self.notes.append("overlap: none (--no-overlap): all DP communication is exposed")
+            return
+        rule = {
+            0: "gradient all-reduce hidden behind the last micro-batch's backward except one "
+            f"{c.bucket_bytes / 2**20:g} MiB bucket",
+            1: "gradient reduce-scatter hidden as for DP; parameter all-gather after the "
+            "optimizer step exposed",
+            2: "reduce-scatter every micro-batch, hidden behind its backward except one bucket; "
+            "parameter all-gather after the step exposed",
+            3: "parameter all-gathers hidden behind forward/backward compute except the first "
+            "layer's; gradient reduce-scatter behind backward",
+        }[c.zero]
+        self.notes.append(f"overlap: {rule}; compute slowdown from overlap not modelled")
+
     def _spec_layers(self) -> int:
         spec = self._spec()
         return spec.n_layer if isinstance(spec, TransformerSpec) else 1
@@ -721,6 +756,7 @@ class Planner:
         b += self._op_time(loss)
         params = spec.param_count()
         dp_exp, dp_total = self._dp_sync(params, dp, m, f, b)
+        self._overlap_note(dp)
         opt = self._optimizer_time(params, dp)
         out.update(
             forward_compute=m * f,
@@ -800,7 +836,8 @@ def format_plan(r: PlanResult) -> str:
         if r.mfu:
             lines.append(f"  model FLOPs utilisation: {100 * r.mfu:.1f} % of peak")
         for k, v in r.breakdown_s.items():
-            lines.append(f"    {k:<22}{v * 1e3:12.3f} ms")
+            if v:
+                lines.append(f"    {k:<22}{v * 1e3:12.3f} ms")
     for note in r.notes:
         lines.append(f"  note: {note}")
     lines.append(f"  (planned in {r.plan_seconds * 1e3:.1f} ms)")

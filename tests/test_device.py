@@ -172,6 +172,10 @@ def test_fits_and_what_would_fit():
     assert mem.what_would_fit(100) == 7
     assert mem.what_would_fit(lambda b: 50 + 60 * b) == 10  # 50 + 600 <= 700 < 50 + 660
     assert mem.what_would_fit(lambda b: 800 + b) == 0
+    mem.reserve("activations", "fill", 700)  # exactly at capacity: fits
+    with pytest.raises(SimulatedOutOfMemoryError) as err:
+        mem.reserve("workspace", "one_more", 1)
+    assert err.value.shortfall == 1
 
 
 # -- cost model ----------------------------------------------------------------------------
@@ -327,7 +331,9 @@ def test_chrome_trace_structure(tmp_path):
         clock = VirtualClock(cm, rank)
         clock.compute("gemm", 1e9, 1e6)
         clock.collective("ar", "allreduce", "ring", 1e6, 2, "intra", overlappable_with=1e-3)
-        clock.measured("step (wall)", clock._wall0 + 0.001, clock._wall0 + 0.002, step=np.int64(0))
+        clock.measured(
+            "step (wall)", clock.wall_origin + 0.001, clock.wall_origin + 0.002, step=np.int64(0)
+        )
         clock.end_step()
         per_rank.append(clock.events)
     path = write_chrome_trace(tmp_path / "t" / "timeline.json", per_rank, metadata={"run": "x"})
@@ -478,3 +484,19 @@ def test_calibrate_writes_a_loadable_host_profile(tmp_path):
     text = out.read_text()
     assert "not measured" in text and "cores" in text
     assert math.isfinite(CostModel(prof).compute_time(1e9, 1e6))
+
+
+def test_device_bundle_summary():
+    from simdist.device import Device, gemm_cost
+
+    dev = Device.create("a100-80gb", rank=3, dtype="fp16", hint="try zero_opt_level 2")
+    dev.memory.allocate("parameters", "flat", 1000)
+    flops, nbytes = gemm_cost(64, 128, 32, itemsize=2)
+    assert (flops, nbytes) == (2 * 64 * 128 * 32, 2 * (64 * 128 + 128 * 32 + 64 * 32))
+    dev.clock.compute("gemm", flops, nbytes)
+    dev.clock.end_step()
+    s = dev.summary(samples_per_step=8)
+    assert s["profile"] == "a100-80gb" and s["memory"]["peak_bytes"]["parameters"] == 4000
+    assert s["est_samples_per_sec"] == pytest.approx(8 / dev.clock.steps[0].total_s)
+    with pytest.raises(SimulatedOutOfMemoryError, match="hint: try zero_opt_level 2"):
+        dev.memory.reserve("activations", "huge", 81 * 2**30)

@@ -212,6 +212,18 @@ def _hierarchical(op: str, n: float, p: int, intra: Link, rail: Link, k: int) ->
     return collective_time("p2p", "ring", n, 2, rail)
 
 
+def gemm_cost(m: int, k: int, n: int, itemsize: int = 4) -> tuple[float, float]:
+    """(flops, bytes) of C[m, n] = A[m, k] @ B[k, n]: 2mkn FLOPs, each operand touched once."""
+    return 2.0 * m * k * n, float(itemsize) * (m * k + k * n + m * n)
+
+
+def elementwise_cost(
+    n: int, *, reads: int = 1, writes: int = 1, flops_per: float = 1.0, itemsize: int = 4
+) -> tuple[float, float]:
+    """(flops, bytes) of an elementwise kernel over ``n`` elements with the given streams."""
+    return flops_per * n, float(itemsize) * n * (reads + writes)
+
+
 class CostModel:
     """Times for one device profile: kernels (roofline) and collectives (α–β)."""
 
@@ -396,7 +408,7 @@ class VirtualClock:
         self.steps: list[StepSummary] = []
         self._comm_free = 0.0
         self._step_start = 0.0
-        self._wall0 = time.perf_counter()
+        self.wall_origin = time.perf_counter()
         self._reset_step()
 
     def _reset_step(self) -> None:
@@ -477,7 +489,7 @@ class VirtualClock:
         self, name: str, start: float, end: float, cat: str = "measured", **args: Any
     ) -> None:
         """Record a host wall-clock interval (``time.perf_counter()`` stamps) for the timeline."""
-        self._event(name, cat, "measured", start - self._wall0, end - start, **args)
+        self._event(name, cat, "measured", start - self.wall_origin, end - start, **args)
 
     def end_step(self) -> StepSummary:
         """Close the step: all communication is complete before the next step starts."""
@@ -520,4 +532,6 @@ __all__ = [
     "canonical_op",
     "collective_time",
     "efficiency",
+    "elementwise_cost",
+    "gemm_cost",
 ]
