@@ -33,6 +33,34 @@ def layernorm_forward(out, mean, rstd, inp, weight, bias):
 
 
 @kernel
+def residual_layernorm_forward(res, out, mean, rstd, inp1, inp2, weight, bias):
+    """res = inp1 + inp2 (the residual add), then out = layernorm(res); one pass per row.
+
+    Every residual add in GPT-2 feeds a layernorm (ln_2, the next layer's ln_1, or ln_f), so
+    fusing them reads the new row from L1 instead of making a second trip through memory.
+    res may be the same array as inp2 (the branch output is overwritten by the sum).
+    """
+    # res, out, inp1, inp2: (N, C); mean, rstd: (N,); weight, bias: (C,)
+    N, C = res.shape
+    inv_c = F32(1.0) / F32(C)
+    eps = F32(1e-5)
+    one = F32(1.0)
+    for n in range(N):
+        x = res[n]
+        a = inp1[n]
+        b = inp2[n]
+        for c in range(C):
+            x[c] = a[c] + b[c]
+        m = row_sum(x, C) * inv_c
+        s = one / np.sqrt(row_sq_dev(x, m, C) * inv_c + eps)
+        o = out[n]
+        for c in range(C):
+            o[c] = (x[c] - m) * s * weight[c] + bias[c]
+        mean[n] = m
+        rstd[n] = s
+
+
+@kernel
 def _layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, accumulate):
     # dinp, dout, inp: (N, C); dweight, dbias, weight: (C,); mean, rstd: (N,)
     N, C = inp.shape
@@ -87,6 +115,7 @@ def _warm() -> None:
     m = np.zeros(2, dtype=np.float32)
     s = np.zeros(2, dtype=np.float32)
     layernorm_forward(y, m, s, x, w, b)
+    residual_layernorm_forward(x.copy(), y, m, s, x, y.copy(), w, b)
     layernorm_backward(x, w.copy(), b.copy(), y, x.copy(), w, m, s)
     layernorm_backward_accumulate(x, w.copy(), b.copy(), y, x.copy(), w, m, s)
     # the helper too, so its Python-visible dispatcher carries a signature (a caller

@@ -1,7 +1,9 @@
 """Residual connection: out = inp1 + inp2, elementwise on flat 1-D views.
 
 Its backward is the identity on both inputs, so there is no kernel for it: the model keeps
-one residual-stream gradient buffer that each branch's backward adds into.
+one residual-stream gradient buffer that each branch's backward adds into. The GPT-2 model
+itself uses ``layernorm.residual_layernorm_forward``, this add fused with the layernorm
+that always follows it.
 """
 
 import numpy as np

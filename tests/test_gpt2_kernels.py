@@ -162,6 +162,25 @@ def test_layernorm_forward_backward(N, C):
     assert np.array_equal(dw2, dw) and np.array_equal(db2, db)
 
 
+def test_residual_layernorm_forward():
+    rng = np.random.default_rng(11)
+    N, C = 6, 13
+    a = rng.standard_normal((N, C)).astype(F32)
+    b = rng.standard_normal((N, C)).astype(F32)
+    w = rng.standard_normal(C).astype(F32)
+    bias = rng.standard_normal(C).astype(F32)
+    res = b.copy()  # the residual sum overwrites the branch output, as in the model
+    out = np.empty((N, C), F32)
+    mean = np.empty(N, F32)
+    rstd = np.empty(N, F32)
+    layernorm.residual_layernorm_forward(res, out, mean, rstd, a, res, w, bias)
+    s64 = a.astype(np.float64) + b
+    assert np.array_equal(res, a + b)
+    assert rel_err(out, ref_layernorm(s64, w, bias)) < FWD_TOL
+    assert rel_err(mean, s64.mean(-1)) < FWD_TOL
+    assert rel_err(rstd, 1 / np.sqrt(s64.var(-1) + 1e-5)) < FWD_TOL
+
+
 def test_gelu_forward_backward():
     rng = np.random.default_rng(2)
     x = np.concatenate([rng.standard_normal(37) * 3, [-12.0, -5.0, 0.0, 5.0, 12.0]]).astype(F32)
@@ -285,6 +304,7 @@ def test_kernels_do_not_allocate():
         (embedding.embedding_forward, (x, tokens, wte, wpe)),
         (embedding.embedding_backward_accumulate, (wte, wpe, y, tokens)),
         (layernorm.layernorm_forward, (y2, mean, rstd, x2, w, b)),
+        (layernorm.residual_layernorm_forward, (y2, x2.copy(), mean, rstd, x2, y2, w, b)),
         (layernorm.layernorm_backward, (y2, w.copy(), b.copy(), x2, x2.copy(), w, mean, rstd)),
         (
             layernorm.layernorm_backward_accumulate,

@@ -42,11 +42,11 @@ from simdist.kernels.layernorm import (
     layernorm_backward,
     layernorm_backward_accumulate,
     layernorm_forward,
+    residual_layernorm_forward,
 )
 from simdist.kernels.linear import linear_backward, linear_forward
 from simdist.kernels.loss import softmax_cross_entropy_backward, softmax_cross_entropy_forward
 from simdist.kernels.matmul import lm_head_backward, lm_head_forward
-from simdist.kernels.residual import residual_forward
 
 from .base import ParamSpec
 
@@ -270,11 +270,8 @@ class _Views:
         self.atty2 = [a.reshape(N, C) for a in self.atty]
         self.fch1 = [a.reshape(-1) for a in self.fch]  # flat, for GELU
         self.fch_gelu1 = [a.reshape(-1) for a in self.fch_gelu]
-        self.res2_1 = [a.reshape(-1) for a in self.res2]  # flat, for the residual add
-        self.res3_1 = [a.reshape(-1) for a in self.res3]
         # the residual stream entering each layer
         self.layer_in = [self.encoded2] + self.res3[: L - 1]
-        self.layer_in1 = [a.reshape(-1) for a in self.layer_in]
         self.lnf, self.lnf_mean, self.lnf_rstd = v["lnf"], v["lnf_mean"], v["lnf_rstd"]
         self.logits, self.probs, self.losses = v["logits"], v["probs"], v["losses"]
         self.dres, self.dln = v["dres"], v["dln"]
@@ -475,6 +472,10 @@ class GPT2:
         return loss_sum, correct
 
     # -------------------------------------------------------------- internals
+    def _ln1_params(self, params, i: int) -> tuple[np.ndarray, np.ndarray]:
+        names = self._layer_names[i]
+        return params[names[0]], params[names[1]]
+
     def _load_batch(self, inputs: np.ndarray, targets: np.ndarray) -> _Views:
         if inputs.ndim != 2 or inputs.shape != targets.shape:
             raise ValueError(
@@ -494,37 +495,37 @@ class GPT2:
         cfg = self.config
         wte = params["wte.weight"]
         embedding_forward(v.encoded, v.tokens, wte, params["wpe.weight"])
+        # every residual add feeds the next layernorm, so the two run fused:
+        # res = x + branch (written over the branch output), then ln = layernorm(res)
+        layernorm_forward(
+            v.ln1[0], v.ln1_mean[0], v.ln1_rstd[0], v.encoded2, *self._ln1_params(params, 0)
+        )
         for i in range(cfg.n_layer):
-            (
-                ln1w,
-                ln1b,
-                attnw,
-                attnb,
-                aprojw,
-                aprojb,
-                ln2w,
-                ln2b,
-                fcw,
-                fcb,
-                mprojw,
-                mprojb,
-            ) = self._layer_names[i]
-            x = v.layer_in[i]
-            layernorm_forward(v.ln1[i], v.ln1_mean[i], v.ln1_rstd[i], x, params[ln1w], params[ln1b])
+            _, _, attnw, attnb, aprojw, aprojb, ln2w, ln2b, fcw, fcb, mprojw, mprojb = (
+                self._layer_names[i]
+            )
             linear_forward(v.qkv2[i], v.ln1[i], params[attnw], params[attnb])
             attention_forward(v.atty[i], v.att[i], v.qkv[i], v.att_scratch, cfg.n_head)
             linear_forward(v.res2[i], v.atty2[i], params[aprojw], params[aprojb])
-            residual_forward(v.res2_1[i], v.layer_in1[i], v.res2_1[i])
-            layernorm_forward(
-                v.ln2[i], v.ln2_mean[i], v.ln2_rstd[i], v.res2[i], params[ln2w], params[ln2b]
+            residual_layernorm_forward(
+                v.res2[i],
+                v.ln2[i],
+                v.ln2_mean[i],
+                v.ln2_rstd[i],
+                v.layer_in[i],
+                v.res2[i],
+                params[ln2w],
+                params[ln2b],
             )
             linear_forward(v.fch[i], v.ln2[i], params[fcw], params[fcb])
             gelu_forward(v.fch_gelu1[i], v.fch1[i])
             linear_forward(v.res3[i], v.fch_gelu[i], params[mprojw], params[mprojb])
-            residual_forward(v.res3_1[i], v.res2_1[i], v.res3_1[i])
-        x_last = v.res3[cfg.n_layer - 1]
-        layernorm_forward(
-            v.lnf, v.lnf_mean, v.lnf_rstd, x_last, params["ln_f.weight"], params["ln_f.bias"]
-        )
+            if i + 1 < cfg.n_layer:  # into the next layer's ln_1
+                ln, mean, rstd = v.ln1[i + 1], v.ln1_mean[i + 1], v.ln1_rstd[i + 1]
+                lnw, lnb = self._ln1_params(params, i + 1)
+            else:  # into ln_f
+                ln, mean, rstd = v.lnf, v.lnf_mean, v.lnf_rstd
+                lnw, lnb = params["ln_f.weight"], params["ln_f.bias"]
+            residual_layernorm_forward(v.res3[i], ln, mean, rstd, v.res2[i], v.res3[i], lnw, lnb)
         lm_head_forward(v.logits, v.lnf, wte)
         softmax_cross_entropy_forward(v.losses, v.probs, v.logits, v.targets_flat)
