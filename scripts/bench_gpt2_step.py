@@ -1,0 +1,186 @@
+"""Time one GPT-2 training step (forward + backward + AdamW) in a single process.
+
+    python scripts/bench_gpt2_step.py [--preset gpt2-mini] [--batch 8] [--seq 128]
+        [--steps 10] [--profile] [--torch]
+
+Prints tokens/s, the achieved GFLOP/s (``GPT2.flops_per_sample``: matrix products only,
+nanoGPT's 6N + 12LCT convention) and, measured in the same run, the single-core float32
+GEMM rate of NumPy and of numba's ``np.dot(a, b, out)`` (SciPy's OpenBLAS, which the
+kernels use) on a 256x768 @ 768x3072 product. ``--profile`` adds time per kernel;
+``--torch`` times the PyTorch eager twin of tests/test_gpt2_parity.py on the same shapes,
+its steps interleaved with simdist's.
+OpenBLAS picks its kernel from OPENBLAS_CORETYPE: compare runs with the same environment.
+"""
+
+from __future__ import annotations
+
+import simdist  # noqa: F401, I001  (first: pins one thread per process before numpy loads)
+
+# isort: split
+import argparse
+import os
+import platform
+import sys
+import time
+from collections import defaultdict
+
+import numpy as np
+from simdist.kernels.registry import warm_all
+
+from simdist.arena import Layout
+from simdist.config import OptimizerConfig
+from simdist.models import gpt2 as gpt2_module
+from simdist.models.gpt2 import GPT2, resolve_config
+from simdist.optim import Optimizer
+
+
+def gemm_rates(reps: int = 10, rounds: int = 3) -> tuple[float, float]:
+    """GFLOP/s of numpy and numba-in-kernel float32 GEMM, 256x768 @ 768x3072, one thread.
+
+    Best of ``rounds`` rounds of ``reps`` products: on a shared machine the best round is
+    the closest to what the core can do.
+    """
+    from simdist.kernels._jit import kernel
+
+    @kernel
+    def dot_out(a, b, out):
+        np.dot(a, b, out)
+
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((256, 768), dtype=np.float32)
+    b = rng.standard_normal((768, 3072), dtype=np.float32)
+    out = np.empty((256, 3072), np.float32)
+    flops = 2 * 256 * 768 * 3072
+    rates = []
+    for fn in (lambda: np.dot(a, b, out), lambda: dot_out(a, b, out)):
+        fn()
+        best = float("inf")
+        for _ in range(rounds):
+            t = time.perf_counter()
+            for _ in range(reps):
+                fn()
+            best = min(best, time.perf_counter() - t)
+        rates.append(flops * reps / best / 1e9)
+    return rates[0], rates[1]
+
+
+def instrument(names: list[str]) -> dict[str, list[float]]:
+    """Wrap the kernels gpt2.py calls with timers (adds ~1 us per call)."""
+    times: dict[str, list[float]] = defaultdict(list)
+    for name in names:
+        fn = getattr(gpt2_module, name)
+
+        def timed(*args, _fn=fn, _name=name):
+            t = time.perf_counter()
+            _fn(*args)
+            times[_name].append(time.perf_counter() - t)
+
+        setattr(gpt2_module, name, timed)
+    return times
+
+
+def torch_step_fn(cfg, B: int, T: int):
+    """One PyTorch eager training step (the parity test's model, AdamW), as a closure."""
+    import torch
+
+    torch.set_num_threads(1)
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+    from test_gpt2_parity import TorchGPT2
+
+    model = TorchGPT2(cfg)
+    for p in model.parameters():
+        torch.nn.init.normal_(p, std=0.02)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1)
+    tokens = torch.randint(0, cfg.vocab_size, (B, T))
+    targets = torch.randint(0, cfg.vocab_size, (B, T))
+
+    def step() -> None:
+        loss = model(tokens, targets)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    return step
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--preset", default="gpt2-mini")
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--seq", type=int, default=128)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--torch", action="store_true")
+    args = ap.parse_args()
+
+    cfg = resolve_config(args.preset)
+    B, T = args.batch, args.seq
+    model = GPT2(cfg)
+    layout = Layout(model.parameter_specs(), world=1)
+    pflat = np.zeros(layout.padded, np.float32)
+    gflat = np.zeros(layout.padded, np.float32)
+    params, grads = layout.views(pflat), layout.views(gflat)
+    model.init_parameters(params, np.random.default_rng(0))
+    model.allocate(B)
+    ocfg = OptimizerConfig(learning_rate=1e-4, weight_decay=0.1)
+    opt = Optimizer(ocfg, layout, 0, layout.padded, lambda kind, name, n: np.zeros(n, np.float32))
+    rng = np.random.default_rng(1)
+    tokens = rng.integers(0, cfg.vocab_size, (B, T)).astype(np.int32)
+    targets = rng.integers(0, cfg.vocab_size, (B, T)).astype(np.int32)
+    warm_all()
+
+    kernels = [n for n in vars(gpt2_module) if n.endswith(("_forward", "_backward", "_accumulate"))]
+    times = instrument(kernels) if args.profile else {}
+    torch_step = torch_step_fn(cfg, B, T) if args.torch else None
+    step_times, torch_times = [], []
+    # two untimed steps (first touch of the arena); with --torch the two frameworks take
+    # turns step by step, so both see the same load on a shared machine
+    for step in range(args.steps + 2):
+        t = time.perf_counter()
+        model.forward(params, tokens, targets)
+        model.backward(params, grads, 1.0 / B)
+        t_opt = time.perf_counter()
+        opt.step(pflat, gflat, step + 1, ocfg.learning_rate)
+        t_end = time.perf_counter()
+        step_times.append((t_end - t, t_end - t_opt))
+        if step == 1:
+            for v in times.values():
+                v.clear()
+        if torch_step is not None:
+            t = time.perf_counter()
+            torch_step()
+            torch_times.append(time.perf_counter() - t)
+    measured = step_times[2:]
+    step_s = float(np.median([s for s, _ in measured]))
+    best_s = min(s for s, _ in measured)
+    opt_s = float(np.median([o for _, o in measured]))
+    flops = model.flops_per_sample() * B * T / cfg.block_size
+    np_rate, nb_rate = gemm_rates()
+
+    print(f"# {platform.processor() or platform.machine()}, python {platform.python_version()}")
+    env = {k: os.environ.get(k, "(unset)") for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")}
+    print(f"# {env}")
+    print(
+        f"{args.preset} B={B} T={T}: step {step_s * 1e3:.1f} ms median, {best_s * 1e3:.1f} ms "
+        f"best (AdamW {opt_s * 1e3:.1f} ms)"
+    )
+    print(f"  tokens/s        {B * T / step_s:10.0f}   (best step {B * T / best_s:.0f})")
+    print(f"  GFLOP/s (step)  {flops / step_s / 1e9:10.1f}   ({flops / 1e9:.2f} GFLOP per step)")
+    print(f"  GEMM GFLOP/s    {np_rate:10.1f} numpy, {nb_rate:.1f} numba np.dot(a, b, out)")
+    if torch_step is not None:
+        torch_s = float(np.median(torch_times[2:]))
+        print(
+            f"  torch eager     {B * T / torch_s:10.0f}   tokens/s ({torch_s * 1e3:.1f} ms/step, "
+            f"interleaved); simdist / torch = {torch_s / step_s:.2f}"
+        )
+    if args.profile:
+        n_steps = len(measured)
+        total = sum(sum(v) for v in times.values()) / n_steps
+        print(f"  per step, by kernel (sum {total * 1e3:.1f} ms, + AdamW {opt_s * 1e3:.1f} ms):")
+        for name, v in sorted(times.items(), key=lambda kv: -sum(kv[1])):
+            ms = sum(v) / n_steps * 1e3
+            print(f"    {name:34s} {ms:7.2f} ms  {len(v) // n_steps:3d} calls")
+
+
+if __name__ == "__main__":
+    main()
