@@ -5,9 +5,9 @@ Backward: the float32 analytic gradient vs central differences of the float64 re
 of L = sum(forward(x) * G) for a random G, over EVERY coordinate (shapes are small), so a
 single wrong element fails. Error measure everywhere: max|a - b| / max|b| per tensor.
 
-Tolerances (float32 against float64 truth; measured errors are ~1e-7..1e-6):
-- forward outputs and saved statistics: 1e-5
-- gradients: 2e-5 (attention 5e-5: softmax backward subtracts nearly equal float32 sums)
+Tolerances (float32 against float64 truth): forward outputs and saved statistics 1e-6,
+gradients 2e-6. Measured worst: 1.4e-7 everywhere except GELU's gradient, 5.3e-7 (its
+rational tanh is within 3.4e-7 of tanh).
 Shapes are odd on purpose: T = 7, C = 13 or 12 (tails of the 8-wide unrolled sums),
 n_head = 3, tokens repeating (embedding scatter-add collisions).
 """
@@ -24,9 +24,8 @@ from simdist.arena import Layout
 from simdist.models.gpt2 import GPT2, PRESETS, num_parameters, resolve_config
 
 F32 = np.float32
-FWD_TOL = 1e-5
-GRAD_TOL = 2e-5
-ATT_GRAD_TOL = 5e-5
+FWD_TOL = 1e-6
+GRAD_TOL = 2e-6
 
 
 def rel_err(a: np.ndarray, b: np.ndarray) -> float:
@@ -158,7 +157,7 @@ def test_layernorm_forward_backward(N, C):
     dw2 = np.full(C, np.nan, F32)
     db2 = np.full(C, np.nan, F32)
     layernorm.layernorm_backward_accumulate(dx2, dw2, db2, G.astype(F32), x, w, mean, rstd)
-    assert np.allclose(dx2 - resid, dx, rtol=0, atol=1e-5 * np.abs(dx).max())
+    assert np.allclose(dx2 - resid, dx, rtol=0, atol=1e-6 * np.abs(resid).max())
     assert np.array_equal(dw2, dw) and np.array_equal(db2, db)
 
 
@@ -248,7 +247,7 @@ def test_attention_forward_backward(B, T, n_head, hs):
     dqkv = np.full_like(qkv, np.nan)
     attention.attention_backward(dqkv, G.astype(F32), qkv, att, scratch, dscores, n_head)
     fd = fd_grad(lambda a: ref_attention(a, n_head)[0], [qkv], 0, G)
-    assert rel_err(dqkv, fd) < ATT_GRAD_TOL
+    assert rel_err(dqkv, fd) < GRAD_TOL
 
 
 def test_attention_rejects_wrong_scratch():
