@@ -8,12 +8,9 @@ because several ranks share the host's cores and nested thread pools would overs
 
 import os
 
-for _var in (
-    "NUMBA_NUM_THREADS",
-    "OPENBLAS_NUM_THREADS",
-    "OMP_NUM_THREADS",
-    "MKL_NUM_THREADS",
-):
+# Launchers pass these on to remote ranks too (simdist.launch).
+THREAD_VARS = ("NUMBA_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+for _var in THREAD_VARS:
     os.environ.setdefault(_var, "1")
 # Ranks waiting in MPI yield the core instead of spinning (matters when oversubscribed).
 os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")

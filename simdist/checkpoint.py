@@ -1,21 +1,29 @@
-"""HDF5 checkpoints: atomic, checksummed, readable at any world size.
+"""HDF5 checkpoints: atomic, checksummed, readable at any world size and ZeRO level.
 
-A checkpoint ``model_dir/checkpoint_<step>.h5`` holds
-- ``model/<name>``: every parameter as a float32 dataset of its real shape (no padding);
-- ``optimizer/<state>/<name>``: optimizer state per parameter, consolidated (gathered from
-  ZeRO shards), so it loads at any world size and ZeRO level;
-- attributes: global_step, model name, world size and ZeRO level it was written with,
-  the layout, and the simdist version.
-It is written to a temporary file, fsync'ed and renamed; then ``checkpoints.json`` (also
-replaced atomically) records its SHA-256, which ``load`` verifies. A kill during a save
-leaves at most a stray temporary file, never a corrupt "latest".
+A checkpoint at step S is
+- ``checkpoint_S.h5`` (rank 0): ``model/<name>`` every parameter as float32 of its real
+  shape; attributes: global_step, model, world size and ZeRO level it was written with,
+  optimizer type, the flat layout (names, shapes, offsets, padding), simdist version; with
+  ZeRO-0 also ``optimizer/<state>/<name>`` (the whole state, per parameter);
+- with ZeRO-1/2, one ``checkpoint_S.optim-R-of-N.h5`` per rank holding that rank's flat
+  optimizer slice ``<state>`` with attributes lo, hi, padded, numel, rank, world — enough to
+  rebuild the state at any other world size (``read_optimizer_range``).
+Every file is written to a temporary name, fsync'ed and renamed. ``checkpoints.json`` is
+the commit point: rank 0 replaces it (atomically) only after every file of the checkpoint
+exists, and it records each file's SHA-256, verified on load. A kill during a save leaves
+the previous checkpoint as "latest".
+
+``python -m simdist.checkpoint consolidate CKPT OUT`` writes one file with the full
+parameters and full optimizer state (ZeRO shards merged), loadable at any world size.
 """
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import os
+import sys
 from pathlib import Path
 
 import h5py
@@ -38,21 +46,21 @@ def sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _write_json_atomic(path: Path, data) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
+def _commit(tmp: Path, final: Path) -> None:
+    with open(tmp, "rb+") as fh:
+        os.fsync(fh.fileno())
+    os.replace(tmp, final)
+    fd = os.open(final.parent, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _write_json_atomic(path: Path, data) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    _commit(tmp, path)
 
 
 def read_index(model_dir: Path) -> list[dict]:
@@ -61,7 +69,7 @@ def read_index(model_dir: Path) -> list[dict]:
         return []
     try:
         return json.loads(path.read_text())["checkpoints"]
-    except (ValueError, KeyError) as e:
+    except (ValueError, KeyError, TypeError) as e:
         raise CheckpointError(f"{path} is corrupt ({e}); remove it to start fresh") from None
 
 
@@ -70,15 +78,38 @@ def latest_checkpoint(model_dir: Path) -> Path | None:
     return Path(model_dir) / entries[-1]["file"] if entries else None
 
 
+def shard_name(step: int, rank: int, world: int) -> str:
+    return f"checkpoint_{step}.optim-{rank}-of-{world}.h5"
+
+
+def save_optimizer_shard(
+    model_dir: Path, step: int, rank: int, world: int, lo: int, hi: int, layout: dict,
+    state: dict[str, np.ndarray],
+) -> tuple[str, str]:
+    """ZeRO: this rank's optimizer slice [lo, hi) of the flat buffer; returns (file, sha256)."""
+    name = shard_name(step, rank, world)
+    final, tmp = Path(model_dir) / name, Path(model_dir) / f".{name}.tmp"
+    with h5py.File(tmp, "w") as f:
+        for key, value in state.items():
+            f.create_dataset(key, data=value, dtype=np.float32)
+        attrs = {"lo": lo, "hi": hi, "rank": rank, "world": world, "global_step": step,
+                 "padded": layout["padded"], "numel": layout["numel"]}
+        for key, value in attrs.items():
+            f.attrs[key] = value
+    _commit(tmp, final)
+    return name, sha256(final)
+
+
 def save(
     model_dir: Path,
     step: int,
     tensors: dict[str, np.ndarray],
-    optimizer_state: dict[str, dict[str, np.ndarray]],
+    optimizer_state: dict[str, dict[str, np.ndarray]] | None,
     attrs: dict,
     keep_max: int,
+    shards: list[tuple[str, str]] = (),
 ) -> Path:
-    """Write a checkpoint atomically (rank 0 only) and prune old ones beyond keep_max."""
+    """Rank 0, after every rank wrote its shard: the main file, then the index (commit)."""
     model_dir = Path(model_dir)
     name = f"checkpoint_{step}.h5"
     final, tmp = model_dir / name, model_dir / f".{name}.tmp"
@@ -86,66 +117,183 @@ def save(
         g = f.create_group("model")
         for key, value in tensors.items():
             g.create_dataset(key, data=value, dtype=np.float32)
-        o = f.create_group("optimizer")
-        for state, per_name in optimizer_state.items():
-            s = o.create_group(state)
-            for key, value in per_name.items():
-                s.create_dataset(key, data=value, dtype=np.float32)
-        for key, value in {**attrs, "global_step": step, "simdist_version": simdist.__version__}.items():
+        if optimizer_state is not None:
+            o = f.create_group("optimizer")
+            for state, per_name in optimizer_state.items():
+                s = o.create_group(state)
+                for key, value in per_name.items():
+                    s.create_dataset(key, data=value, dtype=np.float32)
+        meta = {**attrs, "global_step": step, "simdist_version": simdist.__version__,
+                "optimizer_shards": [f for f, _ in shards]}
+        for key, value in meta.items():
             f.attrs[key] = json.dumps(value) if isinstance(value, dict | list) else value
-        f.flush()
-    with open(tmp, "rb+") as fh:
-        os.fsync(fh.fileno())
-    os.replace(tmp, final)
-    _fsync_dir(model_dir)
+    _commit(tmp, final)
+    files = {name: sha256(final), **dict(shards)}
     entries = [e for e in read_index(model_dir) if e["file"] != name]
-    entries.append({"step": step, "file": name, "sha256": sha256(final)})
+    entries.append({"step": step, "file": name, "sha256": files[name], "files": files})
     entries.sort(key=lambda e: e["step"])
     stale = entries[:-keep_max] if keep_max > 0 else []
     entries = entries[-keep_max:] if keep_max > 0 else entries
     _write_json_atomic(model_dir / INDEX, {"checkpoints": entries})
     for e in stale:
-        (model_dir / e["file"]).unlink(missing_ok=True)
+        for f in e.get("files", {e["file"]: None}):
+            (model_dir / f).unlink(missing_ok=True)
     return final
 
 
-def load(path: Path, expected_names: dict[str, tuple[int, ...]], model_name: str):
-    """Read and verify a checkpoint; returns (step, tensors, optimizer_state, attrs)."""
+def _attr(value):
+    if isinstance(value, str) and value[:1] in "[{":
+        return json.loads(value)
+    return value.item() if isinstance(value, np.generic) else value
+
+
+def verify(path: Path) -> dict:
+    """Check every file of the checkpoint against the SHA-256 in the index; return attrs."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist")
-    recorded = {e["file"]: e["sha256"] for e in read_index(path.parent)}
-    if path.name in recorded and sha256(path) != recorded[path.name]:
-        raise CheckpointError(
-            f"checkpoint {path} does not match the SHA-256 recorded in {INDEX}: the file is "
-            "corrupt or was modified; resume from an earlier checkpoint with "
-            "--runconfig.checkpoint_path"
-        )
+    entry = next((e for e in read_index(path.parent) if e["file"] == path.name), None)
+    if entry is not None:
+        for fname, digest in entry.get("files", {entry["file"]: entry["sha256"]}).items():
+            fpath = path.parent / fname
+            if not fpath.is_file():
+                raise CheckpointError(f"checkpoint {path}: file {fname} is missing")
+            if sha256(fpath) != digest:
+                raise CheckpointError(
+                    f"checkpoint file {fpath} does not match the SHA-256 recorded in {INDEX}: "
+                    "it is corrupt or was modified; resume from an earlier checkpoint with "
+                    "--runconfig.checkpoint_path"
+                )
     try:
         with h5py.File(path, "r") as f:
-            attrs = {k: f.attrs[k] for k in f.attrs}
-            if attrs.get("model") != model_name:
-                raise CheckpointError(
-                    f"checkpoint {path} is for model {attrs.get('model')!r}, not {model_name!r}"
-                )
-            tensors = {}
-            for key, shape in expected_names.items():
-                if key not in f["model"]:
-                    raise CheckpointError(f"checkpoint {path} lacks parameter {key!r}")
-                data = f["model"][key][...]
-                if data.shape != tuple(shape):
-                    raise CheckpointError(
-                        f"checkpoint {path}: parameter {key!r} has shape {data.shape}, "
-                        f"the model needs {tuple(shape)}"
-                    )
-                tensors[key] = data
-            extra = sorted(set(f["model"]) - set(expected_names))
-            if extra:
-                raise CheckpointError(f"checkpoint {path} has unknown parameter {extra[0]!r}")
-            state = {
-                s: {k: f["optimizer"][s][k][...] for k in f["optimizer"][s]}
-                for s in f.get("optimizer", {})
-            }
+            return {k: _attr(f.attrs[k]) for k in f.attrs}
     except OSError as e:
         raise CheckpointError(f"checkpoint {path} cannot be read as HDF5: {e}") from None
-    return int(attrs["global_step"]), tensors, state, attrs
+
+
+def load(path: Path, expected: dict[str, tuple[int, ...]], model_name: str):
+    """Verify and read parameters; returns (step, tensors, attrs)."""
+    path = Path(path)
+    attrs = verify(path)
+    if attrs.get("model") != model_name:
+        raise CheckpointError(
+            f"checkpoint {path} is for model {attrs.get('model')!r}, not {model_name!r}"
+        )
+    with h5py.File(path, "r") as f:
+        tensors = {}
+        for key, shape in expected.items():
+            if key not in f["model"]:
+                raise CheckpointError(f"checkpoint {path} lacks parameter {key!r}")
+            data = f["model"][key][...]
+            if data.shape != tuple(shape):
+                raise CheckpointError(
+                    f"checkpoint {path}: parameter {key!r} has shape {data.shape}, "
+                    f"the model needs {tuple(shape)} (a checkpoint of another model size?)"
+                )
+            tensors[key] = data
+        extra = sorted(set(f["model"]) - set(expected))
+        if extra:
+            raise CheckpointError(f"checkpoint {path} has unknown parameter {extra[0]!r}")
+    return int(attrs["global_step"]), tensors, attrs
+
+
+def read_optimizer_range(path: Path, attrs: dict, key: str, lo: int, hi: int) -> np.ndarray:
+    """Optimizer state ``key`` for flat elements [lo, hi) of the current layout.
+
+    Works whatever world size or ZeRO level wrote the checkpoint: the flat order of the real
+    elements is the same at every world size (only the padding after them differs), so the
+    range is assembled from the consolidated per-parameter state or from the shards that
+    overlap it. Padding reads as zeros.
+    """
+    path = Path(path)
+    layout = attrs["layout"]
+    numel = int(layout["numel"])
+    out = np.zeros(hi - lo, np.float32)
+    shards = attrs.get("optimizer_shards") or []
+    if shards:
+        for fname in shards:
+            with h5py.File(path.parent / fname, "r") as f:
+                if key not in f:
+                    raise CheckpointError(f"{fname} has no optimizer state {key!r}")
+                a, b = int(f.attrs["lo"]), min(int(f.attrs["hi"]), numel)
+                s, e = max(a, lo), min(b, hi)
+                if s < e:
+                    out[s - lo : e - lo] = f[key][s - a : e - a]
+        return out
+    with h5py.File(path, "r") as f:
+        if "optimizer" not in f or key not in f["optimizer"]:
+            raise CheckpointError(
+                f"checkpoint {path} has no optimizer state {key!r} "
+                "(written with another optimizer_type?)"
+            )
+        group = f["optimizer"][key]
+        for name, offset, shape in zip(
+            layout["names"], layout["offsets"], layout["shapes"], strict=True
+        ):
+            n = int(np.prod(shape, dtype=np.int64))
+            s, e = max(offset, lo), min(offset + n, hi)
+            if s < e:
+                out[s - lo : e - lo] = group[name][...].reshape(-1)[s - offset : e - offset]
+    return out
+
+
+def optimizer_keys(path: Path, attrs: dict) -> list[str]:
+    shards = attrs.get("optimizer_shards") or []
+    with h5py.File(Path(path).parent / shards[0] if shards else path, "r") as f:
+        return sorted(f.keys()) if shards else sorted(f.get("optimizer", {}).keys())
+
+
+def consolidate(path: Path, out: Path) -> Path:
+    """One self-contained file: full parameters and full optimizer state (shards merged)."""
+    path, out = Path(path), Path(out)
+    attrs = verify(path)
+    layout = attrs["layout"]
+    numel = int(layout["numel"])
+    state = {}
+    for key in optimizer_keys(path, attrs):
+        flat = read_optimizer_range(path, attrs, key, 0, numel)
+        state[key] = {
+            name: flat[o : o + int(np.prod(s, dtype=np.int64))].reshape(s)
+            for name, o, s in zip(layout["names"], layout["offsets"], layout["shapes"],
+                                  strict=True)
+        }
+    with h5py.File(path, "r") as f:
+        tensors = {k: f["model"][k][...] for k in f["model"]}
+    tmp = out.with_name(f".{out.name}.tmp")
+    with h5py.File(tmp, "w") as f:
+        g = f.create_group("model")
+        for k, v in tensors.items():
+            g.create_dataset(k, data=v)
+        o = f.create_group("optimizer")
+        for key, per_name in state.items():
+            s = o.create_group(key)
+            for k, v in per_name.items():
+                s.create_dataset(k, data=v)
+        for k, v in {**attrs, "optimizer_shards": [], "consolidated_from": str(path)}.items():
+            f.attrs[k] = json.dumps(v) if isinstance(v, dict | list) else v
+    _commit(tmp, out)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m simdist.checkpoint")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("consolidate", help="merge ZeRO optimizer shards into one file")
+    c.add_argument("checkpoint")
+    c.add_argument("out")
+    i = sub.add_parser("info", help="print a checkpoint's attributes")
+    i.add_argument("checkpoint")
+    args = parser.parse_args(argv)
+    try:
+        if args.cmd == "consolidate":
+            print(consolidate(Path(args.checkpoint), Path(args.out)))
+        else:
+            print(json.dumps(verify(Path(args.checkpoint)), indent=1, default=str))
+    except CheckpointError as e:
+        print(f"simdist.checkpoint: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

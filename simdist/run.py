@@ -174,22 +174,15 @@ class Run:
         if path is None:
             return
         shapes = {s.name: s.shape for s in self.layout.specs}
-        step, tensors, state, _ = checkpoint.load(path, shapes, self.model.name)
+        step, tensors, attrs = checkpoint.load(path, shapes, self.model.name)
         for name, value in tensors.items():
             self.pviews[name][...] = value
         lo, hi = self.sync.update_range
         for key, buf in self.optimizer.state.items():
-            if key not in state:
-                raise checkpoint.CheckpointError(
-                    f"checkpoint {path} has no optimizer state {key!r} "
-                    f"(written with another optimizer_type?)"
-                )
-            full = np.zeros(self.layout.padded, np.float32)
-            for name, view in self.layout.views(full).items():
-                view[...] = state[key][name]
-            buf[...] = full[lo:hi]
+            buf[...] = checkpoint.read_optimizer_range(path, attrs, key, lo, hi)
         self.step = step
-        self.log(f"resumed from {path} at global_step = {step}")
+        origin = f"world size {attrs.get('world_size')}, ZeRO-{attrs.get('zero_opt_level')}"
+        self.log(f"resumed from {path} at global_step = {step} (written at {origin})")
 
     # ----------------------------------------------------------------- per step
     def gradients(self, micro: int) -> GradientViews:
@@ -263,27 +256,32 @@ class Run:
             )
 
     def save_checkpoint(self) -> None:
+        """ZeRO: every rank writes its optimizer slice, then rank 0 commits the checkpoint."""
         lo, hi = self.sync.update_range
-        state = {}
-        for key, buf in self.optimizer.state.items():
-            if hi - lo == self.layout.padded:
-                full = buf
-            else:  # ZeRO: gather the shards into one consolidated buffer
-                full = np.zeros(self.layout.padded, np.float32)
-                full[lo:hi] = buf
-                self.coll.allgather(full, bounds=self.layout.bounds)
-            state[key] = {k: v.copy() for k, v in self.layout.views(full).items()}
+        layout = self.layout.describe()
+        shards, full_state = [], None
+        if self.sync.level > 0:
+            shard = checkpoint.save_optimizer_shard(
+                self.model_dir, self.step, self.rank, self.world, lo, hi, layout,
+                self.optimizer.state,
+            )
+            shards = self.comm.gather(shard, root=0)
+        elif self.is_main:
+            full_state = {
+                key: {k: v.copy() for k, v in self.layout.views(buf).items()}
+                for key, buf in self.optimizer.state.items()
+            }
         if self.is_main:
             attrs = {
                 "model": self.model.name,
                 "world_size": self.world,
                 "zero_opt_level": self.params.runconfig.zero_opt_level,
                 "optimizer_type": self.params.optimizer.optimizer_type,
-                "layout": self.layout.describe(),
+                "layout": layout,
             }
             path = checkpoint.save(
-                self.model_dir, self.step, self.pviews, state, attrs,
-                self.params.runconfig.keep_checkpoint_max,
+                self.model_dir, self.step, self.pviews, full_state, attrs,
+                self.params.runconfig.keep_checkpoint_max, shards,
             )
             self.log(f"saved checkpoint {path}")
         self.comm.Barrier()

@@ -5,6 +5,7 @@ cores. Parameters are compared from the final HDF5 checkpoints.
 """
 
 import json
+import shutil
 from pathlib import Path
 
 import h5py
@@ -29,8 +30,11 @@ def train(np_: int, model_dir: Path, *args: str, check: bool = True, timeout: in
 
 
 def final_state(model_dir: Path) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    index = json.loads((model_dir / "checkpoints.json").read_text())["checkpoints"]
-    with h5py.File(model_dir / index[-1]["file"]) as f:
+    """(parameters, optimizer state) of the latest checkpoint, ZeRO shards merged."""
+    from simdist.checkpoint import consolidate, latest_checkpoint
+
+    merged = consolidate(latest_checkpoint(model_dir), model_dir.parent / f"{model_dir.name}.h5")
+    with h5py.File(merged) as f:
         params = {k: f["model"][k][...] for k in f["model"]}
         opt = {
             f"{s}/{k}": f["optimizer"][s][k][...] for s in f["optimizer"] for k in f["optimizer"][s]
@@ -43,12 +47,13 @@ def max_abs_diff(a: dict, b: dict) -> float:
     return max(float(np.max(np.abs(a[k] - b[k]))) for k in a)
 
 
-GLOBAL64 = ["--train_input.batch_size=null", "--train_input.global_batch_size=48"]
+GLOBAL48 = ["--train_input.batch_size=null", "--train_input.global_batch_size=48"]
+GLOBAL60 = ["--train_input.batch_size=null", "--train_input.global_batch_size=60"]
 
 
 def test_data_parallel_matches_one_process(tmp_path):
     """Same global batch: DP at np 2 and 4 tracks one process to float32 rounding."""
-    args = [*GLOBAL64, "--runconfig.max_steps=25", "--runconfig.mode=train"]
+    args = [*GLOBAL48, "--runconfig.max_steps=25", "--runconfig.mode=train"]
     train(1, tmp_path / "np1", *args)
     ref, _ = final_state(tmp_path / "np1")
     for n in (2, 4):
@@ -79,8 +84,10 @@ def test_zero_levels_are_bit_identical(tmp_path, n):
                 assert np.array_equal(a[k], b[k]), f"ZeRO-{level} differs from DP in {k}"
 
 
-def test_resume_is_bitwise_identical(tmp_path):
-    args = ["--runconfig.mode=train", "--runconfig.save_checkpoints_steps=10"]
+@pytest.mark.parametrize("level", [0, 2])
+def test_resume_is_bitwise_identical(tmp_path, level):
+    args = ["--runconfig.mode=train", "--runconfig.save_checkpoints_steps=10",
+            f"--zero_opt_level={level}"]
     train(2, tmp_path / "full", *args, "--runconfig.max_steps=30")
     train(2, tmp_path / "resumed", *args, "--runconfig.max_steps=10")
     out = train(2, tmp_path / "resumed", *args, "--runconfig.max_steps=30")
@@ -89,6 +96,27 @@ def test_resume_is_bitwise_identical(tmp_path):
     for which in (0, 1):
         for k in a[which]:
             assert np.array_equal(a[which][k], b[which][k]), k
+
+
+@pytest.mark.parametrize("old,new", [(4, 2), (2, 4), (4, 3), (3, 5)])
+def test_reshard_resume_continues_like_consolidated_start(tmp_path, old, new):
+    """A ZeRO checkpoint written at ``old`` ranks resumes at ``new`` ranks exactly as a run
+    started from its consolidated export (the any-N format) does."""
+    args = ["--runconfig.mode=train", "--zero_opt_level=2", *GLOBAL60]
+    src = tmp_path / "src"
+    train(old, src, *args, "--runconfig.max_steps=10")
+    a = tmp_path / "resharded"
+    shutil.copytree(src, a)
+    train(new, a, *args, "--runconfig.max_steps=16", "--zero_opt_level=1")
+    from simdist.checkpoint import consolidate
+
+    cons = consolidate(src / "checkpoint_10.h5", tmp_path / "consolidated.h5")
+    b = tmp_path / "from_consolidated"
+    train(new, b, *args, "--runconfig.max_steps=16", f"--runconfig.checkpoint_path={cons}")
+    sa, sb = final_state(a), final_state(b)
+    for which in (0, 1):
+        for k in sa[which]:
+            assert np.array_equal(sa[which][k], sb[which][k]), k
 
 
 def test_artifacts_and_accuracy(tmp_path):
