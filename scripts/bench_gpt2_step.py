@@ -18,6 +18,7 @@ import simdist  # noqa: F401, I001  (first: pins one thread per process before n
 
 # isort: split
 import argparse
+import dataclasses
 import os
 import platform
 import sys
@@ -30,7 +31,7 @@ from simdist.kernels.registry import warm_all
 from simdist.arena import Layout
 from simdist.config import OptimizerConfig
 from simdist.models import gpt2 as gpt2_module
-from simdist.models.gpt2 import GPT2, resolve_config
+from simdist.models.gpt2 import GPT2, flops_per_sample, resolve_config
 from simdist.optim import Optimizer
 
 
@@ -154,7 +155,8 @@ def main() -> None:
     step_s = float(np.median([s for s, _ in measured]))
     best_s = min(s for s, _ in measured)
     opt_s = float(np.median([o for _, o in measured]))
-    flops = model.flops_per_sample() * B * T / cfg.block_size
+    # FLOPs of sequences of T tokens (attention's share grows as T**2)
+    flops = flops_per_sample(dataclasses.replace(cfg, block_size=T)) * B
     np_rate, nb_rate = gemm_rates()
 
     print(f"# {platform.processor() or platform.machine()}, python {platform.python_version()}")
