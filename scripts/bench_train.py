@@ -1,0 +1,247 @@
+"""Training throughput: simdist vs PyTorch eager and DDP (gloo), side by side in one run.
+
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python scripts/bench_train.py \
+        [--models fc_mnist,gpt2-mini] [--json FILE] [--no-torch] [--repeats 3]
+
+Every measurement is a fresh process (one thread per process): simdist through
+``mpiexec -n {1,2} python -m simdist.train`` (samples/s from its performance.json, which
+times the whole training loop, summaries included), PyTorch eager in one process (fused
+AdamW: PyTorch at its fastest) and PyTorch DDP over gloo on 2 ranks, on the same model,
+batch and data. The runs are interleaved and repeated; the table shows the median of the
+repeats. Also printed: the machine's load, the BLAS kernel in use (threadpoolctl), and the
+single-core float32 GEMM rate measured in this run (the ceiling for GPT-2's GFLOP/s).
+Benchmarks run as on a user's machine: unset OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE
+together in the command (never in tests or CI).
+"""
+
+from __future__ import annotations
+
+import simdist  # noqa: F401, I001  (first: pins one thread per process before numpy loads)
+
+# isort: split
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+MPIEXEC = str(Path(sys.executable).parent / "mpiexec")
+
+MODELS = {
+    # name: (simdist params preset + overrides, per-rank batch, steps, tokens per sample)
+    "fc_mnist": (["--params", "fc_mnist", "--train_input.batch_size=128"], 128, 300, 0),
+    "gpt2-mini": (["--params", "gpt2_mini", "--train_input.batch_size=8"], 8, 30, 128),
+}
+
+
+def machine_info() -> dict:
+    from threadpoolctl import threadpool_info
+
+    blas = [
+        f"{p.get('internal_api')} {p.get('version')} {p.get('architecture')} "
+        f"threads={p.get('num_threads')}"
+        for p in threadpool_info()
+        if p.get("user_api") == "blas"
+    ]
+    return {
+        "host": socket.gethostname(),
+        "cpus": os.cpu_count(),
+        "loadavg": os.getloadavg(),
+        "blas": blas,
+        "OPENBLAS_CORETYPE": os.environ.get("OPENBLAS_CORETYPE", "(unset)"),
+    }
+
+
+def gemm_gflops(n: int = 1024, reps: int = 5) -> float:
+    a = np.random.default_rng(0).standard_normal((n, n), dtype=np.float32)
+    out = np.empty_like(a)
+    np.dot(a, a, out)
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        np.dot(a, a, out)
+        best = min(best, time.perf_counter() - t)
+    return 2 * n**3 / best / 1e9
+
+
+def run_simdist(model: str, np_: int, steps: int) -> float:
+    args, *_ = MODELS[model]
+    with tempfile.TemporaryDirectory() as d:
+        cmd = [MPIEXEC, "-n", str(np_), sys.executable, "-m", "mpi4py", "-m", "simdist.train",
+               *args, f"--runconfig.max_steps={steps}", "--runconfig.mode=train",
+               "--runconfig.save_checkpoints_steps=0", f"--runconfig.save_summary_steps={steps}",
+               "--runconfig.progress_bar=false", f"--runconfig.model_dir={d}/run"]
+        out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1800)
+        if out.returncode:
+            raise RuntimeError(f"simdist failed:\n{out.stdout}\n{out.stderr}")
+        return json.loads(Path(d, "run", "performance.json").read_text())["samples_per_sec"]
+
+
+def run_torch(model: str, np_: int, steps: int) -> float:
+    cmd = [sys.executable, __file__, "--worker", model, "--steps", str(steps)]
+    env = dict(os.environ)
+    if np_ > 1:
+        with socket.socket() as s:  # a free loopback port for gloo's rendezvous
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        cmd = [MPIEXEC, "-n", str(np_), *cmd]
+    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=env, timeout=1800)
+    if out.returncode:
+        raise RuntimeError(f"torch worker failed:\n{out.stdout}\n{out.stderr}")
+    return json.loads(out.stdout.strip().splitlines()[-1])["samples_per_sec"]
+
+
+def torch_worker(model: str, steps: int) -> None:
+    """One PyTorch process (DDP when launched by mpiexec); prints samples/s as JSON."""
+    import torch
+
+    from simdist.testing.torch_reference import TorchGPT2, TorchMLP
+
+    torch.set_num_threads(1)
+    rank = int(os.environ.get("PMI_RANK", 0))
+    world = int(os.environ.get("PMI_SIZE", 1))
+    if world > 1:
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.manual_seed(0)
+    rng = np.random.default_rng(rank)
+    if model == "fc_mnist":
+        from simdist.data.mnist import load_mnist
+
+        m = load_mnist()
+        x_all, y_all = torch.from_numpy(m.x_train), torch.from_numpy(m.y_train).long()
+        net, batch = TorchMLP([784, 512, 512, 10]), MODELS[model][1]
+
+        def batch_at(i):
+            idx = torch.from_numpy(rng.integers(0, len(x_all), batch))
+            return x_all[idx], y_all[idx]
+    else:
+        from simdist.data.text import load_text_tokens
+        from simdist.models.gpt2 import PRESETS
+
+        cfg = PRESETS[model]
+        tokens = torch.from_numpy(load_text_tokens(None)[0].astype(np.int64))
+        net, batch, T = TorchGPT2(cfg), MODELS[model][1], cfg.block_size
+
+        def batch_at(i):
+            starts = rng.integers(0, len(tokens) - T - 1, batch)
+            x = torch.stack([tokens[s : s + T] for s in starts])
+            y = torch.stack([tokens[s + 1 : s + T + 1] for s in starts])
+            return x, y
+
+    if world > 1:
+        net = torch.nn.parallel.DistributedDataParallel(net)
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-3, fused=True)
+    warm = max(3, steps // 10)
+    for i in range(warm + steps):
+        if i == warm:
+            if world > 1:
+                torch.distributed.barrier()
+            t0 = time.perf_counter()
+        x, y = batch_at(i)
+        opt.zero_grad(set_to_none=True)
+        net(x, y).backward()
+        opt.step()
+    if world > 1:
+        torch.distributed.barrier()
+    elapsed = time.perf_counter() - t0
+    if rank == 0:
+        print(json.dumps({"samples_per_sec": steps * batch * world / elapsed}))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--models", default="fc_mnist,gpt2-mini")
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=0, help="override the per-model step count")
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        torch_worker(args.worker, args.steps)
+        return 0
+
+    info = machine_info()
+    print(f"# machine: {info}")
+    gemm = gemm_gflops()
+    print(f"# single-core float32 GEMM (numpy, 1024^3, best of 5): {gemm:.1f} GFLOP/s")
+    have_torch = not args.no_torch
+    if have_torch:
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            have_torch = False
+            print("# torch not installed: PyTorch reference rows skipped")
+    rows = []
+    for model in args.models.split(","):
+        _, batch, steps, tokens = MODELS[model]
+        steps = args.steps or steps
+        impls = [("simdist", 1), ("simdist", 2)]
+        if have_torch:
+            impls += [("torch-eager", 1), ("torch-ddp-gloo", 2)]
+        samples: dict[tuple[str, int], list[float]] = {k: [] for k in impls}
+        for _ in range(args.repeats):  # interleaved, so load drifts hit every impl alike
+            for impl, n in impls:
+                run = run_simdist if impl == "simdist" else run_torch
+                samples[(impl, n)].append(run(model, n, steps))
+        for (impl, n), values in samples.items():
+            sps = statistics.median(values)
+            row = {"impl": impl, "model": model, "np": n, "batch": batch,
+                   "samples_per_sec": round(sps, 2), "runs": [round(v, 2) for v in values]}
+            if tokens:
+                row["tokens_per_sec"] = round(sps * tokens, 1)
+            rows.append(row)
+    summary = summarize(rows, gemm)
+    print_table(rows, summary)
+    if args.json:
+        args.json.write_text(json.dumps({"machine": info, "gemm_gflops": gemm, "rows": rows,
+                                         "summary": summary}, indent=1))
+    return 0
+
+
+def summarize(rows: list[dict], gemm: float) -> list[dict]:
+    out = []
+    by = {(r["impl"], r["model"], r["np"]): r["samples_per_sec"] for r in rows}
+    for model in dict.fromkeys(r["model"] for r in rows):
+        s1, s2 = by.get(("simdist", model, 1)), by.get(("simdist", model, 2))
+        entry = {"model": model, "dp_efficiency_np2": round(s2 / (2 * s1), 3)}
+        if ("torch-eager", model, 1) in by:
+            entry["vs_torch_eager_np1"] = round(s1 / by[("torch-eager", model, 1)], 3)
+            entry["vs_torch_ddp_np2"] = round(s2 / by[("torch-ddp-gloo", model, 2)], 3)
+            t1, t2 = by[("torch-eager", model, 1)], by[("torch-ddp-gloo", model, 2)]
+            entry["torch_ddp_efficiency_np2"] = round(t2 / (2 * t1), 3)
+        if model.startswith("gpt2"):
+            from simdist.models.gpt2 import PRESETS, flops_per_sample
+
+            gflops = s1 * flops_per_sample(PRESETS[model]) / 1e9
+            entry["simdist_gflops_np1"] = round(gflops, 1)
+            entry["fraction_of_gemm_rate"] = round(gflops / gemm, 3)
+        out.append(entry)
+    return out
+
+
+def print_table(rows: list[dict], summary: list[dict]) -> None:
+    print(f"\n{'impl':<16}{'model':<11}{'np':>3}{'batch':>7}{'samples/s':>12}{'tokens/s':>11}"
+          "  runs")
+    for r in rows:
+        tok = f"{r['tokens_per_sec']:>11.0f}" if "tokens_per_sec" in r else f"{'':>11}"
+        print(f"{r['impl']:<16}{r['model']:<11}{r['np']:>3}{r['batch']:>7}"
+              f"{r['samples_per_sec']:>12.1f}{tok}  {r['runs']}")
+    print()
+    for s in summary:
+        print("  ".join(f"{k}={v}" for k, v in s.items()))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Helpers for tests and benchmarks; nothing here is imported by a training run."""
