@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import socket
 import sys
 import time
@@ -219,6 +220,7 @@ class Run:
         self.timers.programming_time = now - self.timers.started
         self.timers.train_start = now
         self.timers.first_step = self.step
+        self._bytes_at_start = self.coll.bytes_sent
         self._summary_t = (now, self.step)
         self._bar = _ProgressBar(r.max_steps, r.progress_bar) if self.is_main else None
         if self.step >= r.max_steps:
@@ -294,6 +296,9 @@ class Run:
             self._bar.close()
         steps = self.step - t.first_step
         samples = steps * self.global_batch
+        # peak resident memory of the busiest rank (Linux reports ru_maxrss in KiB)
+        peak_rss = max(self.comm.allgather(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss))
+        sent = self.coll.bytes_sent - self._bytes_at_start
         rate = samples / t.train_time if t.train_time > 0 else 0.0
         self.log(
             f"Training finished with {samples} samples in {t.train_time:.3f} seconds, "
@@ -315,7 +320,10 @@ class Run:
                 "zero_opt_level": self.params.runconfig.zero_opt_level,
                 "collective_algorithm": self.params.runconfig.collective_algorithm,
                 "memory_bytes": dict(self.memory.bytes),
-                "comm_bytes_sent_per_step": self.coll.bytes_sent / max(steps, 1),
+                "step_time_s": t.train_time / max(steps, 1),
+                "peak_rss_bytes": peak_rss * 1024,
+                # bytes this rank sent per step, summaries and checkpoint gathers included
+                "comm_bytes_sent_per_step": sent / max(steps, 1),
                 "host": socket.gethostname(),
             }
             (self.model_dir / "performance.json").write_text(json.dumps(perf, indent=1))
