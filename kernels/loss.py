@@ -1,0 +1,61 @@
+"""Softmax + cross-entropy over the last axis of (B, V) float32 logits, int32 targets.
+
+Forward keeps the probabilities for backward; the per-sample loss is
+``log(sum_v exp(l_v - max)) - (l_t - max)``, which stays finite even when the target's
+probability underflows to 0 in float32 (``-log(prob)`` would give inf). Sums are float32:
+each term is in (0, 1] after the max shift, so for V up to ~50k the relative rounding
+error stays around 1e-6 (checked against float64 in the tests).
+"""
+
+import numpy as np
+
+from ._jit import kernel
+
+F32 = np.float32
+
+
+@kernel
+def softmax_cross_entropy_forward(losses, probs, logits, targets):
+    """losses[B] = -log softmax(logits[B,V])[targets[B]], probs[B,V] = softmax (overwritten)."""
+    B, V = logits.shape
+    for b in range(B):
+        maxv = logits[b, 0]
+        for v in range(1, V):
+            if logits[b, v] > maxv:
+                maxv = logits[b, v]
+        total = F32(0.0)
+        for v in range(V):
+            e = np.exp(logits[b, v] - maxv)
+            probs[b, v] = e
+            total += e
+        for v in range(V):
+            probs[b, v] /= total  # a true division: correctly rounded, unlike * (1/total)
+        losses[b] = np.log(total) - (logits[b, targets[b]] - maxv)
+
+
+@kernel
+def softmax_cross_entropy_backward(dlogits, probs, targets, dloss):
+    """dlogits[B,V] = (probs - onehot(targets)) * dloss; dlogits may alias probs.
+
+    dloss (float32) scales every row: 1/B for a mean loss, 1/B_local for a data-parallel
+    rank whose gradients are later averaged.
+    """
+    B, V = probs.shape
+    d = F32(dloss)  # a float64 caller costs one truncation, not float64 arithmetic
+    one = F32(1.0)
+    for b in range(B):
+        t = targets[b]
+        p_t = probs[b, t]  # read before the row is overwritten (aliasing)
+        for v in range(V):
+            dlogits[b, v] = probs[b, v] * d
+        dlogits[b, t] = (p_t - one) * d
+
+
+def _warm() -> None:
+    """Compile (or load from cache): 2-D C float32 logits, 1-D int32 targets, float32 dloss."""
+    logits = np.array([[1.0, 2.0, 3.0], [0.5, -1.0, 0.0]], F32)
+    targets = np.array([2, 0], np.int32)
+    losses = np.empty(2, F32)
+    probs = np.empty_like(logits)
+    softmax_cross_entropy_forward(losses, probs, logits, targets)
+    softmax_cross_entropy_backward(probs, probs, targets, F32(0.5))

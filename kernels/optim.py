@@ -1,0 +1,184 @@
+"""Element-wise optimizer updates on 1-D float32 slices of the flat parameter/state buffers.
+
+AdamW and SGD reproduce torch.optim's single-tensor CPU arithmetic (``foreach=False``)
+operation by operation, so a simdist run can be checked against PyTorch:
+
+- torch computes the per-step scalars (bias corrections, step size, ``1 - lr*wd``, ...) in
+  Python float64 and rounds each to float32 where a float32 tensor op consumes it. The
+  Python wrappers ``adamw_update``/``sgd_update`` do exactly that, so every jitted kernel
+  stays free of float64 arithmetic.
+- torch's vectorised CPU kernels fuse some multiply-adds (``lerp_``, ``addcmul_``,
+  ``add_(x, alpha=a)`` use FMA; ``addcdiv_`` cannot, a division sits in between). ``_fma``
+  below issues the same single-rounding ``llvm.fma.f32`` (numba never contracts a*b + c
+  itself with fastmath off), so exp_avg and exp_avg_sq match torch bit for bit.
+- torch's float32 ``sqrt`` on CPU goes through MKL and is not always correctly rounded;
+  ``np.sqrt`` here is. That is the one remaining source of differences in the parameters
+  (a few ulp; tests measure it).
+
+``sum_of_squares`` is the only kernel that returns a value and the only one allowed
+float64 arithmetic (see its docstring).
+"""
+
+import numpy as np
+from numba import types
+from numba.extending import intrinsic
+
+from ._jit import kernel
+
+F32 = np.float32
+
+
+@intrinsic
+def _fma(typingctx, a, b, c):
+    """a * b + c rounded once (float32), lowered to llvm.fma.f32 (vfmadd on x86)."""
+    if not (a == b == c == types.float32):
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.fma(*args)
+
+    return types.float32(types.float32, types.float32, types.float32), codegen
+
+
+@kernel
+def _adamw_kernel(param, grad, m, v, decay, w1, beta2, w2, neg_step_size, bc2_sqrt, eps):
+    """AdamW on param/grad/m/v[N] with float32 coefficients precomputed by adamw_update."""
+    one = F32(1.0)
+    # torch's lerp: for |w| < 0.5, m + w*(g - m); else g - (g - m)*(1 - w); both as one FMA.
+    small = abs(w1) < F32(0.5)
+    coeff = w1 if small else w1 - one
+    for i in range(param.size):
+        g = grad[i]
+        p = param[i] * decay  # param.mul_(1 - lr*wd); decay == 1 when wd == 0 (exact no-op)
+        mi = m[i]
+        mi = _fma(coeff, g - mi, mi if small else g)  # exp_avg.lerp_(grad, 1 - beta1)
+        vi = _fma(w2 * g, g, v[i] * beta2)  # exp_avg_sq.mul_(beta2).addcmul_(g, g, 1 - beta2)
+        denom = np.sqrt(vi) / bc2_sqrt + eps
+        param[i] = p + (neg_step_size * mi) / denom  # param.addcdiv_(m, denom, -step_size)
+        m[i] = mi
+        v[i] = vi
+
+
+def adamw_update(
+    param: np.ndarray,
+    grad: np.ndarray,
+    m: np.ndarray,
+    v: np.ndarray,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    weight_decay: float,
+    step: int,
+) -> None:
+    """One AdamW step in place on param/m/v[N] (1-D float32, contiguous); step counts from 1.
+
+    p *= 1 - lr*wd; m = lerp(m, g, 1 - b1); v = b2*v + (1 - b2)*g*g;
+    p -= (lr / (1 - b1**step)) * m / (sqrt(v) / sqrt(1 - b2**step) + eps)
+
+    Pass the hyperparameters as Python floats, as torch receives them: np.float32(0.9) is
+    0.89999998, and 1 - that rounds to a different float32 than 1 - 0.9 does.
+    """
+    # Scalars exactly as torch.optim.adam._single_tensor_adam computes them: Python
+    # float64 (torch keeps its step counter as a float32 tensor; integers < 2**24 are exact
+    # either way), then one rounding to float32 where the tensor op consumes them. float()
+    # keeps np.float32 arguments from turning this into float32 arithmetic (NEP 50).
+    lr, beta1, beta2 = float(lr), float(beta1), float(beta2)
+    eps, weight_decay = float(eps), float(weight_decay)
+    bc1 = 1 - beta1**step
+    bc2 = 1 - beta2**step
+    decay = 1 - lr * weight_decay if weight_decay != 0 else 1.0
+    _adamw_kernel(
+        param,
+        grad,
+        m,
+        v,
+        F32(decay),
+        F32(1 - beta1),
+        F32(beta2),
+        F32(1 - beta2),
+        F32(-(lr / bc1)),
+        F32(bc2**0.5),
+        F32(eps),
+    )
+
+
+@kernel
+def _sgd_kernel(param, grad, buf, neg_lr, momentum, weight_decay, first):
+    """SGD (dampening 0, no nesterov) on param/grad/buf[N] with float32 coefficients."""
+    zero = F32(0.0)
+    for i in range(param.size):
+        p = param[i]
+        g = grad[i]
+        if weight_decay != zero:
+            g = _fma(p, weight_decay, g)  # grad.add(param, alpha=wd)
+        if momentum != zero:
+            # buf = clone(grad) at the first step, else buf.mul_(momentum).add_(grad):
+            # two separate torch ops, so two roundings (no FMA).
+            g = g if first else buf[i] * momentum + g
+            buf[i] = g
+        param[i] = _fma(g, neg_lr, p)  # param.add_(buf, alpha=-lr)
+
+
+def sgd_update(
+    param: np.ndarray,
+    grad: np.ndarray,
+    momentum_buf: np.ndarray,
+    lr: float,
+    momentum: float,
+    weight_decay: float,
+    step: int,
+) -> None:
+    """One torch.optim.SGD step in place on param[N] (and momentum_buf[N] if momentum != 0).
+
+    g' = g + wd*p; buf = g' at step 1, else momentum*buf + g'; p -= lr*buf
+    (momentum 0: p -= lr*g', momentum_buf untouched). step counts from 1.
+    Hyperparameters as Python floats; each is rounded to float32 once, as torch does.
+    """
+    lr, momentum, weight_decay = float(lr), float(momentum), float(weight_decay)
+    _sgd_kernel(param, grad, momentum_buf, F32(-lr), F32(momentum), F32(weight_decay), step == 1)
+
+
+@kernel
+def sum_of_squares(x):
+    """sum(x[N]**2) as a float (float64): the one reduction that returns a value.
+
+    float64 on purpose: the square of a float32 is exact in float64 and the sum's relative
+    error stays ~1e-16 * N, so the global gradient norm used for clipping does not depend on
+    how the flat buffer is sliced (up to that tiny error). Four interleaved accumulators in a
+    fixed order (twice as fast as one; same result on every call for the same input).
+    """
+    n = x.size
+    a0 = a1 = a2 = a3 = 0.0
+    n4 = n - n % 4
+    for i in range(0, n4, 4):
+        v0 = np.float64(x[i])
+        v1 = np.float64(x[i + 1])
+        v2 = np.float64(x[i + 2])
+        v3 = np.float64(x[i + 3])
+        a0 += v0 * v0
+        a1 += v1 * v1
+        a2 += v2 * v2
+        a3 += v3 * v3
+    for i in range(n4, n):
+        v = np.float64(x[i])
+        a0 += v * v
+    return (a0 + a1) + (a2 + a3)
+
+
+@kernel
+def scale_inplace(x, s):
+    """x[N] *= s in float32 (gradient clipping, loss scaling)."""
+    s32 = F32(s)  # a float64 caller costs one truncation, not a float64 loop
+    for i in range(x.size):
+        x[i] *= s32
+
+
+def _warm() -> None:
+    """Compile (or load from cache) for 1-D contiguous float32 slices of a flat buffer."""
+    flat = np.ones(8, F32)
+    param, grad, m, v = flat[0:2], flat[2:4], flat[4:6], flat[6:8]
+    adamw_update(param, grad, m, v, 1e-3, 0.9, 0.999, 1e-8, 0.01, 1)
+    sgd_update(param, grad, m, 1e-2, 0.9, 1e-4, 1)
+    sum_of_squares(grad)
+    scale_inplace(grad, F32(0.5))

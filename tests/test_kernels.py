@@ -1,0 +1,566 @@
+"""Kernel tests: float64 references, finite differences, torch parity, float64/alloc contracts.
+
+Tolerances are stated in units of EPS = float32 machine epsilon (2**-23 = 1.19e-7) times a
+scale that the error can actually grow with (sums of |terms| for matrix products, the step
+count for optimizers). Each is set a few times above the worst value measured on this
+machine over several seeds (noted as "measured"), so a real arithmetic change fails them.
+"""
+
+import simdist  # noqa: F401  (pins one thread per rank before numpy/numba load)
+
+# isort: split
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from kernel_checks import central_fd, directional_fd, float64_ops, max_ulp, nrt_allocations
+from numba import njit
+from simdist.kernels import registry
+from simdist.kernels.activation import relu_backward, relu_forward
+from simdist.kernels.linear import linear_backward, linear_backward_params, linear_forward
+from simdist.kernels.loss import softmax_cross_entropy_backward, softmax_cross_entropy_forward
+from simdist.kernels.optim import adamw_update, scale_inplace, sgd_update, sum_of_squares
+
+F32 = np.float32
+EPS = float(np.finfo(F32).eps)
+
+# (B, C, OC): degenerate, odd, and FC-MNIST's three layers at batch 128.
+LINEAR_SHAPES = [(1, 1, 1), (3, 5, 7), (128, 784, 512), (128, 512, 512), (128, 512, 10)]
+
+
+def randn(rng: np.random.Generator, *shape: int, scale: float = 1.0) -> np.ndarray:
+    return (rng.standard_normal(shape) * scale).astype(F32)
+
+
+def scaled_err(got: np.ndarray, ref: np.ndarray, scale: np.ndarray) -> float:
+    """max |got - ref| / scale, elementwise: for sums, scale = sum of |terms| (error bound)."""
+    return float((np.abs(got.astype(np.float64) - ref) / scale).max())
+
+
+def rel_err(got: np.ndarray, ref: np.ndarray) -> float:
+    """max |got - ref| / max |ref| (norm-wise)."""
+    return float(np.abs(got.astype(np.float64) - ref).max() / np.abs(ref).max())
+
+
+# ---------------------------------------------------------------- float64 references
+
+
+def linear_ref(inp, weight, bias):
+    return inp @ weight + bias
+
+
+def softmax_ce_ref(logits, targets):
+    """float64 (losses[B], probs[B,V]) via log-sum-exp."""
+    z = logits - logits.max(axis=1, keepdims=True)
+    lse = np.log(np.exp(z).sum(axis=1))
+    rows = np.arange(len(targets))
+    return lse - z[rows, targets], np.exp(z - lse[:, None])
+
+
+# ------------------------------------------------------------------------------ linear
+
+
+def linear_case(rng, B, C, OC):
+    inp = randn(rng, B, C)
+    weight = randn(rng, C, OC, scale=C**-0.5)
+    bias = randn(rng, OC)
+    dout = randn(rng, B, OC)
+    return inp, weight, bias, dout
+
+
+@pytest.mark.parametrize("B,C,OC", LINEAR_SHAPES)
+def test_linear_forward_matches_float64(B, C, OC):
+    rng = np.random.default_rng(B * 1000 + C)
+    inp, weight, bias, _ = linear_case(rng, B, C, OC)
+    out = np.full((B, OC), np.nan, F32)  # NaN: any element not overwritten shows up
+    linear_forward(out, inp, weight, bias)
+    i64, w64, b64 = inp.astype(np.float64), weight.astype(np.float64), bias.astype(np.float64)
+    scale = np.abs(i64) @ np.abs(w64) + np.abs(b64)
+    # error / sum|terms| <= 8 EPS (measured <= 1.6 EPS at C = 784).
+    assert scaled_err(out, linear_ref(i64, w64, b64), scale) <= 8 * EPS
+
+
+@pytest.mark.parametrize("B,C,OC", LINEAR_SHAPES)
+def test_linear_backward_matches_float64(B, C, OC):
+    rng = np.random.default_rng(B * 1000 + C + 1)
+    inp, weight, _, dout = linear_case(rng, B, C, OC)
+    dinp = np.full_like(inp, np.nan)
+    dweight = np.full_like(weight, np.nan)
+    dbias = np.full(OC, np.nan, F32)
+    linear_backward(dinp, dweight, dbias, dout, inp, weight)
+    i64, w64, d64 = inp.astype(np.float64), weight.astype(np.float64), dout.astype(np.float64)
+    # Same bound as forward: 8 EPS of the sum of |terms| (measured <= 2.3 EPS).
+    assert scaled_err(dinp, d64 @ w64.T, np.abs(d64) @ np.abs(w64.T)) <= 8 * EPS
+    assert scaled_err(dweight, i64.T @ d64, np.abs(i64.T) @ np.abs(d64)) <= 8 * EPS
+    assert scaled_err(dbias, d64.sum(axis=0), np.abs(d64).sum(axis=0)) <= 8 * EPS
+    # The first layer's variant must produce the very same parameter gradients.
+    dw2, db2 = np.full_like(weight, np.nan), np.full(OC, np.nan, F32)
+    linear_backward_params(dw2, db2, dout, inp)
+    np.testing.assert_array_equal(dw2, dweight)
+    np.testing.assert_array_equal(db2, dbias)
+
+
+def test_linear_backward_central_differences():
+    """Every gradient element at (B, C, OC) = (3, 5, 7) against FD of the float64 forward."""
+    rng = np.random.default_rng(7)
+    inp, weight, bias, dout = linear_case(rng, 3, 5, 7)
+    dinp, dweight, dbias = np.empty_like(inp), np.empty_like(weight), np.empty_like(bias)
+    linear_backward(dinp, dweight, dbias, dout, inp, weight)
+
+    i64, w64, b64, d64 = (a.astype(np.float64) for a in (inp, weight, bias, dout))
+
+    def loss(i, w, b):  # L = sum(out * dout), so dL/dout = dout
+        return float((linear_ref(i, w, b) * d64).sum())
+
+    # L is linear in each argument, so FD is exact up to ~1e-10 rounding; the float32
+    # kernel is off by ~EPS * |terms|: 1e-5 norm-wise (measured <= 2e-7).
+    assert rel_err(dinp, central_fd(lambda x: loss(x, w64, b64), i64.copy())) <= 1e-5
+    assert rel_err(dweight, central_fd(lambda x: loss(i64, x, b64), w64.copy())) <= 1e-5
+    assert rel_err(dbias, central_fd(lambda x: loss(i64, w64, x), b64.copy())) <= 1e-5
+
+
+def test_linear_directional_derivative_production_shape():
+    """One directional FD through (inp, weight, bias) at 128x784 @ 784x512 checks all grads."""
+    B, C, OC = 128, 784, 512
+    rng = np.random.default_rng(11)
+    inp, weight, bias, dout = linear_case(rng, B, C, OC)
+    dinp, dweight, dbias = np.empty_like(inp), np.empty_like(weight), np.empty_like(bias)
+    linear_backward(dinp, dweight, dbias, dout, inp, weight)
+
+    d64 = dout.astype(np.float64)
+    sizes = [inp.size, weight.size, bias.size]
+    x = np.concatenate([inp.ravel(), weight.ravel(), bias.ravel()]).astype(np.float64)
+    direction = rng.standard_normal(x.size)
+
+    def loss(flat):
+        i, w, b = np.split(flat, np.cumsum(sizes)[:-1])
+        return float((linear_ref(i.reshape(B, C), w.reshape(C, OC), b) * d64).sum())
+
+    # L(x + t d) is quadratic in t, so central FD has no truncation error: h = 1e-3 keeps
+    # rounding (~1e-16 |L| / h) far below the float32 gradient's own error.
+    fd = directional_fd(loss, x, direction, h=1e-3)
+    analytic = np.concatenate([dinp.ravel(), dweight.ravel(), dbias.ravel()]).astype(np.float64)
+    dot = float(analytic @ direction)
+    # Relative to sum |grad_i d_i| (what rounding errors scale with); measured ~1e-8.
+    assert abs(dot - fd) <= 1e-6 * float(np.abs(analytic * direction).sum())
+
+
+# -------------------------------------------------------------------------------- relu
+
+
+def test_relu_forward_backward_exact():
+    rng = np.random.default_rng(3)
+    x = randn(rng, 37, 29)
+    x[0, :4] = [0.0, -0.0, np.nan, np.inf]
+    out = np.full_like(x, 7.0)
+    relu_forward(out, x)
+    expected = np.where(x <= 0, F32(0), x)  # keeps NaN, like torch.relu
+    np.testing.assert_array_equal(out, expected)  # equal_nan: NaN must propagate
+
+    dout = randn(rng, 37, 29)
+    dinp = np.full_like(x, 7.0)
+    relu_backward(dinp, dout, out)
+    np.testing.assert_array_equal(dinp, np.where(out > 0, dout, F32(0)))
+
+    # In place: out is inp, dinp is dout.
+    x2, d2 = x.copy(), dout.copy()
+    relu_forward(x2, x2)
+    relu_backward(d2, d2, x2)
+    np.testing.assert_array_equal(x2, out)
+    np.testing.assert_array_equal(d2, dinp)
+
+
+def test_relu_backward_central_differences():
+    rng = np.random.default_rng(4)
+    x = randn(rng, 6, 9)
+    x[np.abs(x) < 1e-2] = F32(0.5)  # FD needs to stay away from the kink (h = 1e-6)
+    dout = randn(rng, 6, 9)
+    out, dinp = np.empty_like(x), np.empty_like(x)
+    relu_forward(out, x)
+    relu_backward(dinp, dout, out)
+    fd = central_fd(lambda z: float((np.maximum(z, 0) * dout).sum()), x.astype(np.float64))
+    # Piecewise linear: FD is exact up to ~1e-10 and the kernel copies dout exactly.
+    np.testing.assert_allclose(dinp, fd, rtol=0, atol=1e-8)
+
+
+# ------------------------------------------------------------------ softmax + CE loss
+
+
+CE_SHAPES = [(3, 7, 1.0), (128, 10, 3.0), (16, 10, 1e3)]  # (B, V, logit scale)
+
+
+@pytest.mark.parametrize("B,V,scale", CE_SHAPES)
+def test_softmax_cross_entropy_forward_matches_float64(B, V, scale):
+    rng = np.random.default_rng(B + V)
+    logits = randn(rng, B, V, scale=scale)  # scale 1e3: exp would overflow without the max
+    targets = rng.integers(0, V, B).astype(np.int32)
+    losses, probs = np.full(B, np.nan, F32), np.full((B, V), np.nan, F32)
+    softmax_cross_entropy_forward(losses, probs, logits, targets)
+    ref_losses, ref_probs = softmax_ce_ref(logits.astype(np.float64), targets)
+    z = logits.astype(np.float64) - logits.max(axis=1, keepdims=True)
+    z_t = np.abs(z[np.arange(B), targets])
+    assert np.isfinite(losses).all()  # scale 1e3: target probs underflow, the loss must not
+    # loss = log(sum) - z_t: error <= 4 EPS (1 + |z_t|) (measured <= 1.4); probs: 4 EPS abs
+    # (measured <= 1.8).
+    assert (np.abs(losses - ref_losses) <= 4 * EPS * (1 + z_t)).all()
+    assert np.abs(probs - ref_probs).max() <= 4 * EPS
+
+
+def test_softmax_cross_entropy_forward_gpt2_vocab():
+    """V = 50257: the float32 sum over V costs accuracy, bounded here so it cannot grow."""
+    B, V = 4, 50257
+    rng = np.random.default_rng(5)
+    logits = randn(rng, B, V, scale=2.0)
+    targets = rng.integers(0, V, B).astype(np.int32)
+    losses, probs = np.empty(B, F32), np.empty((B, V), F32)
+    softmax_cross_entropy_forward(losses, probs, logits, targets)
+    ref_losses, ref_probs = softmax_ce_ref(logits.astype(np.float64), targets)
+    # Relative loss error <= 1e-5 (measured ~1e-6); probs abs <= 4 EPS (measured 1.8).
+    assert (np.abs(losses - ref_losses) <= 1e-5 * np.abs(ref_losses)).all()
+    assert np.abs(probs - ref_probs).max() <= 4 * EPS
+
+
+@pytest.mark.parametrize("B,V", [(3, 7), (128, 10)])
+def test_softmax_cross_entropy_backward(B, V):
+    rng = np.random.default_rng(B * V)
+    logits = randn(rng, B, V, scale=2.0)
+    targets = rng.integers(0, V, B).astype(np.int32)
+    dloss = F32(1.0 / B)
+    losses, probs = np.empty(B, F32), np.empty((B, V), F32)
+    softmax_cross_entropy_forward(losses, probs, logits, targets)
+    dlogits = np.full_like(probs, np.nan)
+    softmax_cross_entropy_backward(dlogits, probs, targets, dloss)
+
+    # Exact formula on the kernel's own probs, in float64: only the final rounding differs.
+    expected = probs.astype(np.float64)
+    expected[np.arange(B), targets] -= 1
+    expected *= float(dloss)
+    assert np.abs(dlogits - expected).max() <= 2 * EPS * float(dloss)  # two roundings
+
+    # Against FD of the float64 mean loss (measured <= 1.8 EPS/B): the float32 probs' error.
+    l64 = logits.astype(np.float64)
+
+    def mean_loss(x):
+        return float(softmax_ce_ref(x, targets)[0].sum() / B)
+
+    if B * V <= 64:
+        fd = central_fd(mean_loss, l64.copy())
+        assert np.abs(dlogits - fd).max() <= 4 * EPS / B + 1e-9  # FD rounding ~1e-10
+    direction = rng.standard_normal((B, V))
+    fd_dir = directional_fd(mean_loss, l64, direction)
+    assert abs(float((dlogits * direction).sum()) - fd_dir) <= 1e-6 * np.abs(direction).sum() / B
+
+    # In place (dlogits is probs) gives the same bits.
+    softmax_cross_entropy_backward(probs, probs, targets, dloss)
+    np.testing.assert_array_equal(probs, dlogits)
+
+
+# --------------------------------------------------------------------------- optimizers
+
+
+ADAMW_CONFIGS = [  # lr, beta1, beta2, eps, weight_decay
+    (1e-3, 0.9, 0.999, 1e-8, 0.01),
+    (3e-2, 0.3, 0.95, 1e-6, 0.1),  # beta1 < 0.5: torch's lerp takes its other branch
+    (1e-3, 0.9, 0.999, 1e-8, 0.0),
+]
+STEPS = 20
+
+
+def adamw_grads(rng, n, steps):
+    """Gradients whose scale jumps by up to 1e5 between steps, with some exact zeros."""
+    grads = [randn(rng, n, scale=10 ** rng.uniform(-4, 1)) for _ in range(steps)]
+    for g in grads:
+        g[:5] = 0
+    return grads
+
+
+@pytest.mark.parametrize("lr,beta1,beta2,eps,wd", ADAMW_CONFIGS)
+def test_adamw_matches_float64_reference(lr, beta1, beta2, eps, wd):
+    rng = np.random.default_rng(0)
+    N = 4099
+    flat = np.zeros(4 * N + 8, F32)  # slices of one flat buffer, as the caller passes them
+    p, g, m, v = (flat[i * N + 2 * i : (i + 1) * N + 2 * i] for i in range(4))
+    p[:] = randn(rng, N)
+    P, M, V = p.astype(np.float64), np.zeros(N), np.zeros(N)
+    scale = np.abs(P).max()
+    for step, grad in enumerate(adamw_grads(rng, N, STEPS), start=1):
+        g[:] = grad
+        adamw_update(p, g, m, v, lr, beta1, beta2, eps, wd, step)
+        G = grad.astype(np.float64)
+        P *= 1 - lr * wd
+        M = beta1 * M + (1 - beta1) * G
+        V = beta2 * V + (1 - beta2) * G * G
+        P -= (lr / (1 - beta1**step)) * M / (np.sqrt(V) / np.sqrt(1 - beta2**step) + eps)
+        # p is re-rounded to float32 each step: <= 4 EPS * max|p| per step so far
+        # (measured <= 1.1); m, v: 8 EPS of their max (measured <= 3.4).
+        assert np.abs(p - P).max() <= 4 * EPS * scale * step
+        assert np.abs(m - M).max() <= 8 * EPS * np.abs(M).max()
+        assert np.abs(v - V).max() <= 8 * EPS * np.abs(V).max()
+    assert not flat[N : N + 2].any() and not flat[-2:].any()  # gaps untouched
+
+
+SGD_CONFIGS = [(0.9, 1e-4), (0.0, 0.0), (0.9, 0.0), (0.0, 1e-2)]  # momentum, weight_decay
+
+
+@pytest.mark.parametrize("momentum,wd", SGD_CONFIGS)
+def test_sgd_matches_float64_reference(momentum, wd):
+    rng = np.random.default_rng(1)
+    N, lr = 4099, 0.05
+    p = randn(rng, N)
+    buf = np.full(N, np.nan, F32)  # NaN: momentum 0 must not read or write it
+    P, BUF = p.astype(np.float64), np.zeros(N)
+    scale = np.abs(P).max()
+    for step in range(1, 11):
+        g = randn(rng, N)
+        sgd_update(p, g, buf, lr, momentum, wd, step)
+        G = g + wd * P
+        BUF = G if step == 1 else momentum * BUF + G
+        P = P - lr * (BUF if momentum else G)
+        assert np.abs(p - P).max() <= 4 * EPS * scale * step  # measured <= 1 EPS * step
+    assert np.isnan(buf).all() == (momentum == 0)
+    if momentum:
+        assert np.abs(buf - BUF).max() <= 8 * EPS * 10 * np.abs(BUF).max()
+
+
+@pytest.mark.parametrize("lr,beta1,beta2,eps,wd", ADAMW_CONFIGS)
+def test_adamw_matches_torch(lr, beta1, beta2, eps, wd):
+    """m and v bit-identical to torch; p differs only through torch's MKL sqrt (<= 1 ulp)."""
+    torch = pytest.importorskip("torch")
+    torch.set_num_threads(1)
+    rng = np.random.default_rng(2)
+    N = 4099  # not a multiple of torch's vector width: its scalar tail loop is covered too
+    p = randn(rng, N)
+    m, v = np.zeros(N, F32), np.zeros(N, F32)
+    tp = torch.nn.Parameter(torch.from_numpy(p.copy()))
+    opt = torch.optim.AdamW(
+        [tp], lr=lr, betas=(beta1, beta2), eps=eps, weight_decay=wd, foreach=False
+    )
+    for step, grad in enumerate(adamw_grads(rng, N, STEPS), start=1):
+        adamw_update(p, grad, m, v, lr, beta1, beta2, eps, wd, step)
+        tp.grad = torch.from_numpy(grad.copy())
+        opt.step()
+        state = opt.state[tp]
+        assert max_ulp(m, state["exp_avg"].numpy()) == 0
+        assert max_ulp(v, state["exp_avg_sq"].numpy()) == 0
+        tp_np = tp.detach().numpy()
+        # Where torch's sqrt is 1 ulp off, p moves by a rounding of p + update: measured
+        # <= 5.5 EPS * (|p| + lr) after 20 steps (lr: the update's scale near p = 0).
+        assert (np.abs(p - tp_np) <= 16 * EPS * (np.abs(tp_np) + lr)).all()
+
+
+def test_adamw_takes_float32_hyperparameters_as_their_float64_values():
+    """np.float32 arguments must not turn the scalar prologue into float32 arithmetic."""
+    rng = np.random.default_rng(6)
+    p0, grads = randn(rng, 257), [randn(rng, 257) for _ in range(5)]
+    hyper = tuple(F32(h) for h in (3e-3, 0.9, 0.999, 1e-8, 0.1))
+    results = []
+    for args in (hyper, tuple(float(h) for h in hyper)):  # same values, two types
+        p, m, v = p0.copy(), np.zeros(257, F32), np.zeros(257, F32)
+        for step, g in enumerate(grads, start=1):
+            adamw_update(p, g, m, v, *args, step)
+        results.append(p)
+    np.testing.assert_array_equal(results[0], results[1])
+
+
+def test_adamw_scalars_match_torch_bitwise():
+    """With sqrt(v_hat) far below ulp(eps), denom == eps exactly in both implementations,
+    so torch's inexact sqrt drops out and p must match bit for bit. This pins down the
+    scalar handling: step size, 1 - lr*wd and eps computed in float64, then rounded once
+    to float32 (computing them in float32 instead changes p here)."""
+    torch = pytest.importorskip("torch")
+    torch.set_num_threads(1)
+    rng = np.random.default_rng(4)
+    N, lr, beta1, beta2, eps, wd = 4099, 1e-3, 0.9, 0.999, 1.0, 0.1
+    p = randn(rng, N, scale=1e-12)  # the size of one update, so every bit of it shows in p
+    m, v = np.zeros(N, F32), np.zeros(N, F32)
+    tp = torch.nn.Parameter(torch.from_numpy(p.copy()))
+    opt = torch.optim.AdamW(
+        [tp], lr=lr, betas=(beta1, beta2), eps=eps, weight_decay=wd, foreach=False
+    )
+    for step in range(1, STEPS + 1):
+        grad = randn(rng, N, scale=1e-9)  # sqrt(v_hat) ~ 1e-9 << ulp(1.0) / 2 = 6e-8
+        adamw_update(p, grad, m, v, lr, beta1, beta2, eps, wd, step)
+        tp.grad = torch.from_numpy(grad.copy())
+        opt.step()
+        assert max_ulp(p, tp.detach().numpy()) == 0, step
+
+
+@pytest.mark.parametrize("momentum,wd", SGD_CONFIGS)
+def test_sgd_matches_torch_bitwise(momentum, wd):
+    torch = pytest.importorskip("torch")
+    torch.set_num_threads(1)
+    rng = np.random.default_rng(3)
+    N, lr = 4099, 0.05
+    p = randn(rng, N)
+    buf = np.zeros(N, F32)
+    tp = torch.nn.Parameter(torch.from_numpy(p.copy()))
+    opt = torch.optim.SGD([tp], lr=lr, momentum=momentum, weight_decay=wd, foreach=False)
+    for step in range(1, 11):
+        g = randn(rng, N)
+        sgd_update(p, g, buf, lr, momentum, wd, step)
+        tp.grad = torch.from_numpy(g.copy())
+        opt.step()
+        assert max_ulp(p, tp.detach().numpy()) == 0
+        if momentum:
+            assert max_ulp(buf, opt.state[tp]["momentum_buffer"].numpy()) == 0
+
+
+@pytest.mark.parametrize("n", [0, 1, 3, 4, 7, 669_706])
+def test_sum_of_squares_is_float64_accurate(n):
+    rng = np.random.default_rng(n)
+    x = randn(rng, n, scale=1e-3) + F32(1)  # large |x| with small spread: float32 sums drift
+    got = sum_of_squares(x)
+    x64 = x.astype(np.float64)
+    exact = math.fsum(x64 * x64)  # squares of float32 are exact in float64; fsum rounds once
+    assert isinstance(got, float)
+    # float64 accumulation: within the worst-case bound n * 2**-53 relative (7e-11 at
+    # n ~ 7e5); a float32 accumulator misses by ~1e-6 or more here.
+    assert abs(got - exact) <= n * 2.0**-53 * exact
+    assert sum_of_squares(x) == got  # same order every call
+
+
+def test_scale_inplace_is_float32_multiply():
+    rng = np.random.default_rng(9)
+    x = randn(rng, 1001)
+    expected = x * F32(0.37)  # NumPy float32 * float32 scalar: one float32 rounding
+    scale_inplace(x, F32(0.37))
+    np.testing.assert_array_equal(x, expected)
+
+
+# ------------------------------------------------------------------ contract checks
+
+
+@njit
+def _bad_python_float(x):
+    for i in range(x.size):
+        # A Python float literal is float64 in numba: x[i] widens, multiplies, truncates.
+        # (With 0.5 LLVM proves float32 gives the same bits and drops the widening; 0.1 is
+        # not exact in float32, so the float64 multiply must stay.)
+        x[i] = x[i] * 0.1
+
+
+@njit
+def _bad_float64_accumulator(out, x):
+    acc = 0.0  # float64 accumulator
+    for i in range(x.size):
+        acc += x[i]
+    out[0] = acc
+
+
+@njit
+def _bad_int_division(out, x):
+    n = x.size
+    for i in range(n):
+        out[i] = x[i] / n  # float32 / int64 is float64 in numba
+
+
+@njit
+def _good_float32(out, x, s):
+    half = np.float32(0.5)
+    for i in range(x.size):
+        out[i] = x[i] * half + s / np.float32(x.size)
+
+
+def test_float64_scan_catches_bad_kernels():
+    x, out = np.ones(8, F32), np.empty(8, F32)
+    _bad_python_float(x)
+    _bad_float64_accumulator(out, x)
+    _bad_int_division(out, x)
+    _good_float32(out, x, F32(2))
+    for bad in (_bad_python_float, _bad_float64_accumulator, _bad_int_division):
+        assert all(float64_ops(bad).values()), bad.__name__
+    # float32 scalar argument: the wrapper's unboxing fptrunc must not count.
+    assert not any(float64_ops(_good_float32).values())
+
+
+# The modules this file covers (the GPT-2 kernels have their own test file).
+MODULES = ["linear", "activation", "loss", "optim"]
+# sum_of_squares accumulates in float64 by design; nothing else may.
+FLOAT64_ALLOWED = {"optim.sum_of_squares"}
+
+
+def test_no_kernel_does_float64_arithmetic(monkeypatch):
+    monkeypatch.setattr(registry, "MODULES", MODULES)
+    registry.warm_all()
+    kernels = registry.dispatchers()
+    assert set(FLOAT64_ALLOWED) <= set(kernels)
+    for name, disp in kernels.items():
+        for sig, lines in float64_ops(disp).items():
+            assert "float64" not in sig, f"{name} was called with float64 arguments: {sig}"
+            if name in FLOAT64_ALLOWED:
+                assert lines, f"scanner sees no float64 in {name}: is it scanning anything?"
+            else:
+                assert not lines, f"{name}{sig} does float64 work:\n" + "\n".join(lines[:10])
+
+
+@njit
+def _allocating(out, inp):
+    tmp = np.empty_like(inp)  # a heap array per call, as array expressions and 2-arg a @ b make
+    tmp[0, 0] = inp[0, 0]
+    out[0, 0] = tmp[0, 0]
+
+
+def test_kernels_do_not_allocate():
+    rng = np.random.default_rng(12)
+    B, C, OC = 4, 6, 5
+    inp, weight, bias, dout = linear_case(rng, B, C, OC)
+    out, dinp = np.empty((B, OC), F32), np.empty_like(inp)
+    dweight, dbias = np.empty_like(weight), np.empty_like(bias)
+    targets = np.array([0, 4, 2, 1], np.int32)
+    losses, probs = np.empty(B, F32), np.empty((B, OC), F32)
+    flat = np.ones(40, F32)
+    p, g, m, v = flat[0:10], flat[10:20], flat[20:30], flat[30:40]
+    calls = {
+        "linear_forward": (linear_forward, out, inp, weight, bias),
+        "linear_backward": (linear_backward, dinp, dweight, dbias, dout, inp, weight),
+        "linear_backward_params": (linear_backward_params, dweight, dbias, dout, inp),
+        "relu_forward": (relu_forward, out, out),
+        "relu_backward": (relu_backward, dout, dout, out),
+        "ce_forward": (softmax_cross_entropy_forward, losses, probs, out, targets),
+        "ce_backward": (softmax_cross_entropy_backward, dout, probs, targets, F32(0.25)),
+        "sum_of_squares": (sum_of_squares, g),
+        "scale_inplace": (scale_inplace, g, F32(0.5)),
+    }
+    for name, (fn, *args) in calls.items():
+        assert nrt_allocations(fn, *args) == 0, name
+    # The optimizers' jitted kernels, through their Python wrappers' argument conversion.
+    from simdist.kernels import optim
+
+    adamw_args = (p, g, m, v) + tuple(F32(x) for x in (0.9, 0.1, 0.999, 1e-3, -1e-3, 0.5, 1e-8))
+    assert nrt_allocations(optim._adamw_kernel, *adamw_args) == 0
+    sgd_args = (p, g, m, F32(-0.1), F32(0.9), F32(1e-4), False)
+    assert nrt_allocations(optim._sgd_kernel, *sgd_args) == 0
+    # Positive control: the counter does see an allocation.
+    assert nrt_allocations(_allocating, dinp, inp) >= 1
+
+
+# ------------------------------------------------------------------------------ registry
+
+
+def test_warm_all_compiles_every_kernel_in_a_fresh_process():
+    code = (
+        "import simdist\n"
+        "from simdist.kernels import registry\n"
+        f"registry.MODULES = {MODULES!r}\n"
+        "t = registry.warm_all()\n"
+        "missing = [n for n, d in registry.dispatchers().items() if not d.signatures]\n"
+        "assert t > 0 and not missing, missing\n"
+        "print(len(registry.dispatchers()))\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert int(res.stdout) == 11
+
+
+def test_registry_skips_only_missing_modules(monkeypatch):
+    monkeypatch.setattr(registry, "MODULES", ["linear", "no_such_kernel_module"])
+    assert [m.__name__ for m in registry.modules()] == ["simdist.kernels.linear"]
+
+    def import_with_missing_dependency(name):
+        raise ModuleNotFoundError("No module named 'some_dependency'", name="some_dependency")
+
+    monkeypatch.setattr(registry.importlib, "import_module", import_with_missing_dependency)
+    with pytest.raises(ModuleNotFoundError):
+        registry.modules()
