@@ -319,6 +319,8 @@ class Run:
                 "grad_accum_steps": self.params.optimizer.grad_accum_steps,
                 "zero_opt_level": self.params.runconfig.zero_opt_level,
                 "collective_algorithm": self.params.runconfig.collective_algorithm,
+                "parameters": self.layout.numel,
+                "parameters_padded": self.layout.padded,
                 "memory_bytes": dict(self.memory.bytes),
                 "step_time_s": t.train_time / max(steps, 1),
                 "peak_rss_bytes": peak_rss * 1024,

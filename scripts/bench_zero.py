@@ -1,0 +1,96 @@
+"""ZeRO memory and communication: levels 0/1/2 at np 1, 2, 4 in one table, one run.
+
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python scripts/bench_zero.py [--json FILE]
+        [--hidden 4096,4096] [--steps 30] [--nps 1,2,4]
+
+Each (np, level) is a fresh ``mpiexec -n NP python -m simdist.train`` of an FC-MNIST MLP
+deep and wide enough (default 784-2048x4-10, 14.2M parameters) that the model state dominates
+what the process holds. Columns per rank, from simdist's own accounting of what it actually
+allocated (performance.json): param/grad/optimizer/bucket bytes against the fp32 AdamW
+formula (Psi_p = padded parameter count, N = ranks):
+    DP 16 Psi_p;  ZeRO-1 8 Psi_p + 8 Psi_p/N;  ZeRO-2 4 Psi_p + 12 Psi_p/N + bucket,
+the peak RSS of the busiest rank (the process, Python and MPI included), bytes sent per
+step (expected 2(N-1)/N * 4 Psi_p for every level) and the step time. With np > cores the
+step times measure oversubscription, not the algorithm: compare levels at equal np.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+MPIEXEC = str(Path(sys.executable).parent / "mpiexec")
+
+
+def run(np_: int, level: int, hidden: str, steps: int) -> dict:
+    with tempfile.TemporaryDirectory() as d:
+        cmd = [MPIEXEC, "-n", str(np_), sys.executable, "-m", "mpi4py", "-m", "simdist.train",
+               f"--model.hidden_sizes=[{hidden}]", f"--zero_opt_level={level}",
+               "--train_input.batch_size=32", f"--runconfig.max_steps={steps}",
+               "--runconfig.mode=train", "--runconfig.save_checkpoints_steps=0",
+               f"--runconfig.save_summary_steps={steps}", "--runconfig.progress_bar=false",
+               f"--runconfig.model_dir={d}/run"]
+        out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1800)
+        if out.returncode:
+            raise RuntimeError(f"run failed:\n{out.stdout}\n{out.stderr}")
+        perf = json.loads(Path(d, "run", "performance.json").read_text())
+    return perf, perf["parameters_padded"]
+
+
+def formula(level: int, psi: int, n: int, bucket: int) -> int:
+    if level == 0:
+        return 16 * psi
+    if level == 1:
+        return 8 * psi + 8 * psi // n
+    return 4 * psi + 12 * psi // n + bucket
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--hidden", default="2048,2048,2048,2048")
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--nps", default="1,2,4")
+    args = ap.parse_args()
+    rows = []
+    hdr = (f"{'np':>3}{'level':>6}{'param_MB':>10}{'grad_MB':>9}{'optim_MB':>10}"
+           f"{'bucket_MB':>10}{'total_MB':>10}{'formula_MB':>11}{'peak_rss_MB':>12}"
+           f"{'comm_MB/step':>13}{'expect_MB':>10}{'step_s':>9}")
+    print(hdr)
+    for n in map(int, args.nps.split(",")):
+        for level in (0, 1, 2):
+            perf, psi = run(n, level, args.hidden, args.steps)
+            mem = perf["memory_bytes"]
+            p, g = mem.get("parameters", 0), mem.get("gradients", 0)
+            o, b = mem.get("optimizer_state", 0), mem.get("buckets", 0)
+            row = {
+                "np": n, "level": level, "param_bytes": p, "grad_bytes": g,
+                "optimizer_bytes": o, "bucket_bytes": b,
+                "formula_bytes": formula(level, psi, n, b),
+                "peak_rss_bytes": perf["peak_rss_bytes"],
+                "comm_bytes_per_step": perf["comm_bytes_sent_per_step"],
+                "expected_comm_bytes_per_step": 2 * (n - 1) / n * 4 * psi,
+                "step_time_s": perf["step_time_s"],
+            }
+            rows.append(row)
+            mb = 1e6
+            print(f"{n:>3}{level:>6}{p / mb:>10.1f}{g / mb:>9.1f}{o / mb:>10.1f}{b / mb:>10.1f}"
+                  f"{(p + g + o + b) / mb:>10.1f}{row['formula_bytes'] / mb:>11.1f}"
+                  f"{row['peak_rss_bytes'] / mb:>12.1f}{row['comm_bytes_per_step'] / mb:>13.2f}"
+                  f"{row['expected_comm_bytes_per_step'] / mb:>10.2f}{row['step_time_s']:>9.4f}")
+    by = {(r["np"], r["level"]): r for r in rows}
+    if (2, 0) in by and (2, 2) in by:
+        ratio = by[(2, 2)]["step_time_s"] / by[(2, 0)]["step_time_s"]
+        print(f"\nZeRO-2 / DP step time at np 2: {ratio:.3f} (target <= 1.05)")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
