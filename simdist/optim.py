@@ -34,17 +34,15 @@ class Optimizer:
 
     def step(self, params: np.ndarray, grads: np.ndarray, step: int, lr: float) -> None:
         """Update params[lo:hi] given grads for the same range; ``step`` counts from 1."""
+        # Hyper-parameters go in as Python floats: the kernels derive torch's per-step
+        # scalars (1 - beta1, bias corrections) in float64 and round each once, as torch does.
         c = self.cfg
-        f32 = np.float32
         for a, b, wd in self.segments:
             p, g = params[a:b], grads[a:b]
             if c.optimizer_type == "adamw":
                 adamw_update(
                     p, g, self.state["exp_avg"][a:b], self.state["exp_avg_sq"][a:b],
-                    f32(lr), f32(c.beta1), f32(c.beta2), f32(c.eps), f32(wd), step,
+                    lr, c.beta1, c.beta2, c.eps, wd, step,
                 )
             else:
-                sgd_update(
-                    p, g, self.state["momentum_buffer"][a:b],
-                    f32(lr), f32(c.momentum), f32(wd), step,
-                )
+                sgd_update(p, g, self.state["momentum_buffer"][a:b], lr, c.momentum, wd, step)
