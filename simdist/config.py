@@ -90,6 +90,7 @@ class RunConfig:
     check_collectives: bool = False
     min_world_size: int = 1
     progress_bar: str | bool = "auto"
+    stall_timeout_s: float = 300.0  # a step phase lasting longer aborts the job; 0 = off
 
 
 @dataclass(frozen=True)
@@ -353,6 +354,11 @@ def validate(p: Params) -> None:
         raise ConfigError(
             f"runconfig.zero_opt_level must be 0, 1 or 2, got {r.zero_opt_level} "
             "(ZeRO-3 is not implemented)"
+        )
+    if r.stall_timeout_s < 0:
+        raise ConfigError(
+            f"runconfig.stall_timeout_s must be >= 0 (0 turns the watchdog off), "
+            f"got {r.stall_timeout_s}"
         )
     if o.learning_rate <= 0:
         raise ConfigError(f"optimizer.learning_rate must be > 0, got {o.learning_rate}")
