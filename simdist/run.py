@@ -179,8 +179,11 @@ class Run:
         for name, value in tensors.items():
             self.pviews[name][...] = value
         lo, hi = self.sync.update_range
-        for key, buf in self.optimizer.state.items():
-            buf[...] = checkpoint.read_optimizer_range(path, attrs, key, lo, hi)
+        if not checkpoint.optimizer_keys(path, attrs):  # weights only (e.g. imported)
+            self.log(f"{path} holds no optimizer state: the optimizer starts fresh")
+        else:
+            for key, buf in self.optimizer.state.items():
+                buf[...] = checkpoint.read_optimizer_range(path, attrs, key, lo, hi)
         self.step = step
         origin = f"world size {attrs.get('world_size')}, ZeRO-{attrs.get('zero_opt_level')}"
         self.log(f"resumed from {path} at global_step = {step} (written at {origin})")

@@ -1,0 +1,172 @@
+"""Move weights between simdist checkpoints and the PyTorch / Hugging Face ecosystem.
+
+simdist's GPT-2 uses Hugging Face's GPT-2 state-dict names and layouts (``wte.weight``,
+``h.{i}.attn.c_attn.weight`` as [C, 3C], ...), so conversion is a change of container:
+- safetensors (read and written here without the ``safetensors`` package: an 8-byte
+  little-endian header length, a JSON header of name -> dtype/shape/data_offsets, raw data);
+- a PyTorch state dict file (``torch.save``; needs torch, loaded with ``weights_only=True``).
+Hugging Face checkpoints of ``GPT2LMHeadModel`` prefix names with ``transformer.`` and carry
+``lm_head.weight`` (tied to ``wte.weight``) and attention mask buffers: import strips the
+prefix, checks the tie, and drops the buffers.
+
+    python -m simdist.interop export CHECKPOINT.h5 OUT.safetensors|OUT.pt
+    python -m simdist.interop import IN.safetensors|IN.pt OUT.h5 [--model gpt2]
+
+An imported file is a simdist checkpoint at global_step 0 without optimizer state: pass it
+as ``--runconfig.checkpoint_path`` to start training from those weights.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import struct
+import sys
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+from simdist import checkpoint
+
+_DTYPES = {"F32": np.float32, "F16": np.float16, "F64": np.float64, "I64": np.int64,
+           "I32": np.int32, "U8": np.uint8, "BOOL": np.bool_}
+_NAMES = {np.dtype(v): k for k, v in _DTYPES.items()}
+
+
+class InteropError(ValueError):
+    pass
+
+
+def write_safetensors(path: Path, tensors: dict[str, np.ndarray], metadata: dict | None = None):
+    header, offset = {}, 0
+    arrays = {k: np.ascontiguousarray(v) for k, v in tensors.items()}
+    for name, a in arrays.items():
+        if a.dtype not in _NAMES:
+            raise InteropError(f"{name}: dtype {a.dtype} has no safetensors name")
+        header[name] = {"dtype": _NAMES[a.dtype], "shape": list(a.shape),
+                        "data_offsets": [offset, offset + a.nbytes]}
+        offset += a.nbytes
+    if metadata:
+        header["__metadata__"] = {k: str(v) for k, v in metadata.items()}
+    blob = json.dumps(header, separators=(",", ":")).encode()
+    blob += b" " * (-len(blob) % 8)  # the data section starts 8-byte aligned
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(blob)))
+        f.write(blob)
+        for a in arrays.values():
+            f.write(a.tobytes())
+
+
+def read_safetensors(path: Path) -> dict[str, np.ndarray]:
+    data = Path(path).read_bytes()
+    if len(data) < 8:
+        raise InteropError(f"{path}: too short to be a safetensors file")
+    (n,) = struct.unpack("<Q", data[:8])
+    if n > len(data) - 8:
+        raise InteropError(f"{path}: header length {n} exceeds the file size")
+    try:
+        header = json.loads(data[8 : 8 + n])
+    except ValueError as e:
+        raise InteropError(f"{path}: malformed safetensors header: {e}") from None
+    body = memoryview(data)[8 + n :]
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        dtype = _DTYPES.get(info.get("dtype"))
+        if dtype is None:
+            raise InteropError(f"{path}: {name} has unsupported dtype {info.get('dtype')}")
+        a, b = info["data_offsets"]
+        shape = tuple(info["shape"])
+        if b > len(body) or b - a != int(np.prod(shape)) * np.dtype(dtype).itemsize:
+            raise InteropError(f"{path}: {name} data offsets {a}..{b} do not match its shape")
+        out[name] = np.frombuffer(body[a:b], dtype=dtype).reshape(shape).copy()
+    return out
+
+
+def normalize_hf(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Hugging Face GPT2Model / GPT2LMHeadModel names -> simdist's."""
+    out = {}
+    for name, value in tensors.items():
+        key = name.removeprefix("transformer.")
+        if key.endswith((".attn.bias", ".attn.masked_bias")) and key.count(".") == 3:
+            continue  # causal-mask buffers, not parameters
+        out[key] = value
+    head = out.pop("lm_head.weight", None)
+    if head is not None and "wte.weight" in out and not np.array_equal(head, out["wte.weight"]):
+        raise InteropError("lm_head.weight differs from wte.weight: simdist's GPT-2 ties them")
+    return out
+
+
+def export(ckpt: Path, out: Path) -> Path:
+    attrs = checkpoint.verify(ckpt)
+    with h5py.File(ckpt, "r") as f:
+        tensors = {k: f["model"][k][...] for k in f["model"]}
+    meta = {"format": "pt", "simdist_model": attrs.get("model"),
+            "global_step": attrs.get("global_step")}
+    if out.suffix == ".safetensors":
+        write_safetensors(out, tensors, meta)
+    elif out.suffix in (".pt", ".pth", ".bin"):
+        import torch
+
+        torch.save({k: torch.from_numpy(v) for k, v in tensors.items()}, out)
+    else:
+        raise InteropError(f"{out}: use a .safetensors or .pt file name")
+    return out
+
+
+def import_(src: Path, out: Path, model: str = "gpt2") -> Path:
+    if src.suffix == ".safetensors":
+        tensors = read_safetensors(src)
+    elif src.suffix in (".pt", ".pth", ".bin"):
+        import torch
+
+        state = torch.load(src, map_location="cpu", weights_only=True)  # no unpickling of code
+        tensors = {k: v.detach().float().numpy() for k, v in state.items()}
+    else:
+        raise InteropError(f"{src}: expected a .safetensors or .pt file")
+    tensors = {k: v.astype(np.float32) for k, v in normalize_hf(tensors).items()}
+    names = list(tensors)
+    shapes = [list(v.shape) for v in tensors.values()]
+    offsets = np.concatenate([[0], np.cumsum([v.size for v in tensors.values()])[:-1]]).tolist()
+    numel = int(sum(v.size for v in tensors.values()))
+    layout = {"numel": numel, "padded": numel, "world": 1, "names": names, "shapes": shapes,
+              "offsets": [int(o) for o in offsets]}
+    attrs = {"model": model, "world_size": 1, "zero_opt_level": 0, "optimizer_type": "none",
+             "layout": layout, "imported_from": str(src)}
+    tmp = out.with_name(f".{out.name}.tmp")
+    with h5py.File(tmp, "w") as f:
+        g = f.create_group("model")
+        for k, v in tensors.items():
+            g.create_dataset(k, data=v)
+        for k, v in {**attrs, "global_step": 0, "optimizer_shards": []}.items():
+            f.attrs[k] = json.dumps(v) if isinstance(v, dict | list) else v
+    tmp.replace(out)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m simdist.interop")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    e = sub.add_parser("export", help="simdist checkpoint -> .safetensors or .pt")
+    e.add_argument("checkpoint", type=Path)
+    e.add_argument("out", type=Path)
+    i = sub.add_parser("import", help=".safetensors or .pt -> simdist checkpoint (step 0)")
+    i.add_argument("source", type=Path)
+    i.add_argument("out", type=Path)
+    i.add_argument("--model", default="gpt2")
+    args = ap.parse_args(argv)
+    try:
+        if args.cmd == "export":
+            print(export(args.checkpoint, args.out))
+        else:
+            print(import_(args.source, args.out, args.model))
+    except (InteropError, checkpoint.CheckpointError, OSError) as err:
+        print(f"simdist.interop: error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
