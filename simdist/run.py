@@ -29,6 +29,7 @@ from simdist.config import ConfigError, Params, batch_sizes, dump_yaml, load_par
 from simdist.data.datasets import build_dataset
 from simdist.data.sampler import DistributedSampler
 from simdist.events import EventWriter
+from simdist.faults import check_same_run
 from simdist.kernels.registry import warm_all
 from simdist.models import build_model
 from simdist.models.base import GradientViews
@@ -144,8 +145,8 @@ class Run:
             f"parameters: {layout.numel:,} ({layout.padded:,} padded); memory per rank: "
             + ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in self.memory.bytes.items())
         )
+        self._resume()  # before model_dir is touched: a bad checkpoint must leave it as it was
         self._prepare_model_dir()
-        self._resume()
         if self.is_main:
             self.open_log()
 
@@ -203,11 +204,12 @@ class Run:
         else:
             np.add(self.grads, self.micro_grads, out=self.grads)
 
-    def clip(self, grads: np.ndarray) -> float | None:
+    def clip(self, grads: np.ndarray, sumsq: float | None = None) -> float | None:
+        """Global-norm clipping; ``sumsq``: the global sum of squares if already reduced."""
         max_norm = self.params.optimizer.max_gradient_norm
         if max_norm is None:
             return None
-        norm = self.sync.global_norm(grads)
+        norm = self.sync.global_norm(grads) if sumsq is None else float(np.sqrt(sumsq))
         coef = max_norm / (norm + 1e-6)  # as torch.nn.utils.clip_grad_norm_
         if coef < 1.0:
             np.multiply(grads, np.float32(coef), out=grads)
@@ -229,11 +231,12 @@ class Run:
         if self.step >= r.max_steps:
             self.log(f"nothing to train: global_step {self.step} >= max_steps {r.max_steps}")
 
-    def after_step(self, loss: float, norm: float | None) -> None:
+    def after_step(self, loss: float, norm: float | None, stop: bool = False) -> None:
+        """``stop``: the ranks agreed to stop here (a signal): summary and checkpoint now."""
         r, step = self.params.runconfig, self.step
         if self._bar:
             self._bar.update(step, loss)
-        last = step == r.max_steps
+        last = step == r.max_steps or stop
         if step % r.save_summary_steps == 0 or last:
             mean_loss = self.coll.allreduce_scalars(np.array([loss]))[0] / self.world
             self.check_replicas()
@@ -247,7 +250,7 @@ class Run:
                 self.events.scalar("loss", mean_loss, step)
                 self.events.scalar("samples_per_sec", rate, step)
                 self.events.flush()
-        if r.save_checkpoints_steps and (step % r.save_checkpoints_steps == 0 or last):
+        if stop or r.save_checkpoints_steps and (step % r.save_checkpoints_steps == 0 or last):
             self.save_checkpoint()
 
     def check_replicas(self) -> None:
@@ -400,6 +403,7 @@ class _ProgressBar:
 def setup(argv: list[str], started: float) -> Run:
     comm = world()
     params = load_params(argv)
+    params = check_same_run(comm, params)  # same params and code on every rank, else exit 2
     r = params.runconfig
     if comm.Get_size() < r.min_world_size:
         raise ConfigError(
