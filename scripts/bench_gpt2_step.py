@@ -31,6 +31,7 @@ from simdist.kernels.registry import warm_all
 from simdist.arena import Layout
 from simdist.config import OptimizerConfig
 from simdist.models import gpt2 as gpt2_module
+from simdist.models.base import GradientViews
 from simdist.models.gpt2 import GPT2, flops_per_sample, resolve_config
 from simdist.optim import Optimizer
 
@@ -120,7 +121,7 @@ def main() -> None:
     layout = Layout(model.parameter_specs(), world=1)
     pflat = np.zeros(layout.padded, np.float32)
     gflat = np.zeros(layout.padded, np.float32)
-    params, grads = layout.views(pflat), layout.views(gflat)
+    params, grads = layout.views(pflat), GradientViews(layout.views(gflat))
     model.init_parameters(params, np.random.default_rng(0))
     model.allocate(B)
     ocfg = OptimizerConfig(learning_rate=1e-4, weight_decay=0.1)

@@ -75,10 +75,23 @@ def gemm_gflops(n: int = 1024, reps: int = 5) -> float:
 def run_simdist(model: str, np_: int, steps: int) -> float:
     args, *_ = MODELS[model]
     with tempfile.TemporaryDirectory() as d:
-        cmd = [MPIEXEC, "-n", str(np_), sys.executable, "-m", "mpi4py", "-m", "simdist.train",
-               *args, f"--runconfig.max_steps={steps}", "--runconfig.mode=train",
-               "--runconfig.save_checkpoints_steps=0", f"--runconfig.save_summary_steps={steps}",
-               "--runconfig.progress_bar=false", f"--runconfig.model_dir={d}/run"]
+        cmd = [
+            MPIEXEC,
+            "-n",
+            str(np_),
+            sys.executable,
+            "-m",
+            "mpi4py",
+            "-m",
+            "simdist.train",
+            *args,
+            f"--runconfig.max_steps={steps}",
+            "--runconfig.mode=train",
+            "--runconfig.save_checkpoints_steps=0",
+            f"--runconfig.save_summary_steps={steps}",
+            "--runconfig.progress_bar=false",
+            f"--runconfig.model_dir={d}/run",
+        ]
         out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1800)
         if out.returncode:
             raise RuntimeError(f"simdist failed:\n{out.stdout}\n{out.stderr}")
@@ -197,16 +210,25 @@ def main() -> int:
                 samples[(impl, n)].append(run(model, n, steps))
         for (impl, n), values in samples.items():
             sps = statistics.median(values)
-            row = {"impl": impl, "model": model, "np": n, "batch": batch,
-                   "samples_per_sec": round(sps, 2), "runs": [round(v, 2) for v in values]}
+            row = {
+                "impl": impl,
+                "model": model,
+                "np": n,
+                "batch": batch,
+                "samples_per_sec": round(sps, 2),
+                "runs": [round(v, 2) for v in values],
+            }
             if tokens:
                 row["tokens_per_sec"] = round(sps * tokens, 1)
             rows.append(row)
     summary = summarize(rows, gemm)
     print_table(rows, summary)
     if args.json:
-        args.json.write_text(json.dumps({"machine": info, "gemm_gflops": gemm, "rows": rows,
-                                         "summary": summary}, indent=1))
+        args.json.write_text(
+            json.dumps(
+                {"machine": info, "gemm_gflops": gemm, "rows": rows, "summary": summary}, indent=1
+            )
+        )
     return 0
 
 
@@ -232,12 +254,15 @@ def summarize(rows: list[dict], gemm: float) -> list[dict]:
 
 
 def print_table(rows: list[dict], summary: list[dict]) -> None:
-    print(f"\n{'impl':<16}{'model':<11}{'np':>3}{'batch':>7}{'samples/s':>12}{'tokens/s':>11}"
-          "  runs")
+    print(
+        f"\n{'impl':<16}{'model':<11}{'np':>3}{'batch':>7}{'samples/s':>12}{'tokens/s':>11}  runs"
+    )
     for r in rows:
         tok = f"{r['tokens_per_sec']:>11.0f}" if "tokens_per_sec" in r else f"{'':>11}"
-        print(f"{r['impl']:<16}{r['model']:<11}{r['np']:>3}{r['batch']:>7}"
-              f"{r['samples_per_sec']:>12.1f}{tok}  {r['runs']}")
+        print(
+            f"{r['impl']:<16}{r['model']:<11}{r['np']:>3}{r['batch']:>7}"
+            f"{r['samples_per_sec']:>12.1f}{tok}  {r['runs']}"
+        )
     print()
     for s in summary:
         print("  ".join(f"{k}={v}" for k, v in s.items()))

@@ -29,12 +29,25 @@ MPIEXEC = str(Path(sys.executable).parent / "mpiexec")
 
 def run(np_: int, level: int, hidden: str, steps: int) -> dict:
     with tempfile.TemporaryDirectory() as d:
-        cmd = [MPIEXEC, "-n", str(np_), sys.executable, "-m", "mpi4py", "-m", "simdist.train",
-               f"--model.hidden_sizes=[{hidden}]", f"--zero_opt_level={level}",
-               "--train_input.batch_size=32", f"--runconfig.max_steps={steps}",
-               "--runconfig.mode=train", "--runconfig.save_checkpoints_steps=0",
-               f"--runconfig.save_summary_steps={steps}", "--runconfig.progress_bar=false",
-               f"--runconfig.model_dir={d}/run"]
+        cmd = [
+            MPIEXEC,
+            "-n",
+            str(np_),
+            sys.executable,
+            "-m",
+            "mpi4py",
+            "-m",
+            "simdist.train",
+            f"--model.hidden_sizes=[{hidden}]",
+            f"--zero_opt_level={level}",
+            "--train_input.batch_size=32",
+            f"--runconfig.max_steps={steps}",
+            "--runconfig.mode=train",
+            "--runconfig.save_checkpoints_steps=0",
+            f"--runconfig.save_summary_steps={steps}",
+            "--runconfig.progress_bar=false",
+            f"--runconfig.model_dir={d}/run",
+        ]
         out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1800)
         if out.returncode:
             raise RuntimeError(f"run failed:\n{out.stdout}\n{out.stderr}")
@@ -58,9 +71,11 @@ def main() -> int:
     ap.add_argument("--nps", default="1,2,4")
     args = ap.parse_args()
     rows = []
-    hdr = (f"{'np':>3}{'level':>6}{'param_MB':>10}{'grad_MB':>9}{'optim_MB':>10}"
-           f"{'bucket_MB':>10}{'total_MB':>10}{'formula_MB':>11}{'peak_rss_MB':>12}"
-           f"{'comm_MB/step':>13}{'expect_MB':>10}{'step_s':>9}")
+    hdr = (
+        f"{'np':>3}{'level':>6}{'param_MB':>10}{'grad_MB':>9}{'optim_MB':>10}"
+        f"{'bucket_MB':>10}{'total_MB':>10}{'formula_MB':>11}{'peak_rss_MB':>12}"
+        f"{'comm_MB/step':>13}{'expect_MB':>10}{'step_s':>9}"
+    )
     print(hdr)
     for n in map(int, args.nps.split(",")):
         for level in (0, 1, 2):
@@ -69,8 +84,12 @@ def main() -> int:
             p, g = mem.get("parameters", 0), mem.get("gradients", 0)
             o, b = mem.get("optimizer_state", 0), mem.get("buckets", 0)
             row = {
-                "np": n, "level": level, "param_bytes": p, "grad_bytes": g,
-                "optimizer_bytes": o, "bucket_bytes": b,
+                "np": n,
+                "level": level,
+                "param_bytes": p,
+                "grad_bytes": g,
+                "optimizer_bytes": o,
+                "bucket_bytes": b,
                 "formula_bytes": formula(level, psi, n, b),
                 "peak_rss_bytes": perf["peak_rss_bytes"],
                 "comm_bytes_per_step": perf["comm_bytes_sent_per_step"],
@@ -79,10 +98,12 @@ def main() -> int:
             }
             rows.append(row)
             mb = 1e6
-            print(f"{n:>3}{level:>6}{p / mb:>10.1f}{g / mb:>9.1f}{o / mb:>10.1f}{b / mb:>10.1f}"
-                  f"{(p + g + o + b) / mb:>10.1f}{row['formula_bytes'] / mb:>11.1f}"
-                  f"{row['peak_rss_bytes'] / mb:>12.1f}{row['comm_bytes_per_step'] / mb:>13.2f}"
-                  f"{row['expected_comm_bytes_per_step'] / mb:>10.2f}{row['step_time_s']:>9.4f}")
+            print(
+                f"{n:>3}{level:>6}{p / mb:>10.1f}{g / mb:>9.1f}{o / mb:>10.1f}{b / mb:>10.1f}"
+                f"{(p + g + o + b) / mb:>10.1f}{row['formula_bytes'] / mb:>11.1f}"
+                f"{row['peak_rss_bytes'] / mb:>12.1f}{row['comm_bytes_per_step'] / mb:>13.2f}"
+                f"{row['expected_comm_bytes_per_step'] / mb:>10.2f}{row['step_time_s']:>9.4f}"
+            )
     by = {(r["np"], r["level"]): r for r in rows}
     if (2, 0) in by and (2, 2) in by:
         ratio = by[(2, 2)]["step_time_s"] / by[(2, 0)]["step_time_s"]

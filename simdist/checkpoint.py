@@ -83,7 +83,13 @@ def shard_name(step: int, rank: int, world: int) -> str:
 
 
 def save_optimizer_shard(
-    model_dir: Path, step: int, rank: int, world: int, lo: int, hi: int, layout: dict,
+    model_dir: Path,
+    step: int,
+    rank: int,
+    world: int,
+    lo: int,
+    hi: int,
+    layout: dict,
     state: dict[str, np.ndarray],
 ) -> tuple[str, str]:
     """ZeRO: this rank's optimizer slice [lo, hi) of the flat buffer; returns (file, sha256)."""
@@ -92,8 +98,15 @@ def save_optimizer_shard(
     with h5py.File(tmp, "w") as f:
         for key, value in state.items():
             f.create_dataset(key, data=value, dtype=np.float32)
-        attrs = {"lo": lo, "hi": hi, "rank": rank, "world": world, "global_step": step,
-                 "padded": layout["padded"], "numel": layout["numel"]}
+        attrs = {
+            "lo": lo,
+            "hi": hi,
+            "rank": rank,
+            "world": world,
+            "global_step": step,
+            "padded": layout["padded"],
+            "numel": layout["numel"],
+        }
         for key, value in attrs.items():
             f.attrs[key] = value
     _commit(tmp, final)
@@ -123,8 +136,12 @@ def save(
                 s = o.create_group(state)
                 for key, value in per_name.items():
                     s.create_dataset(key, data=value, dtype=np.float32)
-        meta = {**attrs, "global_step": step, "simdist_version": simdist.__version__,
-                "optimizer_shards": [f for f, _ in shards]}
+        meta = {
+            **attrs,
+            "global_step": step,
+            "simdist_version": simdist.__version__,
+            "optimizer_shards": [f for f, _ in shards],
+        }
         for key, value in meta.items():
             f.attrs[key] = json.dumps(value) if isinstance(value, dict | list) else value
     _commit(tmp, final)
@@ -254,8 +271,7 @@ def consolidate(path: Path, out: Path) -> Path:
         flat = read_optimizer_range(path, attrs, key, 0, numel)
         state[key] = {
             name: flat[o : o + int(np.prod(s, dtype=np.int64))].reshape(s)
-            for name, o, s in zip(layout["names"], layout["offsets"], layout["shapes"],
-                                  strict=True)
+            for name, o, s in zip(layout["names"], layout["offsets"], layout["shapes"], strict=True)
         }
     with h5py.File(path, "r") as f:
         tensors = {k: f["model"][k][...] for k in f["model"]}

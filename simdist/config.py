@@ -230,7 +230,8 @@ def _build(cls: type, values: dict[str, Any], section: str) -> Any:
     unknown = sorted(set(values) - known)
     if unknown:
         raise ConfigError(
-            f"unknown key {section}.{unknown[0]}; valid keys in {section}: {', '.join(sorted(known))}"
+            f"unknown key {section}.{unknown[0]}; "
+            f"valid keys in {section}: {', '.join(sorted(known))}"
         )
     checked = {}
     for name, value in values.items():
@@ -297,8 +298,7 @@ def load_params(argv: list[str] | None = None, default: str = "fc_mnist") -> Par
     unknown = sorted(set(data) - set(SECTIONS) - {"model"})
     if unknown:
         raise ConfigError(
-            f"{source}: unknown section {unknown[0]!r}; "
-            f"sections: model, {', '.join(SECTIONS)}"
+            f"{source}: unknown section {unknown[0]!r}; sections: model, {', '.join(SECTIONS)}"
         )
     data = {k: dict(v) if isinstance(v, dict) else v for k, v in data.items()}
     for key, value in overrides.items():

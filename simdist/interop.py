@@ -29,8 +29,15 @@ import numpy as np
 
 from simdist import checkpoint
 
-_DTYPES = {"F32": np.float32, "F16": np.float16, "F64": np.float64, "I64": np.int64,
-           "I32": np.int32, "U8": np.uint8, "BOOL": np.bool_}
+_DTYPES = {
+    "F32": np.float32,
+    "F16": np.float16,
+    "F64": np.float64,
+    "I64": np.int64,
+    "I32": np.int32,
+    "U8": np.uint8,
+    "BOOL": np.bool_,
+}
 _NAMES = {np.dtype(v): k for k, v in _DTYPES.items()}
 
 
@@ -44,8 +51,11 @@ def write_safetensors(path: Path, tensors: dict[str, np.ndarray], metadata: dict
     for name, a in arrays.items():
         if a.dtype not in _NAMES:
             raise InteropError(f"{name}: dtype {a.dtype} has no safetensors name")
-        header[name] = {"dtype": _NAMES[a.dtype], "shape": list(a.shape),
-                        "data_offsets": [offset, offset + a.nbytes]}
+        header[name] = {
+            "dtype": _NAMES[a.dtype],
+            "shape": list(a.shape),
+            "data_offsets": [offset, offset + a.nbytes],
+        }
         offset += a.nbytes
     if metadata:
         header["__metadata__"] = {k: str(v) for k, v in metadata.items()}
@@ -103,8 +113,11 @@ def export(ckpt: Path, out: Path) -> Path:
     attrs = checkpoint.verify(ckpt)
     with h5py.File(ckpt, "r") as f:
         tensors = {k: f["model"][k][...] for k in f["model"]}
-    meta = {"format": "pt", "simdist_model": attrs.get("model"),
-            "global_step": attrs.get("global_step")}
+    meta = {
+        "format": "pt",
+        "simdist_model": attrs.get("model"),
+        "global_step": attrs.get("global_step"),
+    }
     if out.suffix == ".safetensors":
         write_safetensors(out, tensors, meta)
     elif out.suffix in (".pt", ".pth", ".bin"):
@@ -131,10 +144,22 @@ def import_(src: Path, out: Path, model: str = "gpt2") -> Path:
     shapes = [list(v.shape) for v in tensors.values()]
     offsets = np.concatenate([[0], np.cumsum([v.size for v in tensors.values()])[:-1]]).tolist()
     numel = int(sum(v.size for v in tensors.values()))
-    layout = {"numel": numel, "padded": numel, "world": 1, "names": names, "shapes": shapes,
-              "offsets": [int(o) for o in offsets]}
-    attrs = {"model": model, "world_size": 1, "zero_opt_level": 0, "optimizer_type": "none",
-             "layout": layout, "imported_from": str(src)}
+    layout = {
+        "numel": numel,
+        "padded": numel,
+        "world": 1,
+        "names": names,
+        "shapes": shapes,
+        "offsets": [int(o) for o in offsets],
+    }
+    attrs = {
+        "model": model,
+        "world_size": 1,
+        "zero_opt_level": 0,
+        "optimizer_type": "none",
+        "layout": layout,
+        "imported_from": str(src),
+    }
     tmp = out.with_name(f".{out.name}.tmp")
     with h5py.File(tmp, "w") as f:
         g = f.create_group("model")

@@ -27,8 +27,10 @@ class Optimizer:
         ]
         n = hi - lo
         if cfg.optimizer_type == "adamw":
-            self.state = {"exp_avg": alloc("optimizer_state", "exp_avg", n),
-                          "exp_avg_sq": alloc("optimizer_state", "exp_avg_sq", n)}
+            self.state = {
+                "exp_avg": alloc("optimizer_state", "exp_avg", n),
+                "exp_avg_sq": alloc("optimizer_state", "exp_avg_sq", n),
+            }
         else:
             self.state = {"momentum_buffer": alloc("optimizer_state", "momentum_buffer", n)}
 
@@ -41,8 +43,16 @@ class Optimizer:
             p, g = params[a:b], grads[a:b]
             if c.optimizer_type == "adamw":
                 adamw_update(
-                    p, g, self.state["exp_avg"][a:b], self.state["exp_avg_sq"][a:b],
-                    lr, c.beta1, c.beta2, c.eps, wd, step,
+                    p,
+                    g,
+                    self.state["exp_avg"][a:b],
+                    self.state["exp_avg_sq"][a:b],
+                    lr,
+                    c.beta1,
+                    c.beta2,
+                    c.eps,
+                    wd,
+                    step,
                 )
             else:
                 sgd_update(p, g, self.state["momentum_buffer"][a:b], lr, c.momentum, wd, step)

@@ -1,11 +1,12 @@
 """Synchronous data parallelism and ZeRO-1/2 as "which slice and which collective".
 
-| level | gradient memory          | sync                                   | optimizer state | after update          |
-|-------|--------------------------|----------------------------------------|-----------------|-----------------------|
-| 0 DP  | whole buffer             | all-reduce of the whole buffer         | whole buffer    | -                     |
-| 1     | whole buffer             | reduce-scatter -> own slice            | own slice       | all-gather parameters |
-| 2     | own slice + one bucket   | reduce-scatter each gradient group as  | own slice       | all-gather parameters |
-|       |                          | backward finishes it -> own slice      |                 |                       |
+| level | gradients held        | sync                                    | optimizer state |
+|-------|-----------------------|-----------------------------------------|-----------------|
+| 0 DP  | whole buffer          | all-reduce of the whole buffer          | whole buffer    |
+| 1     | whole buffer          | reduce-scatter to own slice; all-gather | own slice       |
+|       |                       | of the updated parameter slices         |                 |
+| 2     | own slice + 1 bucket  | reduce-scatter each gradient group as   | own slice       |
+|       |                       | backward finishes it; all-gather params |                 |
 
 simdist's all-reduce is reduce-scatter + all-gather over the slice boundaries
 (``Layout.bounds``), and a reduce-scatter restricted to one group's range sums every element

@@ -136,8 +136,13 @@ class Run:
         lo, hi = self.sync.update_range
         self.optimizer = Optimizer(p.optimizer, layout, lo, hi, self.memory.alloc)
         self.sampler = DistributedSampler(
-            self.data.num_train, self.global_batch, self.world, self.rank, r.seed,
-            p.train_input.shuffle, accum,
+            self.data.num_train,
+            self.global_batch,
+            self.world,
+            self.rank,
+            r.seed,
+            p.train_input.shuffle,
+            accum,
         )
         self.model.init_parameters(self.pviews, np.random.default_rng(r.seed))
         self.coll.broadcast(self.params_flat, root=0)  # replicas start identical, as DDP
@@ -270,7 +275,13 @@ class Run:
         shards, full_state = [], None
         if self.sync.level > 0:
             shard = checkpoint.save_optimizer_shard(
-                self.model_dir, self.step, self.rank, self.world, lo, hi, layout,
+                self.model_dir,
+                self.step,
+                self.rank,
+                self.world,
+                lo,
+                hi,
+                layout,
                 self.optimizer.state,
             )
             shards = self.comm.gather(shard, root=0)
@@ -288,8 +299,13 @@ class Run:
                 "layout": layout,
             }
             path = checkpoint.save(
-                self.model_dir, self.step, self.pviews, full_state, attrs,
-                self.params.runconfig.keep_checkpoint_max, shards,
+                self.model_dir,
+                self.step,
+                self.pviews,
+                full_state,
+                attrs,
+                self.params.runconfig.keep_checkpoint_max,
+                shards,
             )
             self.log(f"saved checkpoint {path}")
         self.comm.Barrier()

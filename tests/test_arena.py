@@ -5,8 +5,11 @@ import numpy as np
 from simdist.arena import Layout
 from simdist.models.base import ParamSpec
 
-SPECS = [ParamSpec("a.weight", (3, 5), True), ParamSpec("a.bias", (5,), False),
-         ParamSpec("b.weight", (7,), True)]
+SPECS = [
+    ParamSpec("a.weight", (3, 5), True),
+    ParamSpec("a.bias", (5,), False),
+    ParamSpec("b.weight", (7,), True),
+]
 
 
 def test_views_share_the_flat_buffer():

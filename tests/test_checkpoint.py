@@ -10,8 +10,12 @@ from simdist import checkpoint
 from simdist.arena import Layout
 from simdist.models.base import ParamSpec
 
-SPECS = [ParamSpec("w1", (37, 11), True), ParamSpec("b1", (11,), False),
-         ParamSpec("w2", (11, 5), True), ParamSpec("b2", (5,), False)]
+SPECS = [
+    ParamSpec("w1", (37, 11), True),
+    ParamSpec("b1", (11,), False),
+    ParamSpec("w2", (11, 5), True),
+    ParamSpec("b2", (5,), False),
+]
 
 
 def write_sharded(tmp_path, world: int, state: dict[str, np.ndarray], step: int = 7):
@@ -22,8 +26,11 @@ def write_sharded(tmp_path, world: int, state: dict[str, np.ndarray], step: int 
     for r in range(world):
         lo, hi = layout.shard(r)
         padded = {k: np.pad(v, (0, layout.padded - v.size)) for k, v in state.items()}
-        shards.append(checkpoint.save_optimizer_shard(
-            tmp_path, step, r, world, lo, hi, desc, {k: v[lo:hi] for k, v in padded.items()}))
+        shards.append(
+            checkpoint.save_optimizer_shard(
+                tmp_path, step, r, world, lo, hi, desc, {k: v[lo:hi] for k, v in padded.items()}
+            )
+        )
     params = {s.name: np.full(s.shape, i, np.float32) for i, s in enumerate(SPECS)}
     attrs = {"model": "toy", "world_size": world, "zero_opt_level": 2, "layout": desc}
     return checkpoint.save(tmp_path, step, params, None, attrs, keep_max=2, shards=shards)
@@ -38,15 +45,17 @@ def test_reshard_is_exact(tmp_path, old, new):
     _, _, attrs = checkpoint.load(path, {s.name: s.shape for s in SPECS}, "toy")
     layout = Layout(SPECS, new)
     for key, full in state.items():
-        pieces = [checkpoint.read_optimizer_range(path, attrs, key, *layout.shard(r))
-                  for r in range(new)]
+        pieces = [
+            checkpoint.read_optimizer_range(path, attrs, key, *layout.shard(r)) for r in range(new)
+        ]
         joined = np.concatenate(pieces)
         assert np.array_equal(joined[:numel], full)  # bitwise, padding removed
         assert not joined[numel:].any()  # padding reads as zeros
     cons = checkpoint.consolidate(path, tmp_path / "cons.h5")
     with h5py.File(cons) as f:
-        flat = np.concatenate([f["optimizer"]["exp_avg"][n][...].ravel() for n in
-                               ("w1", "b1", "w2", "b2")])
+        flat = np.concatenate(
+            [f["optimizer"]["exp_avg"][n][...].ravel() for n in ("w1", "b1", "w2", "b2")]
+        )
     assert np.array_equal(flat, state["exp_avg"])
     cattrs = checkpoint.verify(cons)
     got = checkpoint.read_optimizer_range(cons, cattrs, "exp_avg_sq", 3, 50)
@@ -88,8 +97,13 @@ def test_keep_max_prunes_every_file_of_old_checkpoints(tmp_path):
     for step in (1, 2, 3):
         write_sharded(tmp_path, 2, {"exp_avg": np.ones(numel, np.float32)}, step=step)
     names = sorted(p.name for p in tmp_path.glob("checkpoint_*"))
-    assert names == sorted([f"checkpoint_{s}{x}" for s in (2, 3)
-                            for x in (".h5", ".optim-0-of-2.h5", ".optim-1-of-2.h5")])
+    assert names == sorted(
+        [
+            f"checkpoint_{s}{x}"
+            for s in (2, 3)
+            for x in (".h5", ".optim-0-of-2.h5", ".optim-1-of-2.h5")
+        ]
+    )
     index = json.loads((tmp_path / "checkpoints.json").read_text())["checkpoints"]
     assert [e["step"] for e in index] == [2, 3]
     assert checkpoint.latest_checkpoint(tmp_path).name == "checkpoint_3.h5"

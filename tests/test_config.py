@@ -15,8 +15,14 @@ def test_default_preset_loads():
 
 def test_overrides_and_types():
     p = load_params(
-        ["--runconfig.max_steps=50", "--runconfig.model_dir", "out", "--model.hidden_sizes=[64]",
-         "--optimizer.learning_rate=1e-2", "--optimizer.max_gradient_norm=1"]
+        [
+            "--runconfig.max_steps=50",
+            "--runconfig.model_dir",
+            "out",
+            "--model.hidden_sizes=[64]",
+            "--optimizer.learning_rate=1e-2",
+            "--optimizer.max_gradient_norm=1",
+        ]
     )
     assert p.runconfig.max_steps == 50
     assert p.runconfig.model_dir == "out"

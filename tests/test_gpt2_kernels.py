@@ -21,6 +21,7 @@ from numba.core.dispatcher import Dispatcher
 from simdist.kernels import attention, embedding, gelu, layernorm, matmul, residual, rowops
 
 from simdist.arena import Layout
+from simdist.models.base import GradientViews
 from simdist.models.gpt2 import GPT2, PRESETS, num_parameters, resolve_config
 
 F32 = np.float32
@@ -328,7 +329,7 @@ def _mini_model(B: int, seed: int = 0):
     model = GPT2(cfg)
     layout = Layout(model.parameter_specs(), world=1)
     params = layout.views(np.zeros(layout.padded, F32))
-    grads = layout.views(np.zeros(layout.padded, F32))
+    grads = GradientViews(layout.views(np.zeros(layout.padded, F32)))
     model.init_parameters(params, np.random.default_rng(seed))
     model.allocate(B)
     return cfg, model, params, grads

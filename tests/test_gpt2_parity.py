@@ -11,6 +11,7 @@ import pytest
 
 from simdist.arena import Layout
 from simdist.config import OptimizerConfig
+from simdist.models.base import GradientViews
 from simdist.models.gpt2 import GPT2, PRESETS
 from simdist.optim import Optimizer
 
@@ -100,7 +101,7 @@ def _setup(cfg, B, T, seed=0):
     layout = Layout(model.parameter_specs(), world=1)
     params_flat = np.zeros(layout.padded, np.float32)
     grads_flat = np.zeros(layout.padded, np.float32)
-    params, grads = layout.views(params_flat), layout.views(grads_flat)
+    params, grads = layout.views(params_flat), GradientViews(layout.views(grads_flat))
     rng = np.random.default_rng(seed)
     model.init_parameters(params, rng)
     for spec in model.parameter_specs():

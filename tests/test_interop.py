@@ -9,8 +9,10 @@ from simdist import interop
 
 def test_safetensors_round_trip(tmp_path):
     rng = np.random.default_rng(0)
-    t = {"wte.weight": rng.standard_normal((7, 4)).astype(np.float32),
-         "h.0.ln_1.bias": np.arange(3, dtype=np.float32)}
+    t = {
+        "wte.weight": rng.standard_normal((7, 4)).astype(np.float32),
+        "h.0.ln_1.bias": np.arange(3, dtype=np.float32),
+    }
     interop.write_safetensors(tmp_path / "a.safetensors", t, {"note": "x"})
     back = interop.read_safetensors(tmp_path / "a.safetensors")
     assert back.keys() == t.keys()
@@ -38,8 +40,12 @@ def test_corrupt_safetensors_is_a_clear_error(tmp_path):
 
 def test_hf_names_are_normalised_and_tie_checked():
     w = np.ones((3, 2), np.float32)
-    hf = {"transformer.wte.weight": w, "transformer.h.0.attn.bias": np.ones((1, 1, 4, 4)),
-          "lm_head.weight": w.copy(), "transformer.h.0.attn.c_attn.bias": np.zeros(6)}
+    hf = {
+        "transformer.wte.weight": w,
+        "transformer.h.0.attn.bias": np.ones((1, 1, 4, 4)),
+        "lm_head.weight": w.copy(),
+        "transformer.h.0.attn.c_attn.bias": np.zeros(6),
+    }
     out = interop.normalize_hf(hf)
     assert sorted(out) == ["h.0.attn.c_attn.bias", "wte.weight"]
     with pytest.raises(interop.InteropError, match="ties them"):
@@ -62,8 +68,9 @@ def test_gpt2_export_import_round_trip_through_torch(tmp_path):
     tm.load_state_dict(torch.load(pt, weights_only=True), strict=True)  # names and shapes
     sf = interop.export(ckpt, tmp_path / "w.safetensors")
     back = interop.import_(sf, tmp_path / "imported.h5")
-    _, tensors, attrs = checkpoint.load(back, {s.name: s.shape for s in model.parameter_specs()},
-                                        "gpt2")
+    _, tensors, attrs = checkpoint.load(
+        back, {s.name: s.shape for s in model.parameter_specs()}, "gpt2"
+    )
     assert attrs["global_step"] == 0
     for k, v in params.items():
         assert np.array_equal(tensors[k], v)

@@ -14,8 +14,11 @@ def test_each_sample_at_most_once_per_epoch(replicas, accum):
     assert spe == n // g
     for epoch in range(2):
         seen = np.concatenate(
-            [s.indices(step).ravel() for step in range(epoch * spe, (epoch + 1) * spe)
-             for s in samplers]
+            [
+                s.indices(step).ravel()
+                for step in range(epoch * spe, (epoch + 1) * spe)
+                for s in samplers
+            ]
         )
         assert len(seen) == spe * g
         assert len(np.unique(seen)) == len(seen)  # no sample twice within an epoch

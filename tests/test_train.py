@@ -69,8 +69,12 @@ def test_data_parallel_matches_one_process(tmp_path):
 @pytest.mark.parametrize("n", [2, 3, 4])
 def test_zero_levels_are_bit_identical(tmp_path, n):
     """ZeRO-1/2 reduce-scatter over the same slices as DP's all-reduce: identical bits."""
-    args = ["--runconfig.max_steps=50", "--runconfig.mode=train", "--optimizer.max_gradient_norm=0.5",
-            "--optimizer.weight_decay=0.01"]
+    args = [
+        "--runconfig.max_steps=50",
+        "--runconfig.mode=train",
+        "--optimizer.max_gradient_norm=0.5",
+        "--optimizer.weight_decay=0.01",
+    ]
     states = {}
     for level in (0, 1, 2):
         d = tmp_path / f"z{level}"
@@ -86,8 +90,11 @@ def test_zero_levels_are_bit_identical(tmp_path, n):
 
 @pytest.mark.parametrize("level", [0, 2])
 def test_resume_is_bitwise_identical(tmp_path, level):
-    args = ["--runconfig.mode=train", "--runconfig.save_checkpoints_steps=10",
-            f"--zero_opt_level={level}"]
+    args = [
+        "--runconfig.mode=train",
+        "--runconfig.save_checkpoints_steps=10",
+        f"--zero_opt_level={level}",
+    ]
     train(2, tmp_path / "full", *args, "--runconfig.max_steps=30")
     train(2, tmp_path / "resumed", *args, "--runconfig.max_steps=10")
     out = train(2, tmp_path / "resumed", *args, "--runconfig.max_steps=30")
@@ -121,14 +128,25 @@ def test_reshard_resume_continues_like_consolidated_start(tmp_path, old, new):
 
 def test_artifacts_and_accuracy(tmp_path):
     d = tmp_path / "run"
-    out = train(2, d, "--runconfig.max_steps=120", "--runconfig.save_checkpoints_steps=40",
-                "--runconfig.keep_checkpoint_max=2", "--runconfig.save_summary_steps=40")
+    out = train(
+        2,
+        d,
+        "--runconfig.max_steps=120",
+        "--runconfig.save_checkpoints_steps=40",
+        "--runconfig.keep_checkpoint_max=2",
+        "--runconfig.save_summary_steps=40",
+    )
     log = out.stdout
     assert log.count("global_step = 40, loss =") == 1  # printed once, by rank 0
     assert "Training finished with 7680 samples in" in log  # 120 steps x 32 x 2
     perf = json.loads((d / "performance.json").read_text())
-    for key in ("total_samples", "total_time", "samples_per_sec", "compile_time",
-                "programming_time"):
+    for key in (
+        "total_samples",
+        "total_time",
+        "samples_per_sec",
+        "compile_time",
+        "programming_time",
+    ):
         assert key in perf
     assert perf["total_samples"] == 7680
     ev = json.loads((d / "eval.json").read_text())

@@ -51,9 +51,7 @@ class DistributedSampler:
     def permutation(self, epoch: int) -> np.ndarray:
         if epoch != self._epoch:
             if self.shuffle:
-                self._perm = np.random.default_rng([self.seed, epoch]).permutation(
-                    self.num_samples
-                )
+                self._perm = np.random.default_rng([self.seed, epoch]).permutation(self.num_samples)
             self._epoch = epoch
         return self._perm
 

@@ -12,8 +12,9 @@ from .text import gather_windows, load_text_tokens
 class TokenData:
     """Train/validation token streams; sample i is the window tokens[i*T : (i+1)*T + 1]."""
 
-    def __init__(self, train: np.ndarray, val: np.ndarray, T: int, vocab: int, micro_batch: int,
-                 source: str):
+    def __init__(
+        self, train: np.ndarray, val: np.ndarray, T: int, vocab: int, micro_batch: int, source: str
+    ):
         top = int(max(train.max(initial=0), val.max(initial=0)))
         if top >= vocab:
             raise ConfigError(

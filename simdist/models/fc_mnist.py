@@ -26,7 +26,9 @@ class _Workspace:
         self.dacts = [np.zeros((batch, n), np.float32) for n in sizes[1:-1]]
         self.probs = np.zeros((batch, sizes[-1]), np.float32)
         self.losses = np.zeros(batch, np.float32)
-        self.nbytes = sum(a.nbytes for a in self.acts + self.dacts) + self.probs.nbytes + self.losses.nbytes
+        self.nbytes = (
+            sum(a.nbytes for a in self.acts + self.dacts) + self.probs.nbytes + self.losses.nbytes
+        )
 
 
 class FCMNIST:
@@ -119,4 +121,3 @@ class FCMNIST:
         macs = sum(self.sizes[i] * self.sizes[i + 1] for i in range(self.n_layers))
         # forward 2*macs; backward 4*macs except the first layer's input gradient (2*macs_1)
         return 6 * macs - 2 * self.sizes[0] * self.sizes[1]
-

@@ -48,7 +48,7 @@ from simdist.kernels.linear import linear_backward, linear_forward
 from simdist.kernels.loss import softmax_cross_entropy_backward, softmax_cross_entropy_forward
 from simdist.kernels.matmul import lm_head_backward, lm_head_forward
 
-from .base import ParamSpec
+from .base import GradientGroup, ParamSpec
 
 F32 = np.float32
 
@@ -401,6 +401,7 @@ class GPT2:
             v.lnf_mean,
             v.lnf_rstd,
         )
+        grads.done(("ln_f.weight", "ln_f.bias"))
         for i in range(cfg.n_layer - 1, -1, -1):
             (
                 ln1w,
@@ -451,10 +452,23 @@ class GPT2:
                 v.ln1_mean[i],
                 v.ln1_rstd[i],
             )
+            grads.done(self._layer_names[i])
         # dres is now d encoded; wpe rows past T get no gradient, so zero it all first
         dwpe = grads["wpe.weight"]
         dwpe.fill(0.0)
         embedding_backward_accumulate(dwte, dwpe, v.dres3, v.tokens)
+        grads.done(("wte.weight", "wpe.weight"))
+
+    def gradient_groups(self) -> list[GradientGroup]:
+        """ln_f, then blocks last to first, then the embeddings: written first by the tied
+        LM head and finished last by the embedding backward, hence held."""
+        groups = [GradientGroup(("ln_f.weight", "ln_f.bias"))]
+        groups += [
+            GradientGroup(tuple(self._layer_names[i]))
+            for i in range(self.config.n_layer - 1, -1, -1)
+        ]
+        groups.append(GradientGroup(("wte.weight", "wpe.weight"), held=True))
+        return groups
 
     def evaluate(self, params, inputs: np.ndarray, targets: np.ndarray) -> tuple[float, int]:
         """(sum of the B*T token losses, correct next-token argmax predictions)."""
