@@ -91,6 +91,9 @@ class RunConfig:
     min_world_size: int = 1
     progress_bar: str | bool = "auto"
     stall_timeout_s: float = 300.0  # a step phase lasting longer aborts the job; 0 = off
+    device_profile: str = "host"  # simulated accelerator: a name of list_profiles() or a YAML
+    reduce_on_device: bool = True  # false: gradients are staged through a host buffer
+    trace_steps: int = 3  # steps recorded in model_dir/timeline.json (0: no timeline)
 
 
 @dataclass(frozen=True)
@@ -131,6 +134,12 @@ FLAG_ALIASES: dict[str, tuple[str, str | None]] = {
     "--min-world-size": ("runconfig.min_world_size", "value"),
     "-ws": ("runconfig.min_world_size", "value"),
     "--algorithm": ("runconfig.collective_algorithm", "value"),
+    "--device_profile": ("runconfig.device_profile", "value"),
+    "--device-profile": ("runconfig.device_profile", "value"),
+    "--profile": ("runconfig.device_profile", "value"),
+    "--reduce-on-device": ("runconfig.reduce_on_device", None),
+    "--reduce_on_device": ("runconfig.reduce_on_device", None),
+    "--reduce-on-rdu": ("runconfig.reduce_on_device", None),  # SambaFlow
 }
 
 CHOICES: dict[str, tuple] = {
@@ -366,6 +375,14 @@ def validate(p: Params) -> None:
         raise ConfigError("optimizer.max_gradient_norm must be > 0 or null")
     if r.zero_opt_level > 0 and not r.enable_data_parallel:
         raise ConfigError("runconfig.zero_opt_level > 0 needs runconfig.enable_data_parallel: true")
+    if r.trace_steps < 0:
+        raise ConfigError(f"runconfig.trace_steps must be >= 0, got {r.trace_steps}")
+    from simdist.device.profile import ProfileError, load_profile  # yaml only, no MPI
+
+    try:
+        load_profile(r.device_profile)
+    except ProfileError as e:
+        raise ConfigError(f"runconfig.device_profile: {e}") from None
 
 
 def batch_sizes(p: Params, world: int) -> tuple[int, int]:
