@@ -468,8 +468,11 @@ class Watchdog:
         def key(s: np.ndarray) -> tuple:
             return (s[0], s[1], s[4])
 
-        front = max(key(s) for s in states.values())
-        behind = sorted(r for r, s in states.items() if key(s) < front)
+        # The ranks furthest behind (fewest collectives entered, earliest phase) are the ones
+        # the others wait for: ranks in between may be waiting on them in an earlier
+        # collective (the point-to-point algorithms let some ranks finish one early).
+        front, last = max(key(s) for s in states.values()), min(key(s) for s in states.values())
+        behind = sorted(r for r, s in states.items() if key(s) == last) if last < front else []
         phase, step, since = self.state
         lines = [
             f"simdist: stall: rank {self.rank} has been in {phase} of step {step} for "
@@ -488,12 +491,11 @@ class Watchdog:
                 f"  rank {r}: no answer within {self.reply_wait:g} s (hung outside MPI, or "
                 "its node is unreachable)"
             )
-        front_phase = PHASES[int(front[1])] if 0 <= front[1] < len(PHASES) else "?"
         late = sorted(behind + silent)
         if late:
             lines.append(
-                f"simdist: ranks that have not arrived at {front_phase} of step {int(front[0])}"
-                f": {', '.join(map(str, late))}"
+                "simdist: ranks not arrived (the others wait for them): "
+                + ", ".join(map(str, late))
             )
         else:
             lines.append(
