@@ -72,6 +72,12 @@ class Collectives:
         """Payload bytes this rank has sent through simdist collectives (native: nominal)."""
         return self._p2p.bytes_sent
 
+    def reserve_scratch(self, nbytes: int) -> int:
+        """Grow the reused point-to-point scratch to at least ``nbytes`` now; it only grows
+        when a call needs more, so a caller that reserves the largest need up front can
+        account it once (simulated device workspace). Returns its size in bytes."""
+        return int(self._p2p.scratch(-(-int(nbytes) // 4)).nbytes)
+
     def free(self) -> None:
         """Release the private communicator (collective; the object is unusable after)."""
         if self._comm != MPI.COMM_NULL:
