@@ -49,6 +49,7 @@ from simdist.kernels.loss import softmax_cross_entropy_backward, softmax_cross_e
 from simdist.kernels.matmul import lm_head_backward, lm_head_forward
 
 from .base import GradientGroup, ParamSpec
+from .stages import Stage
 
 F32 = np.float32
 
@@ -317,6 +318,12 @@ class GPT2:
         self._offsets: dict[str, int] = {}
         self._views: dict[tuple[int, int], _Views] = {}
         self._saved: _Views | None = None  # what the last forward left for backward
+        self._current: _Views | None = None  # the micro-batch begin() loaded
+        embed = ("wte.weight", "wpe.weight")
+        head = ("ln_f.weight", "ln_f.bias", "wte.weight")
+        self._stages = [Stage("embed", embed, ())]
+        self._stages += [Stage(f"h.{i}", n, n) for i, n in enumerate(self._layer_names)]
+        self._stages.append(Stage("head", head, head))
 
     # -------------------------------------------------------------- protocol: sizes
     def parameter_specs(self) -> list[ParamSpec]:
@@ -357,6 +364,7 @@ class GPT2:
         self._batch = batch_size
         self._views = {}
         self._saved = None
+        self._current = None
 
     def _views_for(self, B: int, T: int) -> _Views:
         if self._arena is None:
@@ -374,90 +382,134 @@ class GPT2:
 
     # -------------------------------------------------------------- protocol: compute
     def forward(self, params, inputs: np.ndarray, targets: np.ndarray) -> float:
-        v = self._load_batch(inputs, targets)
-        self._forward(v, params)
-        self._saved = v
-        return float(v.losses.mean(dtype=np.float64))
+        self.begin(inputs, targets)
+        loss = 0.0
+        for k in range(len(self._stages)):
+            loss = self.forward_stage(k, params)
+        return loss
 
     def backward(self, params, grads, dloss: float) -> None:
+        if self._saved is None:
+            raise RuntimeError("backward without a preceding forward")
+        for k in range(len(self._stages) - 1, -1, -1):
+            self.backward_stage(k, params, grads, dloss)
+
+    # -------------------------------------------------------------- stages (weight streaming)
+    def stages(self) -> list[Stage]:
+        """Embedding, blocks 0..L-1, head: what forward runs in order, backward in reverse.
+
+        Block i starts with its own ln_1 (fused with the previous block's residual add), so
+        a block's stage reads only that block's weights. The head (ln_f and the tied LM
+        head) reads wte again; the embedding's backward reads no weights.
+        """
+        return list(self._stages)
+
+    def begin(self, inputs: np.ndarray, targets: np.ndarray) -> None:
+        """Load a micro-batch (B <= the allocated batch) for ``forward_stage``."""
+        self._current = self._load_batch(inputs, targets)
+        self._saved = None  # the arena is being overwritten: no backward until the head ran
+
+    def forward_stage(self, k: int, params) -> float | None:
+        """Run stage ``k``'s forward; the head (last stage) returns the mean loss."""
+        v = self._current
+        if v is None:
+            raise RuntimeError("forward_stage without begin(inputs, targets)")
+        self._forward_stage(v, k, params)
+        if k == len(self._stages) - 1:
+            self._saved = v
+            return float(v.losses.mean(dtype=np.float64))
+        return None
+
+    def eval_stats(self) -> tuple[float, int]:
+        """(sum of the token losses, correct argmax predictions) of the last forward."""
+        v = self._current
+        if v is None:
+            raise RuntimeError("eval_stats without a forward")
+        loss_sum = float(v.losses.sum(dtype=np.float64))
+        return loss_sum, int(np.count_nonzero(v.logits.argmax(axis=1) == v.targets_flat))
+
+    def backward_stage(self, k: int, params, grads, dloss: float) -> None:
+        """Stage ``k``'s backward (call from the last stage down to 0 after the forward);
+        each stage finishes its gradient group with ``grads.done``."""
         v = self._saved
         if v is None:
             raise RuntimeError("backward without a preceding forward")
         cfg = self.config
-        wte = params["wte.weight"]
-        dwte = grads["wte.weight"]
-        # per-sample loss = mean over its T tokens, so each token's loss is scaled dloss / T
-        dlogits = v.probs  # overwritten in place
-        softmax_cross_entropy_backward(dlogits, v.probs, v.targets_flat, F32(dloss / v.T))
-        lm_head_backward(v.dln, dwte, dlogits, v.lnf, wte)  # writes dwte (tied head)
-        x_last = v.res3[cfg.n_layer - 1]
-        layernorm_backward(
-            v.dres,
-            grads["ln_f.weight"],
-            grads["ln_f.bias"],
-            v.dln,
-            x_last,
-            params["ln_f.weight"],
-            v.lnf_mean,
-            v.lnf_rstd,
+        L = cfg.n_layer
+        if k == L + 1:  # head
+            wte = params["wte.weight"]
+            # per-sample loss = mean over its T tokens, so each token's loss is scaled dloss / T
+            dlogits = v.probs  # overwritten in place
+            softmax_cross_entropy_backward(dlogits, v.probs, v.targets_flat, F32(dloss / v.T))
+            lm_head_backward(v.dln, grads["wte.weight"], dlogits, v.lnf, wte)  # tied head
+            layernorm_backward(
+                v.dres,
+                grads["ln_f.weight"],
+                grads["ln_f.bias"],
+                v.dln,
+                v.res3[L - 1],
+                params["ln_f.weight"],
+                v.lnf_mean,
+                v.lnf_rstd,
+            )
+            grads.done(("ln_f.weight", "ln_f.bias"))
+            return
+        if k == 0:  # embedding: dres is now d encoded
+            # wpe rows past T get no gradient, so zero it all first
+            dwpe = grads["wpe.weight"]
+            dwpe.fill(0.0)
+            embedding_backward_accumulate(grads["wte.weight"], dwpe, v.dres3, v.tokens)
+            grads.done(("wte.weight", "wpe.weight"))
+            return
+        i = k - 1
+        (
+            ln1w,
+            ln1b,
+            attnw,
+            attnb,
+            aprojw,
+            aprojb,
+            ln2w,
+            ln2b,
+            fcw,
+            fcb,
+            mprojw,
+            mprojb,
+        ) = self._layer_names[i]
+        # MLP block: res3 = res2 + c_proj(gelu(c_fc(ln_2(res2)))); dres is d res3
+        linear_backward(
+            v.dfch_gelu, grads[mprojw], grads[mprojb], v.dres, v.fch_gelu[i], params[mprojw]
         )
-        grads.done(("ln_f.weight", "ln_f.bias"))
-        for i in range(cfg.n_layer - 1, -1, -1):
-            (
-                ln1w,
-                ln1b,
-                attnw,
-                attnb,
-                aprojw,
-                aprojb,
-                ln2w,
-                ln2b,
-                fcw,
-                fcb,
-                mprojw,
-                mprojb,
-            ) = self._layer_names[i]
-            # MLP block: res3 = res2 + c_proj(gelu(c_fc(ln_2(res2)))); dres is d res3
-            linear_backward(
-                v.dfch_gelu, grads[mprojw], grads[mprojb], v.dres, v.fch_gelu[i], params[mprojw]
-            )
-            gelu_backward(v.dfch1, v.fch1[i], v.dfch_gelu1)
-            linear_backward(v.dln, grads[fcw], grads[fcb], v.dfch, v.ln2[i], params[fcw])
-            # dres becomes d res2: the skip path's dres plus the branch's contribution
-            layernorm_backward_accumulate(
-                v.dres,
-                grads[ln2w],
-                grads[ln2b],
-                v.dln,
-                v.res2[i],
-                params[ln2w],
-                v.ln2_mean[i],
-                v.ln2_rstd[i],
-            )
-            # attention block: res2 = x + c_proj(attn(c_attn(ln_1(x))))
-            linear_backward(
-                v.datty2, grads[aprojw], grads[aprojb], v.dres, v.atty2[i], params[aprojw]
-            )
-            attention_backward(
-                v.dqkv, v.datty, v.qkv[i], v.att[i], v.att_scratch, v.att_dscores, cfg.n_head
-            )
-            linear_backward(v.dln, grads[attnw], grads[attnb], v.dqkv2, v.ln1[i], params[attnw])
-            layernorm_backward_accumulate(
-                v.dres,
-                grads[ln1w],
-                grads[ln1b],
-                v.dln,
-                v.layer_in[i],
-                params[ln1w],
-                v.ln1_mean[i],
-                v.ln1_rstd[i],
-            )
-            grads.done(self._layer_names[i])
-        # dres is now d encoded; wpe rows past T get no gradient, so zero it all first
-        dwpe = grads["wpe.weight"]
-        dwpe.fill(0.0)
-        embedding_backward_accumulate(dwte, dwpe, v.dres3, v.tokens)
-        grads.done(("wte.weight", "wpe.weight"))
+        gelu_backward(v.dfch1, v.fch1[i], v.dfch_gelu1)
+        linear_backward(v.dln, grads[fcw], grads[fcb], v.dfch, v.ln2[i], params[fcw])
+        # dres becomes d res2: the skip path's dres plus the branch's contribution
+        layernorm_backward_accumulate(
+            v.dres,
+            grads[ln2w],
+            grads[ln2b],
+            v.dln,
+            v.res2[i],
+            params[ln2w],
+            v.ln2_mean[i],
+            v.ln2_rstd[i],
+        )
+        # attention block: res2 = x + c_proj(attn(c_attn(ln_1(x))))
+        linear_backward(v.datty2, grads[aprojw], grads[aprojb], v.dres, v.atty2[i], params[aprojw])
+        attention_backward(
+            v.dqkv, v.datty, v.qkv[i], v.att[i], v.att_scratch, v.att_dscores, cfg.n_head
+        )
+        linear_backward(v.dln, grads[attnw], grads[attnb], v.dqkv2, v.ln1[i], params[attnw])
+        layernorm_backward_accumulate(
+            v.dres,
+            grads[ln1w],
+            grads[ln1b],
+            v.dln,
+            v.layer_in[i],
+            params[ln1w],
+            v.ln1_mean[i],
+            v.ln1_rstd[i],
+        )
+        grads.done(self._layer_names[i])
 
     def gradient_groups(self) -> list[GradientGroup]:
         """ln_f, then blocks last to first, then the embeddings: written first by the tied
@@ -478,10 +530,11 @@ class GPT2:
         # chunks of the allocated micro-batch: evaluation needs no memory of its own
         for lo in range(0, inputs.shape[0], self._batch):
             hi = min(lo + self._batch, inputs.shape[0])
-            v = self._load_batch(inputs[lo:hi], targets[lo:hi])
-            self._forward(v, params)
-            loss_sum += float(v.losses.sum(dtype=np.float64))
-            correct += int(np.count_nonzero(v.logits.argmax(axis=1) == v.targets_flat))
+            self.begin(inputs[lo:hi], targets[lo:hi])
+            for k in range(len(self._stages)):
+                self.forward_stage(k, params)
+            batch_loss, batch_correct = self.eval_stats()
+            loss_sum, correct = loss_sum + batch_loss, correct + batch_correct
         self._saved = None  # the arena no longer holds a training forward
         return loss_sum, correct
 
@@ -505,41 +558,61 @@ class GPT2:
             np.copyto(dst, src, casting="same_kind")
         return v
 
-    def _forward(self, v: _Views, params) -> None:
+    def _forward_stage(self, v: _Views, k: int, params) -> None:
         cfg = self.config
-        wte = params["wte.weight"]
-        embedding_forward(v.encoded, v.tokens, wte, params["wpe.weight"])
+        L = cfg.n_layer
         # every residual add feeds the next layernorm, so the two run fused:
-        # res = x + branch (written over the branch output), then ln = layernorm(res)
-        layernorm_forward(
-            v.ln1[0], v.ln1_mean[0], v.ln1_rstd[0], v.encoded2, *self._ln1_params(params, 0)
-        )
-        for i in range(cfg.n_layer):
-            _, _, attnw, attnb, aprojw, aprojb, ln2w, ln2b, fcw, fcb, mprojw, mprojb = (
-                self._layer_names[i]
-            )
-            linear_forward(v.qkv2[i], v.ln1[i], params[attnw], params[attnb])
-            attention_forward(v.atty[i], v.att[i], v.qkv[i], v.att_scratch, cfg.n_head)
-            linear_forward(v.res2[i], v.atty2[i], params[aprojw], params[aprojb])
+        # res = x + branch (written over the branch output), then ln = layernorm(res);
+        # block i opens with the add that closes block i - 1 and its own ln_1
+        if k == 0:
+            embedding_forward(v.encoded, v.tokens, params["wte.weight"], params["wpe.weight"])
+            return
+        if k == L + 1:  # head: the last block's residual add into ln_f, LM head, loss
             residual_layernorm_forward(
-                v.res2[i],
-                v.ln2[i],
-                v.ln2_mean[i],
-                v.ln2_rstd[i],
-                v.layer_in[i],
-                v.res2[i],
-                params[ln2w],
-                params[ln2b],
+                v.res3[L - 1],
+                v.lnf,
+                v.lnf_mean,
+                v.lnf_rstd,
+                v.res2[L - 1],
+                v.res3[L - 1],
+                params["ln_f.weight"],
+                params["ln_f.bias"],
             )
-            linear_forward(v.fch[i], v.ln2[i], params[fcw], params[fcb])
-            gelu_forward(v.fch_gelu1[i], v.fch1[i])
-            linear_forward(v.res3[i], v.fch_gelu[i], params[mprojw], params[mprojb])
-            if i + 1 < cfg.n_layer:  # into the next layer's ln_1
-                ln, mean, rstd = v.ln1[i + 1], v.ln1_mean[i + 1], v.ln1_rstd[i + 1]
-                lnw, lnb = self._ln1_params(params, i + 1)
-            else:  # into ln_f
-                ln, mean, rstd = v.lnf, v.lnf_mean, v.lnf_rstd
-                lnw, lnb = params["ln_f.weight"], params["ln_f.bias"]
-            residual_layernorm_forward(v.res3[i], ln, mean, rstd, v.res2[i], v.res3[i], lnw, lnb)
-        lm_head_forward(v.logits, v.lnf, wte)
-        softmax_cross_entropy_forward(v.losses, v.probs, v.logits, v.targets_flat)
+            lm_head_forward(v.logits, v.lnf, params["wte.weight"])
+            softmax_cross_entropy_forward(v.losses, v.probs, v.logits, v.targets_flat)
+            return
+        i = k - 1
+        ln1w, ln1b, attnw, attnb, aprojw, aprojb, ln2w, ln2b, fcw, fcb, mprojw, mprojb = (
+            self._layer_names[i]
+        )
+        if i == 0:
+            layernorm_forward(
+                v.ln1[0], v.ln1_mean[0], v.ln1_rstd[0], v.encoded2, params[ln1w], params[ln1b]
+            )
+        else:
+            residual_layernorm_forward(
+                v.res3[i - 1],
+                v.ln1[i],
+                v.ln1_mean[i],
+                v.ln1_rstd[i],
+                v.res2[i - 1],
+                v.res3[i - 1],
+                params[ln1w],
+                params[ln1b],
+            )
+        linear_forward(v.qkv2[i], v.ln1[i], params[attnw], params[attnb])
+        attention_forward(v.atty[i], v.att[i], v.qkv[i], v.att_scratch, cfg.n_head)
+        linear_forward(v.res2[i], v.atty2[i], params[aprojw], params[aprojb])
+        residual_layernorm_forward(
+            v.res2[i],
+            v.ln2[i],
+            v.ln2_mean[i],
+            v.ln2_rstd[i],
+            v.layer_in[i],
+            v.res2[i],
+            params[ln2w],
+            params[ln2b],
+        )
+        linear_forward(v.fch[i], v.ln2[i], params[fcw], params[fcb])
+        gelu_forward(v.fch_gelu1[i], v.fch1[i])
+        linear_forward(v.res3[i], v.fch_gelu[i], params[mprojw], params[mprojb])

@@ -1,0 +1,32 @@
+"""Stages: a model's forward pass cut into units of weights, for weight streaming.
+
+A model that supports weight-streaming execution (``simdist.streaming``) runs its forward
+pass as a sequence of stages and its backward pass as the same stages in reverse. Each
+stage names the parameters it reads, so the executor can ship exactly those weights to the
+device just before the stage runs and drop them right after. The model's own
+``forward``/``backward`` run the same stage functions, so both execution modes compute the
+same bits.
+
+What such a model provides (duck-typed; GPT-2 implements it)::
+
+    stages() -> list[Stage]                       # forward order
+    begin(inputs, targets) -> None                # load a micro-batch into the arena
+    forward_stage(k, params) -> float | None      # the last stage returns the mean loss
+    backward_stage(k, params, grads, dloss)       # k from the last stage down to 0
+    eval_stats() -> (loss_sum, correct)           # after the last forward stage
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One unit of weights: ``forward_params`` are read by the stage's forward,
+    ``backward_params`` by its backward (empty: the backward reads no weights, e.g. an
+    embedding's scatter-add). A name may appear in several stages (tied embeddings)."""
+
+    name: str
+    forward_params: tuple[str, ...]
+    backward_params: tuple[str, ...]
