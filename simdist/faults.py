@@ -96,7 +96,7 @@ class Preempted(AgreedStop):
 # ---------------------------------------------------------------------------- test hooks
 
 ENV = "SIMDIST_FAULT"
-_KINDS = ("raise", "sleep", "nan", "signal", "pidfile", "mismatch")
+_KINDS = ("raise", "sleep", "nan", "signal", "pidfile", "mismatch", "setup_error")
 
 
 @dataclass(frozen=True)
@@ -116,7 +116,14 @@ class Fault:
 
 
 def parse_faults(text: str) -> list[Fault]:
-    """``SIMDIST_FAULT`` syntax: faults separated by ``;``, e.g. ``raise:rank=1:step=5``."""
+    """``SIMDIST_FAULT`` syntax: faults separated by ``;``, e.g. ``raise:rank=1:step=5``.
+
+    Kinds (``step`` S: in the step producing global_step S, before its first forward pass):
+    ``raise`` a RuntimeError; ``sleep:seconds=X``; ``nan:value=nan|inf`` into the input
+    batch; ``signal:sig=TERM|INT`` to this process; ``pidfile:dir=D`` writes D/rank-R at
+    training start; ``mismatch:what=params|source|version`` perturbs the run fingerprint;
+    ``setup_error:wait=X`` a set-up ConfigError on this rank (gate wait X s).
+    """
     faults = []
     for spec in filter(None, (s.strip() for s in text.split(";"))):
         kind, *fields = spec.split(":")
@@ -187,8 +194,10 @@ class FaultHooks:
                     params, runconfig=dataclasses.replace(r, seed=r.seed + 1)
                 )
                 fingerprint["params"] = _sha(dump_yaml(params).encode())
-            elif what in fingerprint:
-                fingerprint[what] += "+fault"
+            elif what == "source":
+                fingerprint["source"] = _sha(b"other " + fingerprint["source"].encode())
+            elif what == "version":
+                fingerprint["version"] += "+fault"
         return params
 
 
@@ -240,6 +249,8 @@ def check_same_run(comm: MPI.Comm, params: Params) -> Params:
     }
     hooks = hooks_from_env(comm.Get_rank())
     if hooks:
+        if hooks.on("setup_error"):  # bad input seen by this rank only
+            raise ConfigError(f"injected set-up error ({ENV}) on rank {comm.Get_rank()}")
         params = hooks.perturb(params, fingerprint)
     prints = comm.allgather(fingerprint)  # a few short strings: a small control message
     if all(p == prints[0] for p in prints):
@@ -289,6 +300,9 @@ class SetupGate:
 
     def __init__(self, comm: MPI.Comm, wait_s: float = 10.0):
         self.rank, self.world = comm.Get_rank(), comm.Get_size()
+        hooks = hooks_from_env(self.rank)
+        for f in hooks.on("setup_error") if hooks else ():
+            wait_s = float(f.arg("wait", str(wait_s)))  # tests: a shorter wait
         self.wait_s = wait_s
         self.comm = comm.Dup() if self.world > 1 else comm
 
