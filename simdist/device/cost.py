@@ -429,14 +429,29 @@ class VirtualClock:
         bytes_moved: float,
         kind: str = "matmul",
         dtype: str | None = None,
+        count: int = 1,
+        seconds: float | None = None,
     ) -> float:
-        """Advance by one kernel's simulated time; returns it."""
-        dur = self.cost.compute_time(flops, bytes_moved, kind, dtype)
-        self._event(name, kind, "compute", self.now, dur, flops=flops, bytes=bytes_moved)
+        """Advance by ``count`` identical kernels of ``flops`` and ``bytes_moved`` each (one
+        event); returns the time. Efficiency is keyed by one kernel's size, not the sum.
+        ``seconds``: the total time, already computed with ``CostModel.compute_time`` (a
+        caller replaying the same kernels every step caches it)."""
+        if count < 1:
+            raise ValueError(f"count must be >= 1, got {count}")
+        if seconds is None:
+            dur = count * self.cost.compute_time(flops, bytes_moved, kind, dtype)
+        elif seconds < 0:
+            raise ValueError("seconds must be >= 0")
+        else:
+            dur = float(seconds)
+        args = {"flops": count * flops, "bytes": count * bytes_moved}
+        if count > 1:
+            args["calls"] = count
+        self._event(name, kind, "compute", self.now, dur, **args)
         self.now += dur
         self._compute += dur
-        self._flops += flops
-        self._bytes += bytes_moved
+        self._flops += count * flops
+        self._bytes += count * bytes_moved
         self._by_name[name] = self._by_name.get(name, 0.0) + dur
         return dur
 

@@ -1,0 +1,157 @@
+"""Collective time from the message schedule simdist's algorithms actually run.
+
+The closed forms of ``cost.collective_time`` assume equal blocks. The training loop's
+collectives are not always like that: ZeRO-2 reduce-scatters each gradient group over the
+group's range cut at the ZeRO slice boundaries, so most ranks' blocks are empty and one or
+two hold the whole group, and a ring then moves the largest block at every step. This
+module replays the schedules of ``simdist.comm.ring`` and ``simdist.comm.rhd`` on the real
+block sizes (bytes per rank):
+
+    per step and rank:  messages·α + max(bytes sent, bytes received)·β + bytes added·γ
+    a step lasts as long as its busiest rank; the collective is the sum of its steps
+
+(links are full duplex, so a Sendrecv costs the larger direction). For equal blocks this
+is exactly the ring formula of ``cost.py``, and the Rabenseifner formula when p = 2^k; the
+fold of the p − 2^k extra ranks is counted as the code runs it (whole buffer in, owned
+block out). ``native`` (MPI's own collectives) has no schedule here: the closed form with
+MPICH's algorithm choice is used, on the total size.
+
+Pure Python on lists of ``world`` ints: microseconds per call, no MPI.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .cost import canonical_op, collective_time
+from .profile import Link
+
+# one entry per rank: (messages, bytes sent, bytes received, bytes added)
+Step = list[tuple[int, float, float, float]]
+
+
+def _pof2(p: int) -> int:
+    return 1 << (p.bit_length() - 1)
+
+
+def _ring(op: str, blocks: Sequence[float]) -> list[Step]:
+    p = len(blocks)
+    steps: list[Step] = []
+    if op in ("reduce_scatter", "allreduce"):
+        for s in range(p - 1):  # rank r sends block r-s-1 and adds block r-s-2 (ring.py)
+            step = []
+            for r in range(p):
+                out, inc = blocks[(r - s - 1) % p], blocks[(r - s - 2) % p]
+                step.append((int(out > 0 or inc > 0), out, inc, inc))
+            steps.append(step)
+    if op in ("allgather", "allreduce"):
+        for s in range(p - 1):  # rank r forwards block r-s, receives block r-s-1
+            step = []
+            for r in range(p):
+                out, inc = blocks[(r - s) % p], blocks[(r - s - 1) % p]
+                step.append((int(out > 0 or inc > 0), out, inc, 0.0))
+            steps.append(step)
+    return steps
+
+
+def _rhd(op: str, blocks: Sequence[float]) -> list[Step]:
+    p = len(blocks)
+    q = _pof2(p)
+    rem = p - q
+    n = float(sum(blocks))
+    idle = (0, 0.0, 0.0, 0.0)
+    # participant nr's super-block: blocks 2nr, 2nr+1 (nr < rem) or block nr + rem
+    sizes = [blocks[2 * i] + blocks[2 * i + 1] if i < rem else blocks[i + rem] for i in range(q)]
+    old = [2 * i + 1 if i < rem else i + rem for i in range(q)]
+
+    def span(first: int, count: int) -> float:
+        return float(sum(sizes[first : first + count]))
+
+    steps: list[Step] = []
+    if op in ("reduce_scatter", "allreduce"):
+        if rem:  # even rank 2i hands its whole buffer to 2i+1, which adds it
+            step = [idle] * p
+            for i in range(rem):
+                step[2 * i] = (1, n, 0.0, 0.0)
+                step[2 * i + 1] = (1, 0.0, n, n)
+            steps.append(step)
+        mask = q >> 1
+        while mask:
+            step = [idle] * p
+            for nr in range(q):
+                base = nr & ~(2 * mask - 1)
+                keep, give = (base + mask, base) if nr & mask else (base, base + mask)
+                out, inc = span(give, mask), span(keep, mask)
+                step[old[nr]] = (int(out > 0 or inc > 0), out, inc, inc)
+            steps.append(step)
+            mask >>= 1
+        if rem and op == "reduce_scatter":  # 2i+1 returns block 2i
+            step = [idle] * p
+            for i in range(rem):
+                step[2 * i + 1] = (1, blocks[2 * i], 0.0, 0.0)
+                step[2 * i] = (1, 0.0, blocks[2 * i], 0.0)
+            steps.append(step)
+    if op in ("allgather", "allreduce"):
+        if rem and op == "allgather":  # 2i hands its own block to 2i+1
+            step = [idle] * p
+            for i in range(rem):
+                step[2 * i] = (1, blocks[2 * i], 0.0, 0.0)
+                step[2 * i + 1] = (1, 0.0, blocks[2 * i], 0.0)
+            steps.append(step)
+        mask = 1
+        while mask < q:
+            step = [idle] * p
+            for nr in range(q):
+                mine = nr & ~(mask - 1)
+                out, inc = span(mine, mask), span(mine ^ mask, mask)
+                step[old[nr]] = (int(out > 0 or inc > 0), out, inc, 0.0)
+            steps.append(step)
+            mask <<= 1
+        if rem:  # 2i+1 sends 2i the rest (allgather: two messages around block 2i)
+            step = [idle] * p
+            for i in range(rem):
+                rest = n if op == "allreduce" else n - blocks[2 * i]
+                msgs = 1 if op == "allreduce" else 2
+                step[2 * i + 1] = (msgs, rest, 0.0, 0.0)
+                step[2 * i] = (msgs, 0.0, rest, 0.0)
+            steps.append(step)
+    return steps
+
+
+SCHEDULES = {"ring": _ring, "rhd": _rhd}
+
+
+def schedule(op: str, algorithm: str, blocks: Sequence[float]) -> list[Step]:
+    """The steps of ``op`` with ``algorithm`` ("ring" | "rhd") on per-rank block bytes."""
+    op = canonical_op(op)
+    if op not in ("allreduce", "reduce_scatter", "allgather"):
+        raise ValueError(f"no schedule for {op!r} (allreduce, reduce_scatter, allgather)")
+    if algorithm not in SCHEDULES:
+        raise ValueError(f"no schedule for algorithm {algorithm!r}; use {sorted(SCHEDULES)}")
+    if any(b < 0 for b in blocks):
+        raise ValueError("block sizes must be >= 0")
+    return SCHEDULES[algorithm](op, blocks)
+
+
+def step_time(step: Step, link: Link) -> float:
+    """Seconds of one step: its busiest rank."""
+    a, b, g = link.latency, link.beta, link.gamma
+    return max(m * a + max(out, inc) * b + add * g for m, out, inc, add in step)
+
+
+def schedule_time(op: str, algorithm: str, blocks: Sequence[float], link: Link) -> float:
+    """Seconds of one collective over ``len(blocks)`` ranks on ``link``.
+
+    ``blocks[r]`` is rank r's block in bytes (``bounds`` differences times the item size);
+    the buffer is their sum. ``native`` uses the closed form (MPICH's choice) on that sum.
+    """
+    p = len(blocks)
+    total = float(sum(blocks))
+    if p <= 1 or total == 0:
+        return 0.0
+    if algorithm == "native":
+        return collective_time(op, "native", total, p, link)
+    return sum(step_time(s, link) for s in schedule(op, algorithm, blocks))
+
+
+__all__ = ["SCHEDULES", "Step", "schedule", "schedule_time", "step_time"]
