@@ -9,7 +9,7 @@ allocated once for a fixed micro-batch size, never per step.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import numpy as np
 
@@ -37,6 +37,40 @@ class GradientGroup:
 
     names: tuple[str, ...]
     held: bool = False
+
+
+class KernelCost(NamedTuple):
+    """One kernel call (or ``count`` identical calls) of a training step, for the roofline.
+
+    ``flops``: floating-point operations the kernel's code performs (2 per multiply-add;
+    elementwise +, -, *, /, sqrt, min/max count 1 each, exp and tanh as many as their
+    implementations in ``kernels/`` evaluate). ``bytes``: compulsory traffic of ONE call,
+    every operand element read once and every output element written once (a row that a
+    kernel sweeps twice while it sits in cache counts once). ``kind``: "matmul" (BLAS GEMM)
+    or "vector". ``done``: the gradient group this call finishes (the model calls
+    ``grads.done(done)`` right after it), so ZeRO-2's reduce-scatter of that group can be
+    placed at this point of the simulated backward.
+    """
+
+    name: str
+    flops: float
+    bytes: float
+    kind: str
+    phase: str  # "forward" | "backward"
+    count: int = 1
+    done: tuple[str, ...] = ()
+
+
+def gemm(name: str, m: int, k: int, n: int, phase: str, count: int = 1) -> KernelCost:
+    """C[m, n] = A[m, k] @ B[k, n] in float32: 2mkn FLOPs, each operand moved once."""
+    return KernelCost(name, 2.0 * m * k * n, 4.0 * (m * k + k * n + m * n), "matmul", phase, count)
+
+
+def vector(
+    name: str, flops: float, elements_moved: float, phase: str, count: int = 1
+) -> KernelCost:
+    """An elementwise / row-wise float32 kernel moving ``elements_moved`` 4-byte elements."""
+    return KernelCost(name, float(flops), 4.0 * elements_moved, "vector", phase, count)
 
 
 class GradientViews(dict):
@@ -83,3 +117,7 @@ class Model(Protocol):
 
     def flops_per_sample(self) -> int:
         """Forward + backward floating-point operations per sample (2 per multiply-add)."""
+
+    def kernel_costs(self, batch: int, seq: int | None = None) -> list[KernelCost]:
+        """The kernels forward + backward run on a micro-batch of ``batch`` samples (of
+        ``seq`` tokens where the model has a sequence axis), in execution order."""

@@ -14,7 +14,7 @@ from simdist.kernels.activation import relu_backward, relu_forward
 from simdist.kernels.linear import linear_backward, linear_backward_params, linear_forward
 from simdist.kernels.loss import softmax_cross_entropy_backward, softmax_cross_entropy_forward
 
-from .base import GradientGroup, ParamSpec
+from .base import GradientGroup, KernelCost, ParamSpec, gemm, vector
 
 
 class _Workspace:
@@ -121,3 +121,30 @@ class FCMNIST:
         macs = sum(self.sizes[i] * self.sizes[i + 1] for i in range(self.n_layers))
         # forward 2*macs; backward 4*macs except the first layer's input gradient (2*macs_1)
         return 6 * macs - 2 * self.sizes[0] * self.sizes[1]
+
+    def kernel_costs(self, batch: int, seq: int | None = None) -> list[KernelCost]:
+        """The kernel calls of ``forward`` + ``backward`` on ``batch`` samples (no sequence
+        axis: ``seq`` is ignored). Softmax-CE: max, subtract, exp (libm), add, divide per
+        logit, counted as 28 FLOPs with exp as ~24 (its polynomial evaluation)."""
+        B, sizes, L = batch, self.sizes, self.n_layers
+        out: list[KernelCost] = []
+        for i in range(L):
+            n_in, n_out = sizes[i], sizes[i + 1]
+            out.append(gemm(f"fc{i + 1}.matmul", B, n_in, n_out, "forward"))
+            out.append(vector(f"fc{i + 1}.bias", B * n_out, 2 * B * n_out + n_out, "forward"))
+            if i < L - 1:
+                out.append(vector(f"fc{i + 1}.relu", B * n_out, 2 * B * n_out, "forward"))
+        K = sizes[-1]
+        out.append(vector("softmax_ce", 28 * B * K, 2 * B * K + 2 * B, "forward"))
+        out.append(vector("softmax_ce.bwd", B * K, 2 * B * K + B, "backward"))
+        for i in range(L - 1, -1, -1):
+            n_in, n_out = sizes[i], sizes[i + 1]
+            names = (f"fc{i + 1}.weight", f"fc{i + 1}.bias")
+            if i > 0:  # the first layer's input needs no gradient
+                out.append(gemm(f"fc{i + 1}.dinput", B, n_out, n_in, "backward"))
+            out.append(gemm(f"fc{i + 1}.dweight", n_in, B, n_out, "backward"))
+            dbias = vector(f"fc{i + 1}.dbias", B * n_out, B * n_out + n_out, "backward")
+            out.append(dbias._replace(done=names))
+            if i > 0:
+                out.append(vector(f"fc{i}.relu.bwd", B * n_in, 3 * B * n_in, "backward"))
+        return out

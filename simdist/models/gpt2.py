@@ -48,7 +48,8 @@ from simdist.kernels.linear import linear_backward, linear_forward
 from simdist.kernels.loss import softmax_cross_entropy_backward, softmax_cross_entropy_forward
 from simdist.kernels.matmul import lm_head_backward, lm_head_forward
 
-from .base import GradientGroup, ParamSpec
+from . import gpt2_costs
+from .base import GradientGroup, KernelCost, ParamSpec
 from .stages import Stage
 
 F32 = np.float32
@@ -337,6 +338,11 @@ class GPT2:
 
     def flops_per_sample(self) -> int:
         return flops_per_sample(self.config)
+
+    def kernel_costs(self, batch: int, seq: int | None = None) -> list[KernelCost]:
+        """Every kernel call of forward + backward on ``batch`` sequences of ``seq`` tokens
+        (default block_size), in order (``gpt2_costs``: the simulated device's work)."""
+        return gpt2_costs.kernel_costs(self.config, batch, seq or self.config.block_size)
 
     # -------------------------------------------------------------- protocol: set-up
     def init_parameters(self, params: dict[str, np.ndarray], rng: np.random.Generator) -> None:

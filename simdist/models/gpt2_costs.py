@@ -1,0 +1,135 @@
+"""The kernel calls of one GPT-2 training micro-batch, with their FLOPs and bytes.
+
+``kernel_costs(cfg, B, T)`` mirrors ``GPT2._forward`` and ``GPT2.backward`` call by call
+(same order, same shapes) so that the simulated device runs exactly the kernels the CPU
+ran. Counting rules are those of ``simdist.models.base.KernelCost``; per kernel:
+
+* linear layers (``kernels/linear.py``): one GEMM per product (forward; backward input and
+  weight gradients) plus the bias loop (add in forward, column sum in backward);
+* attention (``kernels/attention.py``), per (sequence, head): gather q, k, v into scratch,
+  q k^T, causal softmax over the T(T+1)/2 visible scores, P V, scatter; backward: gather,
+  dP = dY V^T, dV = P^T dY, softmax backward, dQ = dS K, dK = dS^T Q, scatter. Each
+  (sequence, head) is one small GEMM of its own, so it is timed at that GEMM's size;
+* layernorm: mean, two-pass variance, normalise (8 FLOPs per element), fused with the
+  residual add where the model fuses it; backward 18 per element (+1 accumulating);
+* exp (``rowops.exp_f32``): 24 FLOPs (range reduction and a degree-7 polynomial), GELU's
+  tanh (``gelu.tanh_f32``) 23, so GELU is 31 forward and 40 backward per element.
+"""
+
+from __future__ import annotations
+
+from .base import KernelCost, gemm, vector
+
+EXP = 24  # FLOPs of one exp_f32 (also used for libm's expf in the cross-entropy)
+GELU_FWD = 31
+GELU_BWD = 40
+LN_FWD = 8
+LN_BWD = 18
+
+
+def _linear(name: str, N: int, c_in: int, c_out: int, phase: str) -> list[KernelCost]:
+    if phase == "forward":
+        return [
+            gemm(name, N, c_in, c_out, phase),
+            vector(name + ".bias", N * c_out, 2 * N * c_out + c_out, phase),
+        ]
+    return [
+        gemm(name + ".dinput", N, c_out, c_in, phase),
+        gemm(name + ".dweight", c_in, N, c_out, phase),
+        vector(name + ".dbias", N * c_out, N * c_out + c_out, phase),
+    ]
+
+
+def _layernorm(name: str, N: int, C: int, phase: str, fused_add: bool = False) -> KernelCost:
+    if phase == "forward":
+        flops = (LN_FWD + fused_add) * N * C
+        moved = (2 + 2 * fused_add) * N * C + 2 * C + 2 * N
+        return vector(name, flops, moved, phase)
+    # backward, accumulating into the residual gradient when fused_add
+    flops = (LN_BWD + fused_add) * N * C
+    moved = (3 + fused_add) * N * C + 2 * N + 3 * C
+    return vector(name, flops, moved, phase)
+
+
+def _attention(name: str, B: int, T: int, NH: int, hs: int, phase: str) -> list[KernelCost]:
+    calls = B * NH  # one (sequence, head) pair per iteration of the kernel's loops
+    visible = T * (T + 1) // 2  # causal scores per head
+    if phase == "forward":
+        return [
+            vector(name + ".gather", T * hs, 6 * T * hs, phase, calls),
+            gemm(name + ".qk", T, hs, T, phase, calls),
+            # max, exp, sum, scale per visible score; the masked half is only zero-filled
+            vector(name + ".softmax", (EXP + 3) * visible, 2 * T * T, phase, calls),
+            gemm(name + ".pv", T, T, hs, phase, calls),
+            vector(name + ".scatter", 0, 2 * T * hs, phase, calls),
+        ]
+    return [
+        vector(name + ".gather", T * hs, 8 * T * hs, phase, calls),
+        gemm(name + ".dp", T, hs, T, phase, calls),
+        gemm(name + ".dv", T, T, hs, phase, calls),
+        vector(name + ".softmax.bwd", 4 * visible, 3 * T * T, phase, calls),
+        gemm(name + ".dq", T, T, hs, phase, calls),
+        gemm(name + ".dk", T, T, hs, phase, calls),
+        vector(name + ".scatter", T * hs, 6 * T * hs, phase, calls),
+    ]
+
+
+def kernel_costs(cfg, B: int, T: int) -> list[KernelCost]:
+    """Forward then backward of one micro-batch of B sequences of T tokens (cfg: GPT2Config)."""
+    C, L, NH, V = cfg.n_embd, cfg.n_layer, cfg.n_head, cfg.vocab_size
+    hs, N = C // NH, B * T
+    f, b = "forward", "backward"
+    out: list[KernelCost] = [
+        vector("tokens.copy", 0, 4 * N, f),  # tokens and targets into the arena (int32)
+        vector("embedding", N * C, 2 * N * C + T * C + N, f),
+        _layernorm("h.0.ln_1", N, C, f),
+    ]
+    for i in range(L):
+        h = f"h.{i}."
+        out += _linear(h + "attn.c_attn", N, C, 3 * C, f)
+        out += _attention(h + "attn", B, T, NH, hs, f)
+        out += _linear(h + "attn.c_proj", N, C, C, f)
+        out.append(_layernorm(h + "ln_2", N, C, f, fused_add=True))
+        out += _linear(h + "mlp.c_fc", N, C, 4 * C, f)
+        out.append(vector(h + "mlp.gelu", GELU_FWD * N * 4 * C, 2 * N * 4 * C, f))
+        out += _linear(h + "mlp.c_proj", N, 4 * C, C, f)
+        nxt = f"h.{i + 1}.ln_1" if i + 1 < L else "ln_f"
+        out.append(_layernorm(nxt, N, C, f, fused_add=True))
+    out.append(gemm("lm_head", N, C, V, f))
+    out.append(vector("softmax_ce", (EXP + 4) * N * V, 2 * N * V + 2 * N, f))
+
+    out.append(vector("softmax_ce.bwd", N * V, 2 * N * V + N, b))
+    out.append(gemm("lm_head.dinput", N, V, C, b))
+    out.append(gemm("lm_head.dwte", V, N, C, b))
+    out.append(_layernorm("ln_f.bwd", N, C, b)._replace(done=("ln_f.weight", "ln_f.bias")))
+    for i in range(L - 1, -1, -1):
+        h = f"h.{i}."
+        out += _linear(h + "mlp.c_proj", N, 4 * C, C, b)
+        out.append(vector(h + "mlp.gelu.bwd", GELU_BWD * N * 4 * C, 3 * N * 4 * C, b))
+        out += _linear(h + "mlp.c_fc", N, C, 4 * C, b)
+        out.append(_layernorm(h + "ln_2.bwd", N, C, b, fused_add=True))
+        out += _linear(h + "attn.c_proj", N, C, C, b)
+        out += _attention(h + "attn", B, T, NH, hs, b)
+        out += _linear(h + "attn.c_attn", N, C, 3 * C, b)
+        names = tuple(f"{h}{p}" for p in _LAYER_PARAMS)
+        out.append(_layernorm(h + "ln_1.bwd", N, C, b, fused_add=True)._replace(done=names))
+    out.append(vector("wpe.grad.zero", 0, cfg.block_size * C, b))
+    done = ("wte.weight", "wpe.weight")
+    out.append(vector("embedding.bwd", 2 * N * C, 3 * N * C + 2 * T * C, b)._replace(done=done))
+    return out
+
+
+_LAYER_PARAMS = (
+    "ln_1.weight",
+    "ln_1.bias",
+    "attn.c_attn.weight",
+    "attn.c_attn.bias",
+    "attn.c_proj.weight",
+    "attn.c_proj.bias",
+    "ln_2.weight",
+    "ln_2.bias",
+    "mlp.c_fc.weight",
+    "mlp.c_fc.bias",
+    "mlp.c_proj.weight",
+    "mlp.c_proj.bias",
+)
