@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from simdist import checkpoint
+from simdist import checkpoint, simulate
 from simdist.arena import Layout
 from simdist.comm import Collectives
 from simdist.comm.world import world
@@ -31,6 +31,7 @@ from simdist.data.sampler import DistributedSampler
 from simdist.events import EventWriter
 from simdist.faults import check_same_run
 from simdist.kernels.registry import warm_all
+from simdist.memplan import DeviceAllocator, check_device_memory
 from simdist.models import build_model
 from simdist.models.base import GradientViews
 from simdist.optim import Optimizer
@@ -53,21 +54,6 @@ def agree(comm, error: str | None) -> None:
         raise ConfigError(msg if len(set(e for _, e in failed)) == 1 else f"rank {rank}: {msg}")
 
 
-class Memory:
-    """Bytes this rank holds, by category, from what is actually allocated."""
-
-    def __init__(self):
-        self.bytes: dict[str, int] = {}
-
-    def alloc(self, category: str, name: str, n: int) -> np.ndarray:
-        a = np.zeros(n, np.float32)
-        self.bytes[category] = self.bytes.get(category, 0) + a.nbytes
-        return a
-
-    def add(self, category: str, nbytes: int) -> None:
-        self.bytes[category] = self.bytes.get(category, 0) + nbytes
-
-
 @dataclass
 class Timers:
     started: float  # process entry
@@ -88,7 +74,9 @@ class Run:
         self.model_dir = Path(r.model_dir)
         self.micro_batch, self.global_batch = batch_sizes(params, self.world)
         self.coll = Collectives(comm, algorithm=r.collective_algorithm, check=r.check_collectives)
-        self.memory = Memory()
+        # the simulated accelerator (simdist.simulate); its accounted memory backs run.memory
+        self.device = simulate.create_device(r, comm)
+        self.memory = DeviceAllocator(self.device.memory)
         self.step = 0
         self.events: EventWriter | None = None
         self._summary_t = (0.0, 0)
@@ -100,6 +88,7 @@ class Run:
         p, r = self.params, self.params.runconfig
         self.model = build_model(p.model)
         self.data = build_dataset(p, self.micro_batch)
+        check_device_memory(self)  # simulated OOM now, before any buffer exists
         self.log(
             f"simdist: {self.world} replica(s), model {self.model.name}, micro-batch "
             f"{self.micro_batch} x {p.optimizer.grad_accum_steps} accumulation, global batch "
@@ -130,8 +119,9 @@ class Run:
             if accum > 1:  # the model writes each micro-batch into scratch, summed into grads
                 self.micro_grads = self.memory.alloc("gradients", "micro_grads", layout.padded)
             self.gviews = GradientViews(layout.views(self.micro_grads if accum > 1 else self.grads))
+        nbytes = self.model.activation_bytes(self.micro_batch)
+        self.memory.reserve("activations", "model.arena", nbytes)  # accounted, then allocated
         self.model.allocate(self.micro_batch)
-        self.memory.add("activations", self.model.activation_bytes(self.micro_batch))
 
         lo, hi = self.sync.update_range
         self.optimizer = Optimizer(p.optimizer, layout, lo, hi, self.memory.alloc)
@@ -146,6 +136,7 @@ class Run:
         )
         self.model.init_parameters(self.pviews, np.random.default_rng(r.seed))
         self.coll.broadcast(self.params_flat, root=0)  # replicas start identical, as DDP
+        self.sim = simulate.attach(self)  # hooks the loop's calls; per-step device time
         self.log(
             f"parameters: {layout.numel:,} ({layout.padded:,} padded); memory per rank: "
             + ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in self.memory.bytes.items())
@@ -326,6 +317,13 @@ class Run:
             f"Training finished with {samples} samples in {t.train_time:.3f} seconds, "
             f"{rate:.2f} samples/second."
         )
+        simulated = self.sim.finish(self.model_dir, self.global_batch)  # collective
+        if simulated and simulated["est_samples_per_sec"]:
+            self.log(
+                f"Simulated on {simulated['device_profile']}: "
+                f"{simulated['est_samples_per_sec']:.2f} samples/second "
+                f"({1e3 * simulated['est_step_time_s']:.3f} ms per step)."
+            )
         if self.is_main:
             perf = {
                 "total_samples": samples,
@@ -349,6 +347,7 @@ class Run:
                 # bytes this rank sent per step, summaries and checkpoint gathers included
                 "comm_bytes_sent_per_step": sent / max(steps, 1),
                 "host": socket.gethostname(),
+                **(simulated or {}),
             }
             (self.model_dir / "performance.json").write_text(json.dumps(perf, indent=1))
 

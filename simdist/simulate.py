@@ -1,0 +1,702 @@
+"""The simulated accelerator inside a real training run: device time per step (issue #5).
+
+Each rank owns a ``RankDevice`` (``create_device``, in ``Run.__init__``): a device profile
+(``runconfig.device_profile``), its accounted memory (``simdist.memplan``), cost model and
+virtual clock, and the real placement of the ranks (``simdist.comm.topology``), which sets
+the link class of the gradient collectives: ``intra`` when every rank shares one node,
+``inter`` otherwise.
+
+How the loop is instrumented. ``attach(run)`` (end of ``Run.build``) wraps calls the loop
+already makes, on the objects it makes them on, so ``simdist/train.py`` is unchanged:
+
+===========================  =============================================================
+hook                         recorded
+===========================  =============================================================
+``run.data.train_batch``     measured input time (the loop fetches synchronously: it is
+                             the step's ``other`` time and the input-bottleneck check)
+``model.forward``            the input's shape -> ``model.kernel_costs(B, T)``: every kernel
+``model.backward``           call of forward / backward with its FLOPs, bytes and the
+                             points where a gradient group is finished
+``run.accumulate_gradients`` the copy / add over the gradient buffer (accumulation)
+``sync.reduce_gradients``    span; the gradient collectives inside it
+``run.clip``                 sum of squares of the owned slice, the clipping scale
+``run.optimizer.step``       one AdamW / SGD pass over the range it updates
+``sync.gather_parameters``   span and its all-gather; the step ends when it returns
+``run.coll`` = ``sync.coll`` every collective: op, resolved algorithm, block bytes per rank,
+                             host staging (``reduce_on_device: false`` really copies through
+                             a host buffer, which is not device memory)
+===========================  =============================================================
+
+At the end of each step the records are replayed on the rank's ``VirtualClock``: kernels
+through the profile's roofline (``CostModel.compute_time``), collectives through the
+schedule of the algorithm that ran, on the real block sizes (``device.schedule``), over the
+placement's link (host-staged: the two copies over the ``host`` link plus the collective
+between the hosts: the inter-node network, or within a node the slower of the host link and
+the node fabric, the path staged data takes). ZeRO-2's per-group reduce-scatters are placed
+at the point of the backward where their group was finished and overlap the rest of it on
+the communication stream; DP's all-reduce and ZeRO-1's reduce-scatter run after backward and
+are exposed, as are the parameter all-gather and the small agreement collectives.
+
+``finish`` (collective, from ``Run.finish_training``) gathers every rank's per-step times:
+the step's simulated time is its critical path, the slowest rank; writes
+``model_dir/timeline.json`` (Chrome trace, first ``runconfig.trace_steps`` steps, one
+process per rank, simulated tracks aligned step by step on the critical path) and returns
+the performance.json fields.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from simdist.comm import choose_algorithm, partition
+from simdist.comm.topology import Placement, placement
+from simdist.device import Device, Link, ProfileError, load_profile, write_chrome_trace
+from simdist.device.cost import collective_time
+from simdist.device.schedule import schedule_time
+from simdist.memplan import scratch_bytes, setup_for
+from simdist.models.base import KernelCost
+
+INPUT_BOTTLENECK_SHARE = 0.10  # input fetch above this share of the measured step: flagged
+TIMELINE = "timeline.json"
+
+
+# ----------------------------------------------------------------------------- the device
+@dataclass
+class RankDevice:
+    """One rank's simulated accelerator and where the rank really runs."""
+
+    device: Device
+    placement: Placement
+    dtype: str
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def memory(self):
+        return self.device.memory
+
+    @property
+    def clock(self):
+        return self.device.clock
+
+    @property
+    def cost(self):
+        return self.device.cost
+
+    @property
+    def profile(self):
+        return self.device.profile
+
+
+def compute_dtype(profile) -> tuple[str, list[str]]:
+    """The dtype the kernels are timed at: fp32 (simdist computes in float32) where the
+    profile publishes an fp32 matrix peak, else its first published matrix dtype."""
+    if profile.has_peak("matmul", "fp32"):
+        return "fp32", []
+    for dt in ("tf32", "bf16", "fp16"):
+        if profile.has_peak("matmul", dt):
+            note = f"{profile.name} publishes no fp32 matrix peak: kernels are timed at {dt}"
+            return dt, [note]
+    return "fp32", [f"{profile.name} publishes no matrix peak: compute is not modelled"]
+
+
+def create_device(runconfig, comm) -> RankDevice:
+    """Collective (the placement): this rank's device from ``runconfig.device_profile``.
+
+    The profile's ``devices_per_node`` becomes the real number of ranks per node, so an
+    inter-node ring is costed with the placement that actually runs."""
+    place = placement(comm)
+    prof = load_profile(runconfig.device_profile)
+    prof = dataclasses.replace(prof, devices_per_node=place.max_ranks_per_node)
+    dtype, notes = compute_dtype(prof)
+    return RankDevice(Device.create(prof, comm.Get_rank(), dtype=dtype), place, dtype, notes)
+
+
+# ----------------------------------------------------------------------------- records
+@dataclass
+class Span:
+    kind: str  # input | forward | backward | accumulate | sync | clip | optimizer | gather
+    t0: float
+    t1: float
+    info: dict[str, Any]
+
+
+@dataclass
+class Coll:
+    op: str
+    algorithm: str  # resolved: ring | rhd | native
+    blocks: tuple[int, ...]  # bytes of each rank's block
+    staged: bool
+    phase: str | None  # the span it ran in (None: between the loop's hooked calls)
+    t0: float
+    t1: float
+
+    @property
+    def nbytes(self) -> int:
+        return sum(self.blocks)
+
+
+class RecordingCollectives:
+    """``Collectives`` as the loop sees it once attached: same calls, recorded; with
+    ``staged`` the float32 collectives copy their buffer into a host buffer, run there and
+    copy the result back (what host-staged gradient reduction does)."""
+
+    STAGED_OPS = ("allreduce", "reduce_scatter", "allgather")
+
+    def __init__(self, inner, sim: Simulation, staged: bool, host_elements: int):
+        self._inner = inner
+        self._sim = sim
+        self.staged = staged
+        # host memory, deliberately not through the device allocator
+        self.host_buffer = np.zeros(host_elements if staged else 0, np.float32)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def _resolve(self, op: str, n: int, algorithm: str | None) -> str:
+        req = algorithm or self._inner.algorithm
+        return choose_algorithm(op, 4 * n, self._inner.world) if req == "auto" else req
+
+    def _blocks(self, n: int, bounds) -> tuple[int, ...]:
+        b = partition(n, self._inner.world) if bounds is None else np.asarray(bounds)
+        return tuple(int(x) for x in 4 * np.diff(b))
+
+    def _host(self, n: int) -> np.ndarray:
+        if self.host_buffer.size < n:
+            self.host_buffer = np.zeros(n, np.float32)
+        return self.host_buffer[:n]
+
+    def allreduce(self, buf, *, average: bool = False, algorithm: str | None = None) -> None:
+        t0 = time.perf_counter()
+        if self.staged and buf.size:
+            host = self._host(buf.size)
+            np.copyto(host, buf)
+            self._inner.allreduce(host, average=average, algorithm=algorithm)
+            np.copyto(buf, host)
+        else:
+            self._inner.allreduce(buf, average=average, algorithm=algorithm)
+        alg = self._resolve("allreduce", buf.size, algorithm)
+        self._sim.collective("allreduce", alg, self._blocks(buf.size, None), self.staged, t0)
+
+    def reduce_scatter(
+        self, buf, *, bounds=None, average: bool = False, algorithm: str | None = None
+    ) -> np.ndarray:
+        t0 = time.perf_counter()
+        if self.staged and buf.size:
+            b = partition(buf.size, self._inner.world) if bounds is None else bounds
+            host = self._host(buf.size)
+            np.copyto(host, buf)
+            mine = self._inner.reduce_scatter(host, bounds=b, average=average, algorithm=algorithm)
+            lo = int(b[self._inner.rank])
+            view = buf[lo : lo + mine.size]
+            np.copyto(view, mine)
+        else:
+            view = self._inner.reduce_scatter(
+                buf, bounds=bounds, average=average, algorithm=algorithm
+            )
+        alg = self._resolve("reduce_scatter", buf.size, algorithm)
+        self._sim.collective("reduce_scatter", alg, self._blocks(buf.size, bounds), self.staged, t0)
+        return view
+
+    def allgather(self, buf, *, bounds=None, algorithm: str | None = None) -> None:
+        t0 = time.perf_counter()
+        if self.staged and buf.size:
+            b = partition(buf.size, self._inner.world) if bounds is None else bounds
+            host = self._host(buf.size)
+            r = self._inner.rank
+            lo, hi = int(b[r]), int(b[r + 1])
+            np.copyto(host[lo:hi], buf[lo:hi])  # only this rank's block is valid on entry
+            self._inner.allgather(host, bounds=b, algorithm=algorithm)
+            np.copyto(buf, host)
+        else:
+            self._inner.allgather(buf, bounds=bounds, algorithm=algorithm)
+        alg = self._resolve("allgather", buf.size, algorithm)
+        self._sim.collective("allgather", alg, self._blocks(buf.size, bounds), self.staged, t0)
+
+    def broadcast(self, buf, root: int = 0, *, algorithm: str | None = None) -> None:
+        t0 = time.perf_counter()
+        self._inner.broadcast(buf, root, algorithm=algorithm)
+        alg = self._resolve("broadcast", buf.size, algorithm)
+        self._sim.collective("broadcast", alg, (4 * buf.size,), False, t0)
+
+    def barrier(self, *, algorithm: str | None = None) -> None:
+        t0 = time.perf_counter()
+        self._inner.barrier(algorithm=algorithm)
+        self._sim.collective("barrier", algorithm or "rhd", (0,), False, t0)
+
+    def allreduce_scalars(self, values: np.ndarray) -> np.ndarray:
+        t0 = time.perf_counter()
+        out = self._inner.allreduce_scalars(values)
+        n = 8 * np.asarray(values).size
+        self._sim.collective("allreduce_scalars", "native", (n,) * self._inner.world, False, t0)
+        return out
+
+
+# ----------------------------------------------------------------------------- simulation
+@dataclass
+class _Kernel:
+    name: str
+    seconds: float
+    flops: float
+    bytes: float
+    kind: str
+    count: int
+    done: tuple[str, ...]
+
+
+class Simulation:
+    """Per-step device time of one rank; see the module docstring."""
+
+    def __init__(self, run: Any, rdev: RankDevice):
+        r = run.params.runconfig
+        self.run = run
+        self.rdev = rdev
+        self.clock = rdev.clock
+        self.cost = rdev.cost
+        self.profile = rdev.profile
+        self.dtype = rdev.dtype
+        self.notes = list(rdev.notes)
+        self.world, self.rank = run.world, run.rank
+        self.level = r.zero_opt_level
+        self.trace_steps = r.trace_steps
+        self.staged = not r.reduce_on_device
+        self.link_class = rdev.placement.link_class()
+        self.partition = run.sync.partition
+        self._costs: dict[tuple[int, int | None], tuple[list[_Kernel], list[_Kernel]]] = {}
+        self._records: list[Span | Coll] = []
+        self._open = False
+        self._phase: str | None = None
+        self._step_t0 = 0.0
+        self._first = True
+        self.rows: list[tuple[float, float, float, float, float]] = []  # per step
+        self.input_s = 0.0
+        self.measured_s = 0.0
+        self.traced: list[tuple[int, int, float]] = []  # (event lo, event hi, sim start)
+        self._noted: set[str] = set()
+
+    # -- recording ----------------------------------------------------------------------
+    def collective(self, op: str, algorithm: str, blocks, staged: bool, t0: float) -> None:
+        if self._open:
+            staged = staged and op in RecordingCollectives.STAGED_OPS
+            self._records.append(
+                Coll(op, algorithm, tuple(blocks), staged, self._phase, t0, time.perf_counter())
+            )
+
+    def _begin(self) -> None:
+        if not self._open:
+            self._open = True
+            self._records = []
+            now = time.perf_counter()
+            self._step_t0 = now
+            if self._first:  # measured and simulated time both start at the first step
+                self._first = False
+                self.clock.wall_origin = now
+
+    def hook(self, obj: Any, attr: str, kind: str, info=None, ends_step: bool = False) -> None:
+        """Wrap ``obj.attr`` (an instance attribute shadows the method) with a span."""
+        fn = getattr(obj, attr)
+        sim = self
+
+        @functools.wraps(fn)
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            sim._begin()
+            outer, sim._phase = sim._phase, kind
+            t0 = time.perf_counter()
+            try:
+                result = fn(*args, **kwargs)
+            finally:
+                sim._phase = outer
+            extra = info(args, kwargs, result) if info else {}
+            sim._records.append(Span(kind, t0, time.perf_counter(), extra))
+            if ends_step:
+                sim.end_step()
+            return result
+
+        setattr(obj, attr, wrapped)
+
+    # -- kernels ------------------------------------------------------------------------
+    def kernels(self, shape: tuple[int, int | None]) -> tuple[list[_Kernel], list[_Kernel]]:
+        """(forward, backward) kernels of a micro-batch, timed once per shape."""
+        hit = self._costs.get(shape)
+        if hit is None:
+            fwd: list[_Kernel] = []
+            bwd: list[_Kernel] = []
+            for k in self.run.model.kernel_costs(*shape):
+                (fwd if k.phase == "forward" else bwd).append(self._timed(k))
+            hit = self._costs[shape] = (fwd, bwd)
+        return hit
+
+    def _timed(self, k: KernelCost) -> _Kernel:
+        prefix = "fwd " if k.phase == "forward" else "bwd "
+        try:
+            one = self.cost.compute_time(k.flops, k.bytes, k.kind, self.dtype)
+        except ProfileError as err:
+            self._note(f"compute not modelled: {err}")
+            one = 0.0
+        return _Kernel(prefix + k.name, k.count * one, k.flops, k.bytes, k.kind, k.count, k.done)
+
+    def _vector(self, name: str, flops: float, nbytes: float) -> None:
+        """One elementwise pass of the step (optimizer, accumulation, norm, scaling)."""
+        try:
+            self.clock.compute(name, flops, nbytes, "vector", self.dtype)
+        except ProfileError as err:
+            self._note(f"compute not modelled: {err}")
+
+    def _run_kernels(self, kernels: list[_Kernel], detail: bool) -> list[float]:
+        """Advance the clock by ``kernels``; returns the clock time after each ``done``."""
+        clock, marks = self.clock, []
+        if detail:
+            for k in kernels:
+                clock.compute(
+                    k.name, k.flops, k.bytes, k.kind, self.dtype, count=k.count, seconds=k.seconds
+                )
+                if k.done:
+                    marks.append(clock.now)
+            return marks
+        # untraced steps: one clock call per run of kernels up to each done (same sums)
+        acc = [0.0, 0.0, 0.0]
+        label = kernels[0].name.split(" ")[0] + " kernels" if kernels else ""
+
+        def flush() -> None:
+            if acc[0] > 0:
+                clock.compute(label, acc[1], acc[2], "vector", self.dtype, seconds=acc[0])
+            acc[:] = [0.0, 0.0, 0.0]
+
+        for k in kernels:
+            acc[0] += k.seconds
+            acc[1] += k.count * k.flops
+            acc[2] += k.count * k.bytes
+            if k.done:
+                flush()
+                marks.append(clock.now)
+        flush()
+        return marks
+
+    # -- collectives --------------------------------------------------------------------
+    def _note(self, text: str) -> None:
+        if text not in self._noted:
+            self._noted.add(text)
+            self.notes.append(text)
+
+    def _staged_link(self) -> Link:
+        """Between the hosts of staged ranks: the network across nodes; within a node the
+        slower of the host link and the node fabric (staged data crosses both)."""
+        prof = self.profile
+        if self.link_class == "inter":
+            return self.cost.link("inter", self.world)
+        known = [lk for lk in (prof.host, prof.intra) if lk.known]
+        if not known:
+            raise ProfileError(f"{prof.name} publishes neither a host nor an intra-node link")
+        slow = min(known, key=lambda lk: lk.effective_bandwidth)
+        return Link(
+            "staged",
+            slow.bandwidth,
+            max(lk.latency for lk in known),
+            slow.efficiency,
+            max(lk.gamma for lk in known),
+        )
+
+    def collective_seconds(self, c: Coll) -> float:
+        """Simulated duration of one recorded collective (0 with a note if unpublished)."""
+        p = self.world
+        if p == 1:
+            return 0.0
+        try:
+            net = self.cost.link(self.link_class, p)
+            if c.op in RecordingCollectives.STAGED_OPS:
+                if not c.staged:
+                    return schedule_time(c.op, c.algorithm, c.blocks, net)
+                host = self.profile.host
+                own, n = c.blocks[self.rank], c.nbytes
+                n_in = own if c.op == "allgather" else n
+                n_out = own if c.op == "reduce_scatter" else n
+                copies = 2 * host.latency + (n_in + n_out) * host.beta
+                return copies + schedule_time(c.op, c.algorithm, c.blocks, self._staged_link())
+            if c.op == "allreduce_scalars":  # MPI Allgather of the values, summed locally
+                return collective_time("allgather", "native", c.nbytes, p, net)
+            if c.op == "barrier":
+                return math.ceil(math.log2(p)) * net.latency
+            alg = c.algorithm if c.algorithm in ("ring", "rhd") else "native"
+            return collective_time(c.op, alg, c.nbytes, p, net)
+        except ProfileError as err:
+            self._note(f"communication not modelled: {err}")
+            return 0.0
+
+    def _place(self, c: Coll, overlappable: float, name: str) -> None:
+        self.clock.record_collective(
+            name,
+            self.collective_seconds(c),
+            overlappable,
+            c.nbytes,
+            op=c.op,
+            algorithm=c.algorithm,
+            link="host+" + self.link_class if c.staged else self.link_class,
+        )
+
+    # -- the step -----------------------------------------------------------------------
+    def end_step(self) -> None:
+        """Replay this step's records on the clock (called when gather_parameters returns)."""
+        if not self._open:
+            return
+        self._open = False
+        now = time.perf_counter()
+        step = len(self.rows)
+        detail = step < self.trace_steps
+        clock = self.clock
+        clock.record_events = detail
+        first_event = len(clock.events)
+        sim_start = clock.now
+        pending: dict[str, list[Coll]] = {}
+        shape: tuple[int, int | None] = (0, None)
+        n_input = 0.0
+        for rec in self._records:
+            if isinstance(rec, Coll):
+                if rec.phase is None:  # e.g. the loop's per-step agreement
+                    self._place(rec, 0.0, f"{rec.op} (step check)")
+                else:
+                    pending.setdefault(rec.phase, []).append(rec)
+                continue
+            colls = pending.pop(rec.kind, [])
+            if detail:
+                clock.measured(rec.kind, rec.t0, rec.t1)
+            kind, info = rec.kind, rec.info
+            if kind == "input":
+                n_input += rec.t1 - rec.t0
+                clock.advance("input (measured)", rec.t1 - rec.t0, cat="input")
+            elif kind == "forward":
+                shape = info["shape"]
+                self._run_kernels(self.kernels(shape)[0], detail)
+            elif kind == "backward":
+                marks = self._run_kernels(self.kernels(shape)[1], detail)
+                if self.level == 2 and len(colls) == len(marks):
+                    for c, t_done in zip(colls, marks, strict=True):
+                        self._place(c, clock.now - t_done, f"grad.{c.op}")
+                else:
+                    if colls:
+                        self._note(
+                            "backward collectives did not match the model's gradient "
+                            "groups: placed after backward, exposed"
+                        )
+                    for c in colls:
+                        self._place(c, 0.0, f"grad.{c.op}")
+                colls = []
+            elif kind == "accumulate" and info.get("elements"):
+                n = info["elements"]
+                if info["first"]:
+                    self._vector("grad.accumulate.copy", 0.0, 8.0 * n)
+                else:
+                    self._vector("grad.accumulate.add", n, 12.0 * n)
+            elif kind == "clip":
+                if info.get("sumsq"):
+                    own = self.partition[1] - self.partition[0]
+                    self._vector("grad.sum_of_squares", 2.0 * own, 4.0 * own)
+                if info.get("scaled"):
+                    self._vector("grad.clip.scale", info["scaled"], 8.0 * info["scaled"])
+            elif kind == "optimizer":
+                n = info["elements"]
+                if info["type"] == "adamw":  # reads p, g, m, v; writes p, m, v
+                    self._vector("optimizer.adamw", 14.0 * n, 28.0 * n)
+                else:  # reads p, g, buf; writes p, buf
+                    self._vector("optimizer.sgd", 6.0 * n, 20.0 * n)
+            for c in colls:  # sync, gather and norm collectives: blocking, exposed
+                name = {"sync": "grad", "gather": "params", "clip": "grad_norm"}.get(kind, kind)
+                self._place(c, 0.0, f"{name}.{c.op}")
+        for colls in pending.values():  # spans the replay does not know: exposed
+            for c in colls:
+                self._place(c, 0.0, c.op)
+        summary = clock.end_step()
+        self.rows.append(
+            (
+                summary.total_s,
+                summary.compute_s,
+                summary.exposed_comm_s,
+                summary.other_s,
+                summary.overlapped_comm_s,
+            )
+        )
+        self.input_s += n_input
+        self.measured_s += now - self._step_t0
+        if detail:
+            self.traced.append((first_event, len(clock.events), sim_start))
+        clock.record_events = False
+        self._records = []
+
+    # -- the end ------------------------------------------------------------------------
+    def finish(self, model_dir, global_batch: int) -> dict[str, Any] | None:
+        """Collective: critical path, timeline (rank 0 writes), performance.json fields."""
+        comm = self.run.comm
+        rows = np.asarray(self.rows, np.float64).reshape(-1, 5)
+        every = comm.allgather(
+            (rows, self.input_s, self.measured_s, self.rdev.memory.summary(), self.notes)
+        )
+        table = np.stack([e[0] for e in every])  # (ranks, steps, 5)
+        steps = table.shape[1]
+        crit = table[:, :, 0].argmax(axis=0) if steps else np.zeros(0, int)
+        picked = table[crit, np.arange(steps)] if steps else np.zeros((0, 5))
+        step_totals = picked[:, 0]
+        starts = np.concatenate([[0.0], np.cumsum(step_totals)])
+        self._write_timeline(comm, model_dir, table, starts)
+        if self.rank != 0:
+            return None
+        est = float(step_totals.mean()) if steps else 0.0
+        parts = picked.mean(axis=0) if steps else np.zeros(5)
+        shares = [e[1] / e[2] if e[2] > 0 else 0.0 for e in every]
+        peaks: dict[str, int] = {}
+        for e in every:
+            for cat, b in e[3]["peak_bytes"].items():
+                peaks[cat] = max(peaks.get(cat, 0), int(b))
+        notes = list(dict.fromkeys(n for e in every for n in e[4]))
+        prof = self.profile
+        return {
+            "device_profile": prof.name,
+            "device_profile_sha256": prof.sha256,
+            "device_profile_path": prof.path,
+            "est_samples_per_sec": global_batch / est if est > 0 else None,
+            "est_step_time_s": est,
+            "est_step_time_breakdown_s": {
+                "compute": float(parts[1]),
+                "exposed_comm": float(parts[2]),
+                "other": float(parts[3]),
+            },
+            "est_overlapped_comm_s": float(parts[4]),
+            "est_step_time_s_by_rank": [float(x) for x in table[:, :, 0].mean(axis=1)]
+            if steps
+            else [],
+            "measured_step_time_s": max(e[2] for e in every) / steps if steps else 0.0,
+            "input_time_share": max(shares),
+            "input_bottleneck_threshold": INPUT_BOTTLENECK_SHARE,
+            "suspected_input_bottleneck": max(shares) > INPUT_BOTTLENECK_SHARE,
+            "device_memory_peak_bytes": peaks,
+            "device_memory_capacity_bytes": int(prof.memory_bytes),
+            "device_memory_rank0": every[0][3],
+            "simulation": {
+                "dtype": self.dtype,
+                "link_class": self.link_class,
+                "nodes": self.rdev.placement.num_nodes,
+                "ranks_per_node": list(self.rdev.placement.ranks_per_node),
+                "reduce_on_device": not self.staged,
+                "memory_plan_matches": bool(self.run.memory.plan_matches()),
+                "other_is": "measured host input time (train_batch), not modelled",
+                "profile_unknown": list(prof.unknown),
+                "notes": notes,
+                "timeline": TIMELINE if self.trace_steps and steps else None,
+            },
+        }
+
+    def _write_timeline(self, comm, model_dir, table: np.ndarray, starts: np.ndarray) -> None:
+        """Shift each traced step of this rank to the critical-path start, then gather."""
+        steps = table.shape[1]
+        traced = min(self.trace_steps, steps)
+        if not traced:
+            return
+        events: list[dict[str, Any]] = []
+        ev = self.clock.events
+        covered = 0
+        for k, (lo, hi, sim_start) in enumerate(self.traced[:traced]):
+            shift = starts[k] - sim_start
+            for e in ev[covered:lo]:  # measured spans recorded before this step's replay
+                events.append(e)
+            for e in ev[lo:hi]:
+                if e["track"] == "measured":
+                    events.append(e)
+                else:
+                    events.append({**e, "start": e["start"] + shift})
+            mine = table[self.rank, k, 0]
+            slowest = starts[k + 1] - starts[k]
+            if slowest > mine:
+                events.append(
+                    {
+                        "name": "wait for the slowest rank",
+                        "cat": "idle",
+                        "track": "compute",
+                        "start": starts[k] + mine,
+                        "dur": slowest - mine,
+                        "args": {},
+                    }
+                )
+            covered = hi
+        gathered = comm.gather(events, root=0)
+        if self.rank == 0:
+            prof = self.profile
+            write_chrome_trace(
+                model_dir / TIMELINE,
+                gathered,
+                rank_labels=[f"rank {r} ({prof.name})" for r in range(self.world)],
+                metadata={
+                    "profile": prof.name,
+                    "profile_sha256": prof.sha256,
+                    "steps_traced": traced,
+                    "note": "simulated tracks: each step starts when the slowest rank finished "
+                    "the previous one; measured track: host wall time since the first step",
+                },
+            )
+
+
+def attach(run: Any) -> Simulation:
+    """Install the hooks on a built ``Run`` and account the last device tensors."""
+    rdev: RankDevice = run.device
+    sim = Simulation(run, rdev)
+    # tensors the run holds but does not allocate through run.memory
+    setup = setup_for(run)
+    if setup.input_bytes_per_sample:
+        run.memory.reserve(
+            "activations", "input.batch", setup.input_bytes_per_sample * run.micro_batch
+        )
+    scratch = scratch_bytes(setup, run.layout)
+    if scratch:
+        run.coll.reserve_scratch(scratch)
+        run.memory.reserve("workspace", "collectives.scratch", scratch)
+
+    coll = RecordingCollectives(run.coll, sim, sim.staged, run.layout.padded)
+    run.coll = coll
+    run.sync.coll = coll
+    opt = run.params.optimizer
+    max_norm = opt.max_gradient_norm
+
+    def shape_of(args, kwargs, result) -> dict[str, Any]:
+        x = args[1]
+        seq = int(x.shape[1]) if x.ndim == 2 and x.dtype.kind in "iu" else None
+        return {"shape": (int(x.shape[0]), seq)}
+
+    def accumulate_info(args, kwargs, result) -> dict[str, Any]:
+        if run.micro_grads is None:
+            return {}
+        return {"elements": int(run.grads.size), "first": args[0] == 0}
+
+    def clip_info(args, kwargs, result) -> dict[str, Any]:
+        sumsq = kwargs.get("sumsq", args[1] if len(args) > 1 else None)
+        grads = args[0]
+        scaled = 0
+        if max_norm is not None and result is not None and max_norm / (result + 1e-6) < 1.0:
+            scaled = int(grads.size)
+        return {"sumsq": sumsq is not None or max_norm is not None, "scaled": scaled}
+
+    def optimizer_info(args, kwargs, result) -> dict[str, Any]:
+        return {"elements": int(args[0].size), "type": opt.optimizer_type}
+
+    sim.hook(run.data, "train_batch", "input")
+    sim.hook(run.model, "forward", "forward", shape_of)
+    sim.hook(run.model, "backward", "backward")
+    sim.hook(run, "accumulate_gradients", "accumulate", accumulate_info)
+    sim.hook(run.sync, "reduce_gradients", "sync")
+    sim.hook(run, "clip", "clip", clip_info)
+    sim.hook(run.optimizer, "step", "optimizer", optimizer_info)
+    sim.hook(run.sync, "gather_parameters", "gather", ends_step=True)
+    return sim
+
+
+__all__ = [
+    "INPUT_BOTTLENECK_SHARE",
+    "RankDevice",
+    "RecordingCollectives",
+    "Simulation",
+    "attach",
+    "compute_dtype",
+    "create_device",
+]
