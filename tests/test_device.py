@@ -125,6 +125,7 @@ def test_memory_accounting_is_exact_to_the_byte():
         "activations": 0,
         "workspace": 0,
         "buckets": 0,
+        "streaming_window": 0,
         "total": 239,
     }
     assert mem.free("g") == 56

@@ -19,7 +19,17 @@ from typing import Any
 
 import numpy as np
 
-CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "workspace", "buckets")
+# streaming_window: the weight and gradient slots of weight-streaming execution
+# (simdist.streaming), the only parameter-sized memory such a device holds.
+CATEGORIES = (
+    "parameters",
+    "gradients",
+    "optimizer_state",
+    "activations",
+    "workspace",
+    "buckets",
+    "streaming_window",
+)
 
 Hint = str | Callable[[int], str] | None
 
