@@ -1,0 +1,269 @@
+"""The simulated device inside real training runs (issue #5): memory, clock, reports, trace.
+
+MPI runs use a toy profile with round numbers (1 GFLOP/s matrix, 0.5 GFLOP/s vector,
+2 GB/s memory, no efficiency tables, no launch cost) so that every kernel's time can be
+checked by hand: max(FLOPs / peak, bytes / bandwidth). Nothing measured is asserted.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from mpi_launch import run_mpi
+
+from simdist.comm.topology import Placement
+from simdist.device import Link, collective_time, validate_chrome_trace
+from simdist.device.schedule import schedule_time
+from simdist.memplan import RankSetup, rank_entries, suggestions, total_bytes
+
+TOY = """\
+name: toy
+description: round numbers for hand checks
+confidence: test
+sources:
+  test: "tests/test_simulate.py"
+compute:
+  matrix_tflops: {{fp32: 0.001, tf32: null, bf16: null, fp16: null}}
+  vector_tflops: {{fp32: 0.0005, tf32: null, bf16: null, fp16: null}}
+  kernel_launch_us: 0
+  launch_mode: hidden
+  combine: roofline
+  matrix_efficiency: null
+  vector_efficiency: null
+memory:
+  capacity_gb: {capacity_gb}
+  bandwidth_gbs: 2
+  efficiency: null
+links:
+  devices_per_node: 8
+  intra: {{bandwidth_gbs: 1, latency_us: 10, efficiency: 1.0}}
+  inter: null
+  host: {{bandwidth_gbs: 4, latency_us: 1, efficiency: 1.0}}
+streaming: null
+"""
+MATRIX, VECTOR, MEMBW = 1e9, 0.5e9, 2e9
+
+SMALL = [
+    "--model.hidden_sizes=[8]",
+    "--train_input.batch_size=2",
+    "--runconfig.mode=train",
+    "--runconfig.max_steps=3",
+    "--runconfig.save_summary_steps=3",
+    "--runconfig.save_checkpoints_steps=0",
+    "--runconfig.progress_bar=false",
+]
+
+
+def toy_profile(tmp_path: Path, capacity_gb: float = 1.0) -> Path:
+    path = tmp_path / f"toy-{capacity_gb}.yaml"
+    path.write_text(TOY.format(capacity_gb=capacity_gb))
+    return path
+
+
+def train(np_: int, model_dir: Path, *args: str, check: bool = True):
+    cmd = ["-m", "simdist.train", *SMALL, f"--runconfig.model_dir={model_dir}", *args]
+    out = run_mpi(np_, cmd, timeout=180)
+    if check:
+        assert out.returncode == 0, out.stdout
+    return out
+
+
+def perf(model_dir: Path) -> dict:
+    return json.loads((model_dir / "performance.json").read_text())
+
+
+def trace(model_dir: Path) -> dict:
+    t = json.loads((model_dir / "timeline.json").read_text())
+    validate_chrome_trace(t)
+    return t
+
+
+def step_events(t: dict, pid: int, track: int, step: int = 0) -> list[dict]:
+    """Complete events of one rank's track within simulated step ``step``."""
+    mine = [e for e in t["traceEvents"] if e["ph"] == "X" and e["pid"] == pid]
+    # steps run back to back on the critical path, each opening with its input fetch
+    starts = sorted(e["ts"] for e in mine if e["name"] == "input (measured)")
+    evs = sorted((e for e in mine if e["tid"] == track), key=lambda e: e["ts"])
+    lo = starts[step]
+    hi = starts[step + 1] if step + 1 < len(starts) else float("inf")
+    return [e for e in evs if lo <= e["ts"] < hi]
+
+
+# -- pure functions ------------------------------------------------------------------------
+
+
+def test_schedule_matches_the_closed_forms_and_charges_unequal_blocks():
+    link = Link("x", 1e9, 5e-6, 1.0, 1 / 4e9)
+    n = 2**20
+    for p in (2, 4, 8):
+        even = [n // p] * p
+        for op in ("allreduce", "reduce_scatter", "allgather"):
+            for alg in ("ring", "rhd"):
+                got = schedule_time(op, alg, even, link)
+                assert got == pytest.approx(collective_time(op, alg, n, p, link), rel=1e-12)
+    # ZeRO-2's group reduce-scatter with the whole group in rank 0's slice: the ring moves
+    # the full group at each of its p - 1 steps, p times the equal-block time
+    lop = [n, 0, 0, 0]
+    t = schedule_time("reduce_scatter", "ring", lop, link)
+    assert t == pytest.approx(3 * (link.latency + n * (link.beta + link.gamma)))
+    assert t > 3.5 * collective_time("reduce_scatter", "ring", n, 4, link)
+    # p = 3 (fold): rhd all-reduce = fold in + halving + doubling + fold out, by hand
+    a, b, g = link.latency, link.beta, link.gamma
+    blocks = [n / 3] * 3  # ranks 0,1 fold; participants own 2n/3 and n/3
+    by_hand = (a + n * (b + g)) + (a + 2 * n / 3 * (b + g)) + (a + 2 * n / 3 * b) + (a + n * b)
+    assert schedule_time("allreduce", "rhd", blocks, link) == pytest.approx(by_hand)
+
+
+def test_placement_link_class():
+    assert Placement(0, (0, 0, 0)).link_class() == "intra"
+    two = Placement(3, (0, 0, 1, 1))
+    assert two.link_class() == "inter" and two.node == 1 and two.ranks_per_node == (2, 2)
+
+
+def test_memory_hints_are_computed_with_the_same_formula():
+    setup = RankSetup(
+        numel_specs=(("a", 1000), ("b", 1000)),
+        groups=((("b",), False), (("a",), False)),
+        world=2,
+        rank=0,
+        zero_level=0,
+        accum=1,
+        optimizer_type="adamw",
+        micro_batch=64,
+        algorithm="ring",
+        activation_bytes=lambda b: 10_000 * b,
+        input_bytes_per_sample=100,
+    )
+    need = total_bytes(rank_entries(setup))
+    cap = need - 200_000  # short by 20 samples' activations
+    tips = suggestions(setup, cap)
+    fit = int(tips.split("train_input.batch_size=")[1].split()[0])
+    assert total_bytes(rank_entries(setup, micro_batch=fit)) <= cap
+    assert total_bytes(rank_entries(setup, micro_batch=fit + 1)) > cap
+    # the scratch (2 MiB) dwarfs this model: no ZeRO level fits, the batch hint does
+    assert "zero_opt_level" not in tips
+    # ZeRO-2 (slice + one bucket) is a little smaller than ZeRO-1 (whole gradient) here
+    z1 = total_bytes(rank_entries(setup, zero_level=1))
+    z2 = total_bytes(rank_entries(setup, zero_level=2))
+    assert z2 < z1 < need
+    assert "runconfig.zero_opt_level=2 would fit" in suggestions(setup, z2)
+    assert "runconfig.zero_opt_level=1 would fit" in suggestions(setup, z1)
+
+
+def test_kernel_costs_count_the_model_flops():
+    from simdist.config import FCMNISTConfig
+    from simdist.models.fc_mnist import FCMNIST
+    from simdist.models.gpt2 import GPT2, resolve_config
+
+    fc = FCMNIST(FCMNISTConfig(hidden_sizes=[8]))
+    ks = {k.name: k for k in fc.kernel_costs(2)}
+    assert ks["fc1.matmul"].flops == 2 * 2 * 784 * 8
+    assert ks["fc1.matmul"].bytes == 4 * (2 * 784 + 784 * 8 + 2 * 8)
+    matmul = sum(k.flops * k.count for k in fc.kernel_costs(2) if k.kind == "matmul")
+    assert matmul == 2 * fc.flops_per_sample()
+    g = GPT2(resolve_config("gpt2-mini"))
+    matmul = sum(k.flops * k.count for k in g.kernel_costs(3) if k.kind == "matmul")
+    assert matmul == 3 * g.flops_per_sample()
+    done = [k.done for k in g.kernel_costs(3) if k.done]
+    assert done == [grp.names for grp in g.gradient_groups()]
+
+
+# -- MPI runs ------------------------------------------------------------------------------
+
+
+def test_oom_before_allocation_exits_2_with_breakdown_and_hint(tmp_path):
+    """FC-MNIST 784-512-512-10 at np 2: DP needs ~13.1 MB per rank, ZeRO-1 ~10.4 MB."""
+    d = tmp_path / "existing"
+    d.mkdir()
+    (d / "keep.txt").write_text("mine")
+    prof = toy_profile(tmp_path, capacity_gb=0.012)
+    cmd = [
+        "-m",
+        "simdist.train",
+        f"--profile={prof}",
+        f"--runconfig.model_dir={d}",
+        "--runconfig.max_steps=2",
+    ]
+    out = run_mpi(2, cmd, timeout=120)
+    assert out.returncode == 2, out.stdout
+    assert out.stdout.count("simulated out of memory on toy") == 1, out.stdout
+    assert "in use: parameters" in out.stdout and "gradients" in out.stdout
+    assert "runconfig.zero_opt_level=1 would fit" in out.stdout
+    assert sorted(p.name for p in d.iterdir()) == ["keep.txt"]
+    assert "kernels ready" not in out.stdout  # failed before compiling or allocating
+
+
+def test_unknown_profile_is_a_config_error(tmp_path):
+    out = run_mpi(1, ["-m", "simdist.train", "--profile=nope", "--model_dir", str(tmp_path)], 60)
+    assert out.returncode == 2
+    assert "device profile 'nope' does not exist" in out.stdout and "a100-80gb" in out.stdout
+
+
+def test_compute_estimate_is_the_sum_of_roofline_kernel_times(tmp_path):
+    d = tmp_path / "np1"
+    train(1, d, f"--profile={toy_profile(tmp_path)}", "--runconfig.trace_steps=1")
+    p = perf(d)
+    assert p["device_profile"] == "toy" and len(p["device_profile_sha256"]) == 64
+    t = trace(d)
+    kernels = [e for e in step_events(t, 0, 2) if e["cat"] in ("matmul", "vector")]
+    for e in kernels:  # every kernel, by hand: max(compute, memory) in microseconds
+        peak = MATRIX if e["cat"] == "matmul" else VECTOR
+        want = max(e["args"]["flops"] / peak, e["args"]["bytes"] / MEMBW) * 1e6
+        assert e["dur"] == pytest.approx(want, rel=1e-9), e
+    fc1 = next(e for e in kernels if e["name"] == "fwd fc1.matmul")
+    assert fc1["dur"] == pytest.approx(2 * 2 * 784 * 8 / MATRIX * 1e6)  # compute-bound
+    total = sum(e["dur"] for e in kernels) * 1e-6
+    assert p["est_step_time_breakdown_s"]["compute"] == pytest.approx(total, rel=1e-9)
+    assert {"fwd fc1.matmul", "bwd fc1.dweight", "optimizer.adamw"} <= {e["name"] for e in kernels}
+    assert p["est_step_time_breakdown_s"]["exposed_comm"] == 0.0  # one rank: no traffic
+
+
+def test_two_ranks_reports_trace_and_host_staging(tmp_path):
+    prof = toy_profile(tmp_path)
+    direct, staged = tmp_path / "direct", tmp_path / "staged"
+    train(2, direct, f"--profile={prof}")
+    train(2, staged, f"--profile={prof}", "--reduce-on-rdu=false")
+    a, b = perf(direct), perf(staged)
+    for p in (a, b):
+        assert p["est_samples_per_sec"] > 0 and p["est_step_time_s"] > 0
+        parts = p["est_step_time_breakdown_s"]
+        assert sum(parts.values()) == pytest.approx(p["est_step_time_s"], rel=1e-9)
+        assert p["samples_per_sec"] > 0 and isinstance(p["suspected_input_bottleneck"], bool)
+        sim = p["simulation"]
+        assert sim["link_class"] == "intra" and sim["nodes"] == 1
+        assert sim["memory_plan_matches"]
+        assert p["device_memory_peak_bytes"]["parameters"] == 4 * p["parameters_padded"]
+    assert a["simulation"]["reduce_on_device"] and not b["simulation"]["reduce_on_device"]
+    # host staging: the same collective plus two copies over the host link ...
+    assert (
+        b["est_step_time_breakdown_s"]["exposed_comm"]
+        > a["est_step_time_breakdown_s"]["exposed_comm"]
+    )
+    ta, tb = trace(direct), trace(staged)
+
+    def sync(t: dict) -> dict:
+        return next(e for e in step_events(t, 0, 3) if e["name"] == "grad.allreduce")
+
+    sa, sb = sync(ta), sync(tb)
+    assert sa["args"]["link"] == "intra" and sb["args"]["link"] == "host+intra"
+    n = sa["args"]["nbytes"]
+    copies = 2 * (1e-6 + n / 4e9) * 1e6  # in and out over the 4 GB/s host link
+    assert sb["dur"] == pytest.approx(sa["dur"] + copies, rel=1e-9)
+    # ... and the host buffer is not device memory
+    assert a["device_memory_peak_bytes"] == b["device_memory_peak_bytes"]
+    assert a["memory_bytes"] == b["memory_bytes"]
+    # one process (track group) per rank, each with the measured and simulated tracks
+    for t in (ta, tb):
+        names = {
+            (e["pid"], e["args"]["name"])
+            for e in t["traceEvents"]
+            if e["ph"] == "M" and e["name"] == "thread_name"
+        }
+        assert {pid for pid, _ in names} == {0, 1}
+        tids = {(e["pid"], e["tid"]) for e in t["traceEvents"] if e["ph"] == "X"}
+        assert tids >= {(r, k) for r in (0, 1) for k in (1, 2, 3)}
+        measured = {e["name"] for e in t["traceEvents"] if e["ph"] == "X" and e["tid"] == 1}
+        assert {"forward", "backward", "sync", "optimizer"} <= measured
+        assert t["otherData"]["steps_traced"] == 3
