@@ -277,6 +277,9 @@ class Simulation:
         self.rows: list[tuple[float, float, float, float, float]] = []  # per step
         self.input_s = 0.0
         self.measured_s = 0.0
+        self.walls: list[float] = []  # measured seconds per step (first fetch .. gather)
+        self.phase_measured: dict[str, float] = {}  # span kind -> measured seconds, summed
+        self.phase_est: dict[str, float] = {}  # span kind -> simulated seconds, summed
         self.traced: list[tuple[int, int, float]] = []  # (event lo, event hi, sim start)
         self._noted: set[str] = set()
 
@@ -456,9 +459,11 @@ class Simulation:
         shape: tuple[int, int | None] = (0, None)
         n_input = 0.0
         for rec in self._records:
+            before = clock.now
             if isinstance(rec, Coll):
                 if rec.phase is None:  # e.g. the loop's per-step agreement
                     self._place(rec, 0.0, f"{rec.op} (step check)")
+                    self._add(self.phase_est, "step_check", clock.now - before)
                 else:
                     pending.setdefault(rec.phase, []).append(rec)
                 continue
@@ -466,6 +471,7 @@ class Simulation:
             if detail:
                 clock.measured(rec.kind, rec.t0, rec.t1)
             kind, info = rec.kind, rec.info
+            self._add(self.phase_measured, kind, rec.t1 - rec.t0)
             if kind == "input":
                 n_input += rec.t1 - rec.t0
                 clock.advance("input (measured)", rec.t1 - rec.t0, cat="input")
@@ -507,6 +513,7 @@ class Simulation:
             for c in colls:  # sync, gather and norm collectives: blocking, exposed
                 name = {"sync": "grad", "gather": "params", "clip": "grad_norm"}.get(kind, kind)
                 self._place(c, 0.0, f"{name}.{c.op}")
+            self._add(self.phase_est, kind, clock.now - before)
         for colls in pending.values():  # spans the replay does not know: exposed
             for c in colls:
                 self._place(c, 0.0, c.op)
@@ -522,37 +529,55 @@ class Simulation:
         )
         self.input_s += n_input
         self.measured_s += now - self._step_t0
+        self.walls.append(now - self._step_t0)
         if detail:
             self.traced.append((first_event, len(clock.events), sim_start))
         clock.record_events = False
         self._records = []
+
+    @staticmethod
+    def _add(table: dict[str, float], key: str, seconds: float) -> None:
+        table[key] = table.get(key, 0.0) + seconds
 
     # -- the end ------------------------------------------------------------------------
     def finish(self, model_dir, global_batch: int) -> dict[str, Any] | None:
         """Collective: critical path, timeline (rank 0 writes), performance.json fields."""
         comm = self.run.comm
         rows = np.asarray(self.rows, np.float64).reshape(-1, 5)
-        every = comm.allgather(
-            (rows, self.input_s, self.measured_s, self.rdev.memory.summary(), self.notes)
-        )
-        table = np.stack([e[0] for e in every])  # (ranks, steps, 5)
+        mine = {
+            "rows": rows,
+            "walls": np.asarray(self.walls, np.float64),
+            "input_s": self.input_s,
+            "measured_s": self.measured_s,
+            "memory": self.rdev.memory.summary(),
+            "notes": self.notes,
+            "phase_measured": self.phase_measured,
+            "phase_est": self.phase_est,
+        }
+        every = comm.allgather(mine)  # a few floats per step and rank
+        table = np.stack([e["rows"] for e in every])  # (ranks, steps, 5)
         steps = table.shape[1]
         crit = table[:, :, 0].argmax(axis=0) if steps else np.zeros(0, int)
         picked = table[crit, np.arange(steps)] if steps else np.zeros((0, 5))
         step_totals = picked[:, 0]
         starts = np.concatenate([[0.0], np.cumsum(step_totals)])
         self._write_timeline(comm, model_dir, table, starts)
-        if self.rank != 0:
+        if self.rank != 0 or not steps:
             return None
-        est = float(step_totals.mean()) if steps else 0.0
-        parts = picked.mean(axis=0) if steps else np.zeros(5)
-        shares = [e[1] / e[2] if e[2] > 0 else 0.0 for e in every]
+        est = float(step_totals.mean())
+        parts = picked.mean(axis=0)
+        walls = np.stack([e["walls"] for e in every]).max(axis=0)  # slowest rank per step
+        shares = [e["input_s"] / e["measured_s"] if e["measured_s"] > 0 else 0.0 for e in every]
         peaks: dict[str, int] = {}
         for e in every:
-            for cat, b in e[3]["peak_bytes"].items():
+            for cat, b in e["memory"]["peak_bytes"].items():
                 peaks[cat] = max(peaks.get(cat, 0), int(b))
-        notes = list(dict.fromkeys(n for e in every for n in e[4]))
+        notes = list(dict.fromkeys(n for e in every for n in e["notes"]))
         prof = self.profile
+
+        def per_step(table: dict[str, float]) -> dict[str, float]:
+            return {k: v / steps for k, v in table.items()}
+
         return {
             "device_profile": prof.name,
             "device_profile_sha256": prof.sha256,
@@ -564,17 +589,22 @@ class Simulation:
                 "exposed_comm": float(parts[2]),
                 "other": float(parts[3]),
             },
-            "est_overlapped_comm_s": float(parts[4]),
-            "est_step_time_s_by_rank": [float(x) for x in table[:, :, 0].mean(axis=1)]
-            if steps
-            else [],
-            "measured_step_time_s": max(e[2] for e in every) / steps if steps else 0.0,
+            "est_overlapped_comm_s": max(0.0, float(parts[4])),
+            "est_step_time_s_by_rank": [float(x) for x in table[:, :, 0].mean(axis=1)],
+            # the same steps measured: first input fetch to the end of the parameter gather
+            # (summaries and checkpoints, which step_time_s includes, left out), slowest rank
+            "measured_step_time_s": float(walls.mean()),
+            "measured_step_time_median_s": float(np.median(walls)),
+            # per hooked phase, rank 0, mean per step: what was measured and what the device
+            # model gives for the same calls (compute alone = forward + backward + optimizer)
+            "measured_phase_s": per_step(every[0]["phase_measured"]),
+            "est_phase_s": per_step(every[0]["phase_est"]),
             "input_time_share": max(shares),
             "input_bottleneck_threshold": INPUT_BOTTLENECK_SHARE,
             "suspected_input_bottleneck": max(shares) > INPUT_BOTTLENECK_SHARE,
             "device_memory_peak_bytes": peaks,
             "device_memory_capacity_bytes": int(prof.memory_bytes),
-            "device_memory_rank0": every[0][3],
+            "device_memory_rank0": every[0]["memory"],
             "simulation": {
                 "dtype": self.dtype,
                 "link_class": self.link_class,
@@ -585,7 +615,7 @@ class Simulation:
                 "other_is": "measured host input time (train_batch), not modelled",
                 "profile_unknown": list(prof.unknown),
                 "notes": notes,
-                "timeline": TIMELINE if self.trace_steps and steps else None,
+                "timeline": TIMELINE if self.trace_steps else None,
             },
         }
 
