@@ -408,7 +408,8 @@ class Watchdog:
 
     def stop(self, free: bool = True) -> None:
         self._stop.set()
-        self._thread.join()
+        if self._thread.is_alive():
+            self._thread.join()
         if free:
             self.comm.Free()
 
@@ -513,8 +514,9 @@ class Watchdog:
             )
         else:
             lines.append(
-                "simdist: every rank is in the same place: the collective itself is stuck "
-                "(network or MPI problem)"
+                "simdist: every rank reports the same phase and collective count: a collective "
+                "in it is stuck (network or MPI problem), or one rank is slow inside it (e.g. "
+                "rank 0 writing a large checkpoint)"
             )
         lines.append(
             f"simdist: aborting the job (exit code {EXIT_STALL}); if a step legitimately takes "

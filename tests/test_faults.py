@@ -272,6 +272,28 @@ def test_stall_watchdog_names_the_rank_that_has_not_arrived(tmp_path, np_, level
     assert_no_process_left(d)
 
 
+def test_stall_report_names_the_ranks_furthest_behind_and_the_silent_ones():
+    from mpi4py import MPI
+
+    from simdist.faults import PHASES, Watchdog
+
+    wd = Watchdog(MPI.COMM_SELF, 2.0)
+    wd.enter("reduce_gradients", 5)
+    fwd, red = PHASES.index("forward_backward"), PHASES.index("reduce_gradients")
+    states = {  # rank: (step, phase, seconds in it, fired, collectives entered)
+        0: np.array([5, red, 2.1, 1, 10]),
+        1: np.array([5, fwd, 2.3, 0, 9]),
+        2: np.array([5, red, 2.0, 0, 11]),  # one ahead: finished a collective early
+    }
+    text = wd._report(states, silent=[3])
+    assert "  rank 1: forward_backward of step 5 for 2.3 s, 9 collectives entered  <-" in text
+    assert "  rank 3: no answer within" in text
+    assert "ranks not arrived (the others wait for them): 1, 3\n" in text
+    same = wd._report({0: states[0], 1: states[0]}, silent=[])
+    assert "every rank reports the same phase and collective count" in same
+    wd.stop()
+
+
 # ---------------------------------------------------------------------------- 5. same run
 
 
