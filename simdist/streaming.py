@@ -296,6 +296,39 @@ def _balanced_cuts(sizes: list[int], parts: int) -> list[int]:
     return cuts
 
 
+def device_footprint(model, replicas: int, micro_batch: int, depth: int) -> dict[str, int]:
+    """Bytes a weight-streaming device will account, by entry (what ``StreamingRun``
+    allocates; nothing is allocated here)."""
+    from simdist.comm.p2p import DEPTH, SEGMENT
+
+    layout = Layout(model.parameter_specs(), replicas)
+    plan = StreamPlan(layout, model.stages(), model.gradient_groups(), 1)
+    out = {
+        "window.weights": 4 * (depth + 1) * plan.slot_size,
+        "window.gradients": 4 * GRADIENT_SLOTS * plan.shared_group_size,
+        "window.held_gradients": 4 * plan.held_size,
+        "model.arena": int(model.activation_bytes(micro_batch)),
+    }
+    if replicas > 1:
+        out["collectives.scratch"] = 4 * DEPTH * SEGMENT
+    return out
+
+
+def weight_streaming_tip(model, params: Params, micro_batch: int, replicas: int, capacity: int):
+    """The out-of-memory hint of a pipelined run: would weight streaming fit, and how big
+    is its device footprint? Empty for models without stages."""
+    if not hasattr(model, "stages"):
+        return ""
+    depth = options_from(params).prefetch_depth
+    need = sum(device_footprint(model, replicas, micro_batch, depth).values())
+    verdict = "would fit" if need <= capacity else "would still need"
+    return (
+        f"runconfig.execution_mode=weight_streaming {verdict} {format_bytes(need)} per device "
+        f"(weights stay on --weight_servers ranks; the device holds a streaming window of "
+        f"prefetch_depth + 1 = {depth + 1} blocks and the activations)"
+    )
+
+
 # ------------------------------------------------------------------------- simulated time
 @dataclass
 class StepTime:
