@@ -94,6 +94,10 @@ class RunConfig:
     device_profile: str = "host"  # simulated accelerator: a name of list_profiles() or a YAML
     reduce_on_device: bool = True  # false: gradients are staged through a host buffer
     trace_steps: int = 3  # steps recorded in model_dir/timeline.json (0: no timeline)
+    execution_mode: str = "pipelined"  # or weight_streaming (Cerebras; simdist.streaming)
+    weight_servers: int = 1  # weight streaming: ranks holding weights + optimizer state
+    prefetch_depth: int = 1  # weight streaming: stages streamed ahead of the computing one
+    input_workers_per_replica: int = 0  # CPU ranks per replica preparing its batches
 
 
 @dataclass(frozen=True)
@@ -140,11 +144,16 @@ FLAG_ALIASES: dict[str, tuple[str, str | None]] = {
     "--reduce-on-device": ("runconfig.reduce_on_device", None),
     "--reduce_on_device": ("runconfig.reduce_on_device", None),
     "--reduce-on-rdu": ("runconfig.reduce_on_device", None),  # SambaFlow
+    "--execution_mode": ("runconfig.execution_mode", "value"),  # Cerebras
+    "--weight_servers": ("runconfig.weight_servers", "value"),
+    "--prefetch_depth": ("runconfig.prefetch_depth", "value"),
+    "--input_workers_per_replica": ("runconfig.input_workers_per_replica", "value"),
 }
 
 CHOICES: dict[str, tuple] = {
     "runconfig.mode": ("train", "eval", "train_and_eval"),
     "runconfig.collective_algorithm": ("auto", "ring", "rhd", "native"),
+    "runconfig.execution_mode": ("pipelined", "weight_streaming"),
     "runconfig.progress_bar": ("auto", True, False),
     "optimizer.optimizer_type": ("adamw", "sgd"),
 }
@@ -377,6 +386,13 @@ def validate(p: Params) -> None:
         raise ConfigError("runconfig.zero_opt_level > 0 needs runconfig.enable_data_parallel: true")
     if r.trace_steps < 0:
         raise ConfigError(f"runconfig.trace_steps must be >= 0, got {r.trace_steps}")
+    for key, value, least in [
+        ("weight_servers", r.weight_servers, 1),
+        ("prefetch_depth", r.prefetch_depth, 0),
+        ("input_workers_per_replica", r.input_workers_per_replica, 0),
+    ]:
+        if value < least:
+            raise ConfigError(f"runconfig.{key} must be >= {least}, got {value}")
     from simdist.device.profile import ProfileError, load_profile  # yaml only, no MPI
 
     try:
