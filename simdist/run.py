@@ -30,6 +30,7 @@ from simdist.data.datasets import build_dataset
 from simdist.data.sampler import DistributedSampler
 from simdist.events import EventWriter
 from simdist.faults import check_same_run
+from simdist.input_workers import MeasuredInput, input_report
 from simdist.kernels.registry import warm_all
 from simdist.memplan import DeviceAllocator, check_device_memory
 from simdist.models import build_model
@@ -159,7 +160,10 @@ class Run:
                 probe.write_text("")
                 probe.unlink()
             except OSError as e:
-                error = f"runconfig.model_dir {str(self.model_dir)!r} is not writable: {e}"
+                error = (
+                    f"runconfig.model_dir {str(self.model_dir)!r} is not writable: {e}; "
+                    "choose another runconfig.model_dir or fix its permissions"
+                )
         agree(self.comm, error)
 
     def _resume(self) -> None:
@@ -167,6 +171,11 @@ class Run:
         path = None
         if r.checkpoint_path:
             path = Path(r.checkpoint_path)
+            if not path.is_file():
+                raise ConfigError(
+                    f"runconfig.checkpoint_path: {path} does not exist; give an existing "
+                    "checkpoint file, or null to resume from model_dir's latest checkpoint"
+                )
         elif r.autoload:
             path = checkpoint.latest_checkpoint(self.model_dir)
         if path is None:
@@ -324,6 +333,12 @@ class Run:
                 f"{simulated['est_samples_per_sec']:.2f} samples/second "
                 f"({1e3 * simulated['est_step_time_s']:.3f} ms per step)."
             )
+        inputs = input_report(  # collective: how long replicas waited on their input
+            self.comm,
+            getattr(self.data, "wait_s", 0.0),
+            t.train_time,
+            self.params.runconfig.input_workers_per_replica,
+        )
         if self.is_main:
             perf = {
                 "total_samples": samples,
@@ -348,6 +363,7 @@ class Run:
                 "comm_bytes_sent_per_step": sent / max(steps, 1),
                 "host": socket.gethostname(),
                 **(simulated or {}),
+                **inputs,
             }
             (self.model_dir / "performance.json").write_text(json.dumps(perf, indent=1))
 
@@ -379,6 +395,8 @@ class Run:
     def close(self) -> None:
         if self.events:
             self.events.close()
+        if hasattr(getattr(self, "data", None), "close"):  # input workers: STOP / END
+            self.data.close()
 
     def log(self, message: str) -> None:
         """Rank 0 prints; run.log gets the lines once model_dir is ours to write."""
@@ -426,6 +444,10 @@ def setup(argv: list[str], started: float) -> Run:
             f"but was started with {comm.Get_size()}; launch with mpirun -np "
             f"{r.min_world_size} (or more)"
         )
+    if r.execution_mode == "weight_streaming" or r.input_workers_per_replica:
+        from simdist.streaming import setup_roles  # ranks take roles: servers, workers
+
+        return setup_roles(params, comm, started)
     if not r.enable_data_parallel and comm.Get_size() > 1:
         raise ConfigError(
             f"runconfig.enable_data_parallel is false but {comm.Get_size()} ranks were "
@@ -433,4 +455,5 @@ def setup(argv: list[str], started: float) -> Run:
         )
     run = Run(params, comm, started)
     run.build()
+    run.data = MeasuredInput(run.data)  # times batch preparation (input bottleneck)
     return run
