@@ -430,13 +430,17 @@ class Watchdog:
 
     def _my_state(self) -> np.ndarray:
         phase, step, since = self.state
+        try:
+            calls = self.progress()
+        except Exception:  # noqa: BLE001 - a report without the count beats a dead watchdog
+            calls = -1
         return np.array(
             [
                 step,
                 _PHASE_INDEX.get(phase, -1),
                 time.monotonic() - since,
                 self._fired,
-                self.progress(),
+                calls,
             ],
             np.float64,
         )
