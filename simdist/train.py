@@ -21,6 +21,8 @@ from simdist.run import Run, setup
 
 
 def train(run: Run) -> None:
+    if getattr(run, "own_loop", False):  # weight-streaming ranks, input workers: their loop
+        return run.train()
     p, model, sync = run.params, run.model, run.sync
     accum = p.optimizer.grad_accum_steps
     dloss = 1.0 / (run.micro_batch * accum)  # mean over this replica's samples this step
