@@ -204,6 +204,10 @@ def check_device_memory(run: Any) -> list[Entry]:
         for e in entries:
             trial.reserve(e.category, e.name, e.nbytes)
     except SimulatedOutOfMemoryError as err:
+        from simdist.streaming import weight_streaming_tip  # the weights need not be resident
+
+        tip = weight_streaming_tip(run.model, run.params, run.micro_batch, run.world, mem.capacity)
+        tip = f"; {tip}" if tip else ""
         raise DeviceOutOfMemoryError(
             profile_name=err.profile_name,
             capacity=err.capacity,
@@ -211,7 +215,7 @@ def check_device_memory(run: Any) -> list[Entry]:
             category=err.category,
             name=err.name,
             nbytes=err.nbytes,
-            hint=f"{suggestions(setup, mem.capacity)} (planned per rank: "
+            hint=f"{suggestions(setup, mem.capacity)}{tip} (planned per rank: "
             + ", ".join(f"{c} {format_bytes(b)}" for c, b in by_category(entries).items())
             + f" = {format_bytes(total_bytes(entries))})",
         ) from None
