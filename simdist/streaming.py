@@ -1223,9 +1223,35 @@ def setup_roles(params: Params, comm, started: float, opts: StreamingOptions | N
             raise ConfigError(failed[0])
         worker.step = max(0, max(s for _, s in results))
         return worker
-    run = StreamingRun(params, groups, started, opts)
-    run.build()
-    run.connect()
+    if opts.execution_mode == "weight_streaming":
+        run = StreamingRun(params, groups, started, opts)
+        run.build()
+        run.connect()
+        return run
+    return _pipelined_with_workers(params, groups, started)
+
+
+def _pipelined_with_workers(params: Params, groups: Groups, started: float):
+    """Pipelined data parallelism over the device ranks, fed by input workers."""
+    from simdist.input_workers import device_input
+    from simdist.run import Run
+
+    if not params.runconfig.enable_data_parallel and groups.roles.replicas > 1:
+        raise ConfigError(
+            f"runconfig.enable_data_parallel is false but the ranks make "
+            f"{groups.roles.replicas} replicas; enable data parallelism or use fewer ranks"
+        )
+    run = Run(params, groups.devices, started)
+    error = None
+    try:
+        run.build()
+    except (ConfigError, checkpoint.CheckpointError) as e:  # reported through the agreement
+        error = str(e)
+    results = groups.comm.allgather((error, run.step if error is None else -1))
+    failed = [e for e, _ in results if e]
+    if failed:
+        raise ConfigError(failed[0])
+    run.data = device_input(run.data, groups, run.micro_batch, run.step, params)
     return run
 
 
