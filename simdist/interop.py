@@ -4,13 +4,14 @@ simdist's GPT-2 uses Hugging Face's GPT-2 state-dict names and layouts (``wte.we
 ``h.{i}.attn.c_attn.weight`` as [C, 3C], ...), so conversion is a change of container:
 - safetensors (read and written here without the ``safetensors`` package: an 8-byte
   little-endian header length, a JSON header of name -> dtype/shape/data_offsets, raw data);
-- a PyTorch state dict file (``torch.save``; needs torch, loaded with ``weights_only=True``).
+- a PyTorch state dict file (``torch.save``; export only, needs torch: import reads
+  safetensors alone, since simdist never unpickles what it reads from disk).
 Hugging Face checkpoints of ``GPT2LMHeadModel`` prefix names with ``transformer.`` and carry
 ``lm_head.weight`` (tied to ``wte.weight``) and attention mask buffers: import strips the
 prefix, checks the tie, and drops the buffers.
 
     python -m simdist.interop export CHECKPOINT.h5 OUT.safetensors|OUT.pt
-    python -m simdist.interop import IN.safetensors|IN.pt OUT.h5 [--model gpt2]
+    python -m simdist.interop import IN.safetensors OUT.h5 [--model gpt2]
 
 An imported file is a simdist checkpoint at global_step 0 without optimizer state: pass it
 as ``--runconfig.checkpoint_path`` to start training from those weights.
@@ -130,15 +131,11 @@ def export(ckpt: Path, out: Path) -> Path:
 
 
 def import_(src: Path, out: Path, model: str = "gpt2") -> Path:
-    if src.suffix == ".safetensors":
-        tensors = read_safetensors(src)
-    elif src.suffix in (".pt", ".pth", ".bin"):
-        import torch
-
-        state = torch.load(src, map_location="cpu", weights_only=True)  # no unpickling of code
-        tensors = {k: v.detach().float().numpy() for k, v in state.items()}
-    else:
-        raise InteropError(f"{src}: expected a .safetensors or .pt file")
+    if src.suffix != ".safetensors":
+        # A .pt file is a pickle; simdist never unpickles what it reads from disk. Convert
+        # with PyTorch yourself and save it with safetensors.torch.save_file.
+        raise InteropError(f"{src}: import reads .safetensors files only (no pickles)")
+    tensors = read_safetensors(src)
     tensors = {k: v.astype(np.float32) for k, v in normalize_hf(tensors).items()}
     names = list(tensors)
     shapes = [list(v.shape) for v in tensors.values()]
@@ -177,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     e = sub.add_parser("export", help="simdist checkpoint -> .safetensors or .pt")
     e.add_argument("checkpoint", type=Path)
     e.add_argument("out", type=Path)
-    i = sub.add_parser("import", help=".safetensors or .pt -> simdist checkpoint (step 0)")
+    i = sub.add_parser("import", help=".safetensors -> simdist checkpoint (step 0)")
     i.add_argument("source", type=Path)
     i.add_argument("out", type=Path)
     i.add_argument("--model", default="gpt2")
