@@ -132,7 +132,7 @@ def export(ckpt: Path, out: Path) -> Path:
 
 def import_(src: Path, out: Path, model: str = "gpt2") -> Path:
     if src.suffix != ".safetensors":
-        # A .pt file is a pickle; simdist never unpickles what it reads from disk. Convert
+        # A .pt file needs unpickling, which simdist never does on what it reads. Convert
         # with PyTorch yourself and save it with safetensors.torch.save_file.
         raise InteropError(f"{src}: import reads .safetensors files only (no pickles)")
     tensors = read_safetensors(src)
