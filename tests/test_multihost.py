@@ -5,8 +5,15 @@ training run can use the same set-up; the probe tests here check that the Allred
 right, that each simulated host has its own hostname and /dev/shm, and that at least the
 data an Allreduce must move really crossed the veth link.
 
-Open MPI tests need a venv whose mpi4py links Open MPI: ``scripts/setup_openmpi.sh
-[DIR]`` (default /tmp/ompi-venv; override with SIMDIST_OMPI_VENV).
+FC-MNIST training runs through the harness on 2 hosts (both hostfile forms, 1 and 2 ranks
+per host) and must reproduce, bit for bit, the loss trajectory and final parameters of a
+single-host run at the same world size and global batch (see ``test_training_across_hosts``
+for why bitwise).
+
+Open MPI tests need a venv whose mpi4py links Open MPI, and the training test also needs
+simdist in it: ``scripts/setup_openmpi.sh DIR`` (``scripts/ci_provision.sh`` builds
+build/ompi-venv). SIMDIST_OMPI_VENV names the venv; otherwise build/ompi-venv in this
+checkout when it exists, else /tmp/ompi-venv.
 """
 
 from __future__ import annotations
@@ -20,15 +27,31 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 
+import numpy as np
 import pytest
+from mpi_launch import run_mpi
+from test_train import final_state
+
+from simdist.events import read_events
 
 REPO = Path(__file__).resolve().parents[1]
 HARNESS = REPO / "scripts" / "multihost.py"
 PROBE = ["tests/mpi/multihost_probe.py"]
 MIB = 2**20
-OMPI_VENV = Path(os.environ.get("SIMDIST_OMPI_VENV", "/tmp/ompi-venv"))
+
+
+def _ompi_venv() -> Path:
+    """SIMDIST_OMPI_VENV, else build/ompi-venv (scripts/ci_provision.sh), else /tmp/ompi-venv."""
+    if os.environ.get("SIMDIST_OMPI_VENV"):
+        return Path(os.environ["SIMDIST_OMPI_VENV"])
+    local = REPO / "build" / "ompi-venv"
+    return local if local.is_dir() else Path("/tmp/ompi-venv")
+
+
+OMPI_VENV = _ompi_venv()
 
 
 def _netns_unavailable() -> str | None:
@@ -226,3 +249,174 @@ def test_two_hosts_openmpi(tmp_path, form):
     assert probe["library"].startswith("Open MPI")
     # Open MPI form: mpirun reads the file itself; MPICH form: converted to -H.
     assert ("--hostfile" in run.stderr) == (form == "openmpi")
+
+
+# ------------------------------------------------------------------ training across hosts
+
+TRAIN = [
+    "-m", "simdist.train", "--model.hidden_sizes=[64, 32]", "--runconfig.max_steps=30",
+    "--runconfig.save_summary_steps=5", "--train_input.batch_size=null",
+    "--train_input.global_batch_size=48", "--runconfig.mode=train",
+    "--runconfig.progress_bar=false",
+]  # fmt: skip
+STEPS = 30
+LOGGED_STEPS = list(range(5, STEPS + 1, 5))
+_LOSS_LINE = re.compile(r"^global_step = (\d+), loss = (\S+)$", re.MULTILINE)
+
+
+def _train(model_dir: Path, python: str = sys.executable) -> list[str]:
+    return [python, *TRAIN, f"--runconfig.model_dir={model_dir}"]
+
+
+@dataclass
+class Trained:
+    """What a finished FC-MNIST run left: rank 0's log, its event file, its checkpoint."""
+
+    losses: list[tuple[str, str]]  # (step, loss) as rank 0 printed them
+    events: list[tuple[int, float]]  # (step, loss) from the event file: float32, not rounded
+    state: tuple[dict, dict]  # final parameters, optimizer state
+    event_host: str  # hostname in the event file's name: where rank 0 ran
+
+    @property
+    def nparams(self) -> int:
+        return sum(v.size for v in self.state[0].values())
+
+
+def _trained(log: str, model_dir: Path) -> Trained:
+    losses = _LOSS_LINE.findall(log)
+    # Printed once (by rank 0) per summary step: a second copy would mean two "rank 0"s.
+    assert [int(s) for s, _ in losses] == LOGGED_STEPS, log
+    files = list(model_dir.glob("events.out.tfevents.*"))
+    assert len(files) == 1, files
+    events = [(step, v) for step, tag, v in read_events(files[0]) if tag == "loss"]
+    host = files[0].name.split(".", 4)[4]  # events.out.tfevents.<time>.<hostname>
+    return Trained(losses, events, final_state(model_dir), host)
+
+
+@pytest.fixture(scope="module")
+def single_host(tmp_path_factory):
+    """``get(world)``: the single-host MPICH run at that world size (made once, on first use)."""
+    runs: dict[int, Trained] = {}
+
+    def get(world: int) -> Trained:
+        if world not in runs:
+            d = tmp_path_factory.mktemp(f"single_host_np{world}") / "run"
+            r = run_mpi(world, _train(d)[1:], timeout=180)
+            assert r.returncode == 0, r.stdout
+            runs[world] = _trained(r.stdout, d)
+        return runs[world]
+
+    return get
+
+
+def _show_bytes(capsys: pytest.CaptureFixture[str], label: str, run: HarnessRun) -> None:
+    """Put the harness's byte counts into the test log even when pytest captures output."""
+    lines = [ln for ln in run.stderr.splitlines() if ln.startswith("multihost: sdmh")]
+    lines += [ln for ln in run.stderr.splitlines() if "crossed the links" in ln]
+    with capsys.disabled():
+        print(f"\n[{label}] " + (" | ".join(lines) or "no byte counts: " + run.stderr[-2000:]))
+
+
+def _train_across_hosts(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    ref: Trained,
+    form: str,
+    ranks_per_host: int,
+    mpi: str = "mpich",
+    python: str = sys.executable,
+) -> tuple[Trained, HarnessRun]:
+    """Train on 2 hosts; check the bytes; return the run's results for comparison."""
+    # Each step every host needs the other host's contribution to every gradient element,
+    # and the buffers are sent uncompressed: >= 4 bytes per parameter per step into each
+    # host, whatever the algorithm. Shared memory between "hosts" would carry it instead.
+    per_link = STEPS * 4 * ref.nparams
+    d = tmp_path / "run"
+    run = run_harness(
+        _train(d, python), tmp_path, 2, ranks_per_host, form, mpi,
+        extra=("--require-bytes", str(2 * per_link)), timeout=150,
+    )  # fmt: skip
+    _show_bytes(capsys, f"{mpi}, {form} hostfile, 2 hosts x {ranks_per_host}", run)
+    assert run.code == 0, run.stdout + run.stderr
+    for link in run.report["links"]:
+        assert link["rx_bytes"] >= per_link, (link, per_link)
+    got = _trained(run.stdout, d)
+    # Rank 0 ran in the first host's namespaces and its model_dir under /tmp is the one this
+    # process sees (the per-host mount namespaces only replace /dev/shm).
+    assert got.event_host == run.report["hosts"][0]
+    return got, run
+
+
+def _assert_same_training(got: Trained, ref: Trained) -> None:
+    assert got.losses == ref.losses, f"loss trajectory differs:\n{got.losses}\n{ref.losses}"
+    assert got.events == ref.events
+    for which, name in ((0, "parameter"), (1, "optimizer state")):
+        a, b = got.state[which], ref.state[which]
+        assert a.keys() == b.keys()
+        for k in a:
+            diff = float(np.max(np.abs(a[k] - b[k])))
+            assert np.array_equal(a[k], b[k]), f"{name} {k} differs by up to {diff:.3e}"
+
+
+@pytest.mark.parametrize(
+    ("form", "ranks_per_host"), [("mpich", 2), ("openmpi", 2), ("mpich", 1), ("openmpi", 1)]
+)
+def test_training_across_hosts(tmp_path, capsys, single_host, form, ranks_per_host):
+    """FC-MNIST on 2 hosts trains exactly like one host at the same world size: bitwise.
+
+    Tolerance zero, because nothing in the arithmetic depends on placement: the sampler
+    gives each rank the same samples (a function of rank and world size), "auto" picks the
+    gradient algorithm from buffer size and world size only (``comm.cost``), simdist's
+    ring/rhd sum every element in an order fixed by world size and block owner (MPI only
+    moves the bytes), and the logged loss is summed in rank order. A difference therefore
+    means the harness or the node split changed the computation; if "auto" is ever made
+    topology-aware (e.g. a hierarchical all-reduce chosen only across nodes), this test
+    fails by design and should then pin --runconfig.collective_algorithm or fall back to
+    test_train's data-parallel tolerance (2e-5 on parameters).
+    """
+    ref = single_host(2 * ranks_per_host)
+    got, _ = _train_across_hosts(tmp_path, capsys, ref, form, ranks_per_host)
+    _assert_same_training(got, ref)
+
+
+def _ompi_training_missing() -> str | None:
+    """Why the Open MPI venv cannot run simdist training like the MPICH venv, if it cannot."""
+    missing = _ompi_missing()
+    if missing:
+        return missing
+    # The same numpy/numba as here, or bitwise equality with the MPICH run is not expected.
+    code = (
+        "import sys; from importlib import metadata as m, util; s = util.find_spec('simdist');"
+        "print(s.origin if s else None, *(m.version(d) for d in sys.argv[1:]))"
+    )
+    dists = ("numpy", "numba", "scipy", "h5py")
+    r = subprocess.run([str(OMPI_VENV / "bin" / "python"), "-c", code, *dists],
+                       capture_output=True, text=True, timeout=60)  # fmt: skip
+    fix = f"run scripts/setup_openmpi.sh {OMPI_VENV}"
+    if r.returncode != 0:
+        return f"Open MPI venv {OMPI_VENV} lacks one of {', '.join(dists)} ({fix})"
+    origin, *versions = r.stdout.split()
+    if not origin.startswith(str(REPO) + "/"):
+        return f"Open MPI venv {OMPI_VENV} has no simdist from {REPO} ({fix})"
+    ours = [metadata.version(d) for d in dists]
+    if versions != ours:
+        return f"Open MPI venv has {versions} of {dists}, this venv {ours} ({fix})"
+    return None
+
+
+_NO_OMPI_TRAINING = _ompi_training_missing() if _NO_NETNS is None else _NO_NETNS
+
+
+@pytest.mark.skipif(_NO_OMPI_TRAINING is not None, reason=str(_NO_OMPI_TRAINING))
+def test_training_on_openmpi(tmp_path, capsys, single_host):
+    """FC-MNIST on Open MPI, 2 hosts x 2 ranks: bitwise the single-host MPICH run.
+
+    Same argument as test_training_across_hosts, plus: the MPI library never adds (simdist's
+    algorithms use point-to-point messages), and the Open MPI venv has the same numpy and
+    numba (scripts/setup_openmpi.sh pins them).
+    """
+    python = str(OMPI_VENV / "bin" / "python")
+    got, run = _train_across_hosts(tmp_path, capsys, single_host(4), "openmpi", 2, "openmpi",
+                                   python)  # fmt: skip
+    assert "mpirun.openmpi" in run.stderr and "--hostfile" in run.stderr
+    _assert_same_training(got, single_host(4))
