@@ -50,7 +50,7 @@ else
         && timeout 900 apt-get -o DPkg::Lock::Timeout=120 install -y -qq "${missing[@]}" >/dev/null; then
         note "apt: installed ${missing[*]} in $((SECONDS - t0)) s"
     else
-        problem "apt: installing ${missing[*]} failed (no network or mirror?); dependent tests will skip"
+        problem "apt: installing ${missing[*]} failed (apt says why above); dependent tests will skip"
     fi
 fi
 
