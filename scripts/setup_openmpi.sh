@@ -18,7 +18,7 @@ set -euo pipefail
 
 venv=${1:-/tmp/ompi-venv}
 python=${PYTHON:-python3}
-repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)  # physical: tests compare with Path.resolve()
 with_simdist=${SIMDIST_OMPI_SIMDIST:-1}
 
 # Same numpy/numba/... as the MPICH venv: the arithmetic is then the same, so an Open MPI
