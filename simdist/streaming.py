@@ -52,7 +52,6 @@ from __future__ import annotations
 import json
 import resource
 import socket
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -1209,6 +1208,11 @@ def setup_roles(params: Params, comm, started: float, opts: StreamingOptions | N
     opts = opts or options_from(params)
     W = opts.weight_servers if opts.execution_mode == "weight_streaming" else 0
     roles = Roles.plan(comm.Get_size(), W, opts.input_workers_per_replica)
+    if not params.runconfig.enable_data_parallel and roles.replicas > 1:
+        raise ConfigError(
+            f"runconfig.enable_data_parallel is false but the ranks make {roles.replicas} "
+            "replicas; enable data parallelism or use fewer ranks"
+        )
     groups = Groups(comm, roles)
     if groups.role == WORKER:
         worker = InputWorker(params, groups, started)
@@ -1236,11 +1240,6 @@ def _pipelined_with_workers(params: Params, groups: Groups, started: float):
     from simdist.input_workers import device_input
     from simdist.run import Run
 
-    if not params.runconfig.enable_data_parallel and groups.roles.replicas > 1:
-        raise ConfigError(
-            f"runconfig.enable_data_parallel is false but the ranks make "
-            f"{groups.roles.replicas} replicas; enable data parallelism or use fewer ranks"
-        )
     run = Run(params, groups.devices, started)
     error = None
     try:
@@ -1253,56 +1252,3 @@ def _pipelined_with_workers(params: Params, groups: Groups, started: float):
         raise ConfigError(failed[0])
     run.data = device_input(run.data, groups, run.micro_batch, run.step, params)
     return run
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``mpirun -np N python -m simdist.streaming [--weight_servers W] [--prefetch_depth D]
-    [--input_workers_per_replica K] [params flags]``: the weight-streaming loop on its own
-    (``simdist.train`` runs it too, with ``--execution_mode weight_streaming``)."""
-    from simdist.comm.world import abort, world
-    from simdist.config import load_params
-    from simdist.faults import AgreedStop, SetupGate, finish_agreed_stop
-
-    started = time.perf_counter()
-    argv = list(sys.argv[1:] if argv is None else argv)
-    override: dict[str, Any] = {"execution_mode": "weight_streaming"}
-    rest = []
-    i = 0
-    while i < len(argv):
-        name, eq, value = argv[i].partition("=")
-        key = name.lstrip("-").removeprefix("runconfig.")
-        if key in StreamingOptions.__dataclass_fields__:
-            if not eq:
-                i += 1
-                value = argv[i]
-            override[key] = value if key == "execution_mode" else int(value)
-        else:
-            rest.append(argv[i])
-        i += 1
-    comm = world()
-    gate = SetupGate(comm)
-    try:
-        params = load_params(rest)
-        run = setup_roles(params, comm, started, options_from(params, **override))
-    except (ConfigError, checkpoint.CheckpointError) as e:
-        return gate.fail(e)
-    except BaseException as e:  # noqa: BLE001 - a set-up failure takes all ranks down
-        abort(e)
-    gate.close()
-    try:
-        mode = run.params.runconfig.mode
-        if mode in ("train", "train_and_eval"):
-            run.train()
-        if mode in ("eval", "train_and_eval"):
-            run.evaluate()
-        run.close()
-    except AgreedStop as e:
-        return finish_agreed_stop(run, e)
-    except BaseException as e:  # noqa: BLE001
-        abort(e)
-    return 0
-
-
-if __name__ == "__main__":
-    np.seterr(all="ignore")
-    sys.exit(main())
