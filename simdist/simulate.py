@@ -12,8 +12,9 @@ already makes, on the objects it makes them on, so ``simdist/train.py`` is uncha
 ===========================  =============================================================
 hook                         recorded
 ===========================  =============================================================
-``run.data.train_batch``     measured input time (the loop fetches synchronously: it is
-                             the step's ``other`` time and the input-bottleneck check)
+``run.data.train_batch``     measured input time (the loop fetches synchronously: with
+                             the loop's own host time between hooked calls it is the
+                             step's ``other`` time; also the input-bottleneck check)
 ``model.forward``            the input's shape -> ``model.kernel_costs(B, T)``: every kernel
 ``model.backward``           call of forward / backward with its FLOPs, bytes and the
                              points where a gradient group is finished
@@ -278,6 +279,7 @@ class Simulation:
         self._first = True
         self.rows: list[tuple[float, float, float, float, float]] = []  # per step
         self.input_s = 0.0
+        self.host_s = 0.0
         self.measured_s = 0.0
         self.walls = array.array("d")  # measured seconds per step (first fetch .. gather)
         self.compute_walls = array.array("d")  # measured forward + backward + optimizer
@@ -462,10 +464,12 @@ class Simulation:
         pending: dict[str, list[Coll]] = {}
         shape: tuple[int, int | None] = (0, None)
         n_input = 0.0
+        hooked = 0.0  # measured seconds inside hooked calls and between-hook collectives
         for rec in self._records:
             before = clock.now
             if isinstance(rec, Coll):
                 if rec.phase is None:  # e.g. the loop's per-step agreement
+                    hooked += rec.t1 - rec.t0
                     self._place(rec, 0.0, f"{rec.op} (step check)")
                     self._add(self.phase_est, "step_check", clock.now - before)
                 else:
@@ -475,6 +479,7 @@ class Simulation:
             if detail:
                 clock.measured(rec.kind, rec.t0, rec.t1)
             kind, info = rec.kind, rec.info
+            hooked += rec.t1 - rec.t0
             self._add(self._phase_now, kind, rec.t1 - rec.t0)
             if kind == "input":
                 n_input += rec.t1 - rec.t0
@@ -503,7 +508,7 @@ class Simulation:
                 else:
                     self._vector("grad.accumulate.add", n, 12.0 * n)
             elif kind == "clip":
-                if info.get("sumsq"):
+                if info.get("norm"):
                     own = self.partition[1] - self.partition[0]
                     self._vector("grad.sum_of_squares", 2.0 * own, 4.0 * own)
                 if info.get("scaled"):
@@ -521,6 +526,13 @@ class Simulation:
         for colls in pending.values():  # spans the replay does not know: exposed
             for c in colls:
                 self._place(c, 0.0, c.op)
+        # the loop's own host work between the hooked calls (Python, the per-step check):
+        # measured, serial with the device work in this synchronous loop
+        host = max(0.0, (now - self._step_t0) - hooked)
+        clock.advance("host (measured)", host, cat="host")
+        self._add(self.phase_est, "host", host)
+        self._add(self._phase_now, "host", host)
+        self.host_s += host
         summary = clock.end_step()
         self.rows.append(
             (
@@ -557,6 +569,7 @@ class Simulation:
             "walls": np.asarray(self.walls, np.float64),
             "compute_walls": np.asarray(self.compute_walls, np.float64),
             "input_s": self.input_s,
+            "host_s": self.host_s,
             "measured_s": self.measured_s,
             "memory": self.rdev.memory.summary(),
             "notes": self.notes,
@@ -598,6 +611,12 @@ class Simulation:
                 "exposed_comm": float(parts[2]),
                 "other": float(parts[3]),
             },
+            # other = host time the device waits for, measured: the input fetch and the
+            # loop's own work between the hooked calls (rank 0, mean per step)
+            "est_other_breakdown_s": {
+                "input": every[0]["input_s"] / steps,
+                "host": every[0]["host_s"] / steps,
+            },
             "est_overlapped_comm_s": max(0.0, float(parts[4])),
             "est_step_time_s_by_rank": [float(x) for x in table[:, :, 0].mean(axis=1)],
             # the same steps measured: first input fetch to the end of the parameter gather
@@ -630,7 +649,7 @@ class Simulation:
                 "ranks_per_node": list(self.rdev.placement.ranks_per_node),
                 "reduce_on_device": not self.staged,
                 "memory_plan_matches": bool(self.run.memory.plan_matches()),
-                "other_is": "measured host input time (train_batch), not modelled",
+                "other_is": "measured host time: input fetch + the loop between hooked calls",
                 "profile_unknown": list(prof.unknown),
                 "notes": notes,
                 "timeline": TIMELINE if self.trace_steps else None,
@@ -723,7 +742,9 @@ def attach(run: Any) -> Simulation:
         scaled = 0
         if max_norm is not None and result is not None and max_norm / (result + 1e-6) < 1.0:
             scaled = int(grads.size)
-        return {"sumsq": sumsq is not None or max_norm is not None, "scaled": scaled}
+        # a sum of squares handed in was computed outside the hooks (the loop's per-step
+        # check): its time is in the measured host time, so only clip's own is modelled
+        return {"norm": sumsq is None and max_norm is not None, "scaled": scaled}
 
     def optimizer_info(args, kwargs, result) -> dict[str, Any]:
         return {"elements": int(args[0].size), "type": opt.optimizer_type}
