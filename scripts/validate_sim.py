@@ -405,8 +405,9 @@ COLL_ROUNDS = 9
 
 
 def collectives_worker(out: str) -> int:
-    """Under mpiexec: time simdist's collectives the way calibrate times MPI (best of N
-    windows of back-to-back calls, each window's time the slowest rank's); rank 0 writes."""
+    """Under mpiexec: time simdist's collectives the way calibrate times MPI (one case at a
+    time, best of N windows of back-to-back calls, each window's time the slowest rank's);
+    rank 0 writes."""
     import numpy as np
 
     import simdist  # noqa: F401  (pins one thread per rank)
@@ -421,13 +422,12 @@ def collectives_worker(out: str) -> int:
     def call(op: str, alg: str, buf) -> None:
         getattr(coll, op)(buf, algorithm=alg)
 
-    for op, alg, n in keys:  # warm up every path (scratch, rendezvous)
-        for _ in range(2):
-            call(op, alg, bufs[n])
     windows: dict[tuple, list[float]] = {k: [] for k in keys}
-    for _ in range(COLL_ROUNDS):  # rounds interleave every case
-        for op, alg, n in keys:
-            k = max(3, min(32, (16 << 20) // n))
+    for op, alg, n in keys:  # one case at a time, as calibrate sweeps one size at a time
+        for _ in range(3):  # warm up: scratch, rendezvous, first touch
+            call(op, alg, bufs[n])
+        k = max(3, min(32, (16 << 20) // n))
+        for _ in range(COLL_ROUNDS):
             coll.barrier(algorithm="native")
             t0 = time.perf_counter()
             for _ in range(k):
