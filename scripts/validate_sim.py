@@ -24,15 +24,15 @@ measured one (first input fetch to the end of the parameter gather, slowest rank
   predicted from the same replay (``est_compute_s``), measured over the same calls
   (``measured_compute_s``);
 * ``collective``: all-reduce, reduce-scatter and all-gather of 1, 4 and 16 MiB, ring and
-  rhd, simdist's own collectives timed here (``--collectives-worker``, run under mpiexec)
+  rhd, simdist's own collectives timed here as the loop runs them (``--collectives-worker``
+  under mpiexec: buffer just written, ranks start together, one call timed, slowest rank)
   against the schedule model on the host profile's ``intra`` link, target <= 10 %.
 
 Which measurement. The profile is best-of-N (calibrate keeps each rate's best sample, so
 that other processes on a shared machine do not lower it): it describes the machine when
 nothing else runs. The measured side uses the same estimator: the best step (and the best
-window of back-to-back collective calls, timed as calibrate times MPI), over ``--repeats``
-interleaved runs. The median is printed beside it: on a loaded machine the gap between the
-two is the load, not the model. Nothing is rescaled.
+collective call), over ``--repeats`` interleaved runs. The median is printed beside it: on
+a loaded machine the gap between the two is the load, not the model. Nothing is rescaled.
 
 The profile models one core per rank. Runs with more ranks than cores (np 4 on a 2-core
 machine) time-share the cores: they are run and reported, flagged ``oversubscribed``, and
@@ -401,13 +401,13 @@ def measured_training(nps: list[int], repeats: int, work: Path) -> list[dict]:
 
 COLL_OPS = ("allreduce", "reduce_scatter", "allgather")
 COLL_SIZES = (1 << 20, 4 << 20, 16 << 20)
-COLL_ROUNDS = 9
+COLL_CALLS = 15
 
 
 def collectives_worker(out: str) -> int:
-    """Under mpiexec: time simdist's collectives the way calibrate times MPI (one case at a
-    time, best of N windows of back-to-back calls, each window's time the slowest rank's);
-    rank 0 writes."""
+    """Under mpiexec: time simdist's collectives as the training loop runs them: the buffer
+    has just been written (as backward writes the gradients), the ranks start together, one
+    call is timed, its time is the slowest rank's. Best and median of N calls per case."""
     import numpy as np
 
     import simdist  # noqa: F401  (pins one thread per rank)
@@ -417,22 +417,22 @@ def collectives_worker(out: str) -> int:
     comm = world()
     coll = Collectives(comm)
     keys = [(op, alg, n) for op in COLL_OPS for alg in ("ring", "rhd") for n in COLL_SIZES]
-    bufs = {n: np.zeros(n // 4, np.float32) for n in COLL_SIZES}
+    bufs = {n: np.empty(n // 4, np.float32) for n in COLL_SIZES}
 
     def call(op: str, alg: str, buf) -> None:
         getattr(coll, op)(buf, algorithm=alg)
 
     windows: dict[tuple, list[float]] = {k: [] for k in keys}
     for op, alg, n in keys:  # one case at a time, as calibrate sweeps one size at a time
-        for _ in range(3):  # warm up: scratch, rendezvous, first touch
-            call(op, alg, bufs[n])
-        k = max(3, min(32, (16 << 20) // n))
-        for _ in range(COLL_ROUNDS):
+        buf = bufs[n]
+        for i in range(3 + COLL_CALLS):  # 3 warm-up calls: scratch, rendezvous, first touch
+            buf.fill(0.0)  # freshly written, as gradients are after backward
             coll.barrier(algorithm="native")
             t0 = time.perf_counter()
-            for _ in range(k):
-                call(op, alg, bufs[n])
-            windows[(op, alg, n)].append(max(comm.allgather((time.perf_counter() - t0) / k)))
+            call(op, alg, buf)
+            dt = time.perf_counter() - t0
+            if i >= 3:
+                windows[(op, alg, n)].append(max(comm.allgather(dt)))
     if comm.Get_rank() == 0:
         rows = [
             {
