@@ -494,8 +494,12 @@ def _plots(rows: list[dict], directory: Path) -> list[Path]:
         return []
     directory.mkdir(parents=True, exist_ok=True)
     kinds = list(dict.fromkeys(r["kind"] for r in rows))
-    fig, axes = plt.subplots(1, len(kinds), figsize=(4.2 * len(kinds), 4.2), squeeze=False)
-    for ax, kind in zip(axes[0], kinds, strict=True):
+    cols = min(4, len(kinds))
+    rows_n = -(-len(kinds) // cols)
+    fig, axes = plt.subplots(rows_n, cols, figsize=(4.2 * cols, 4.2 * rows_n), squeeze=False)
+    for ax in axes.flat[len(kinds) :]:
+        ax.set_visible(False)
+    for ax, kind in zip(axes.flat, kinds, strict=False):
         group = [r for r in rows if r["kind"] == kind]
         lo = min(min(r["predicted"], r["measured"]) for r in group) * 0.7
         hi = max(max(r["predicted"], r["measured"]) for r in group) * 1.4
