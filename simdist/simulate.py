@@ -617,7 +617,8 @@ class Simulation:
                 "input": every[0]["input_s"] / steps,
                 "host": every[0]["host_s"] / steps,
             },
-            "est_overlapped_comm_s": max(0.0, float(parts[4])),
+            # (the clock accumulates duration - exposed: round-off below 1 fs is zero)
+            "est_overlapped_comm_s": float(parts[4]) if parts[4] > 1e-15 else 0.0,
             "est_step_time_s_by_rank": [float(x) for x in table[:, :, 0].mean(axis=1)],
             # the same steps measured: first input fetch to the end of the parameter gather
             # (summaries and checkpoints, which step_time_s includes, left out), slowest rank
