@@ -5,13 +5,19 @@
         [--ops allreduce,reduce_scatter,allgather] [--min 4K --max 64M] [--iters N]
 
 For each op and size (x4 steps) every algorithm runs on the same float32 buffer of ``bytes``
-bytes. Algorithms are interleaved in rounds, so a burst of load from other processes on this
-shared machine hits them alike. Each timed call starts after a barrier; its time is the
-maximum over ranks; the table shows the median over calls, with nccl-tests' definitions:
+bytes. Algorithms are interleaved in ``--rounds`` rounds (large sizes alternate call by call),
+cycling through every order of the algorithms, so a burst of load from other processes on
+this shared machine, and the cache state one algorithm leaves to the next, hit them alike.
+Each timed call starts after a barrier; its time is the maximum over ranks; the table shows
+the median over calls, with nccl-tests' definitions:
 algbw = bytes / time; busbw = algbw * 2(n-1)/n for all-reduce and * (n-1)/n for
 reduce-scatter and all-gather. Then, per op and size, the ratio of the best simdist algorithm's
 busbw to native's, and their geometric mean over sizes >= 1 MiB. Timings are for reading,
 never asserted anywhere.
+
+One process runs all ops in turn, and state carries over: on MPICH 5.0.2 native all-gather
+was seen several-fold slower after the 64 MiB calls of an earlier op than in a fresh process.
+For the cleanest native figures run one op per process (``--ops allreduce``, and so on).
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import simdist  # noqa: F401, I001  (first: pins one thread per rank before nump
 
 # isort: split
 import argparse
+import itertools
 import json
 import math
 import os
@@ -130,7 +137,7 @@ def main() -> int:
     ap.add_argument("--max", default="64M", help="largest buffer")
     ap.add_argument("--iters", type=int, default=0, help="timed calls per point (0: by size)")
     ap.add_argument("--warmup", type=int, default=3, help="untimed calls per point")
-    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds per point")
+    ap.add_argument("--rounds", type=int, default=12, help="interleaved rounds per point")
     args = ap.parse_args()
 
     comm = world()
@@ -149,6 +156,7 @@ def main() -> int:
         sizes.append(size)
         size *= 4
     coll = Collectives(comm)
+    orders = list(itertools.permutations(algorithms))
 
     info = machine_info()
     if rank == 0:
@@ -170,8 +178,10 @@ def main() -> int:
             for a in algorithms:
                 for _ in range(args.warmup):
                     run_op(coll, op, buf, a)
-            for _ in range(args.rounds):
-                for a in algorithms:
+            for i in range(args.rounds):
+                # Cycle through every order: an algorithm inherits the cache state of the one
+                # before it, so each should follow each other one equally often.
+                for a in orders[i % len(orders)]:
                     times[a] += time_calls(coll, op, buf, a, per_round)
             best: dict[str, float] = {}
             for a in algorithms:
