@@ -288,7 +288,7 @@ def _describe_mismatch(op: str, table: np.ndarray) -> str:
     if len(set(table[:, _DTYPE])) > 1:
         lines.append(f"  dtypes: {per_rank(_DTYPE, lambda v: _dtype_name(int(v)))}")
     if len(set(table[:, _EXTRA])) > 1:
-        lines.append(f"  bounds/root/average: {per_rank(_EXTRA)}")
+        lines.append(f"  bounds, root or average flag: {per_rank(_EXTRA)}")
     bad = [r for r in range(table.shape[0]) if not table[r, _OK]]
     if bad:
         lines.append(f"  invalid arguments (see their own error) on ranks {bad}")
