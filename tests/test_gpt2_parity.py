@@ -1,4 +1,4 @@
-"""simdist's GPT-2 against a PyTorch GPT-2 written here, with identical weights and batch.
+"""simdist's GPT-2 vs a PyTorch GPT-2 (simdist.testing.torch_reference), same weights, batch.
 
 The PyTorch model uses Hugging Face's GPT-2 parameter names and layouts (Conv1D weights are
 (in, out)), so the weights load by name with ``load_state_dict(strict=True)``: that also
@@ -16,79 +16,9 @@ from simdist.models.gpt2 import GPT2, PRESETS
 from simdist.optim import Optimizer
 
 torch = pytest.importorskip("torch")
-nn = torch.nn
-F = torch.nn.functional
+TorchGPT2 = pytest.importorskip("simdist.testing.torch_reference").TorchGPT2
 
 TOL = 1e-4
-
-
-class Conv1D(nn.Module):
-    """Hugging Face's GPT-2 linear layer: weight stored (in, out)."""
-
-    def __init__(self, n_in: int, n_out: int):
-        super().__init__()
-        self.weight = nn.Parameter(torch.empty(n_in, n_out))
-        self.bias = nn.Parameter(torch.empty(n_out))
-
-    def forward(self, x):
-        return torch.addmm(self.bias, x.reshape(-1, x.shape[-1]), self.weight).reshape(
-            *x.shape[:-1], -1
-        )
-
-
-class Attention(nn.Module):
-    def __init__(self, C: int, n_head: int):
-        super().__init__()
-        self.n_head = n_head
-        self.c_attn = Conv1D(C, 3 * C)
-        self.c_proj = Conv1D(C, C)
-
-    def forward(self, x):
-        B, T, C = x.shape
-        q, k, v = self.c_attn(x).split(C, dim=2)
-        q, k, v = (a.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for a in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.c_proj(y.transpose(1, 2).reshape(B, T, C))
-
-
-class MLP(nn.Module):
-    def __init__(self, C: int):
-        super().__init__()
-        self.c_fc = Conv1D(C, 4 * C)
-        self.c_proj = Conv1D(4 * C, C)
-
-    def forward(self, x):
-        return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))
-
-
-class Block(nn.Module):
-    def __init__(self, C: int, n_head: int):
-        super().__init__()
-        self.ln_1 = nn.LayerNorm(C, eps=1e-5)
-        self.attn = Attention(C, n_head)
-        self.ln_2 = nn.LayerNorm(C, eps=1e-5)
-        self.mlp = MLP(C)
-
-    def forward(self, x):
-        x = x + self.attn(self.ln_1(x))
-        return x + self.mlp(self.ln_2(x))
-
-
-class TorchGPT2(nn.Module):
-    def __init__(self, cfg):
-        super().__init__()
-        self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
-        self.wpe = nn.Embedding(cfg.block_size, cfg.n_embd)
-        self.h = nn.ModuleList(Block(cfg.n_embd, cfg.n_head) for _ in range(cfg.n_layer))
-        self.ln_f = nn.LayerNorm(cfg.n_embd, eps=1e-5)
-
-    def forward(self, tokens, targets):
-        T = tokens.shape[1]
-        x = self.wte(tokens) + self.wpe(torch.arange(T))
-        for block in self.h:
-            x = block(x)
-        logits = self.ln_f(x) @ self.wte.weight.T  # tied LM head
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
 def rel(a, b) -> float:
