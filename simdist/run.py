@@ -246,15 +246,7 @@ class Run:
             mean_loss = self.coll.allreduce_scalars(np.array([loss]))[0] / self.world
             self.check_replicas()
             if self.is_main:
-                now = time.perf_counter()
-                t0, s0 = self._summary_t
-                rate = (step - s0) * self.global_batch / max(now - t0, 1e-9)
-                self._summary_t = (now, step)
-                extra = f", grad_norm = {norm:.4f}" if norm is not None else ""
-                self.log(f"global_step = {step}, loss = {mean_loss:.6f}{extra}")
-                self.events.scalar("loss", mean_loss, step)
-                self.events.scalar("samples_per_sec", rate, step)
-                self.events.flush()
+                write_summary(self, step, mean_loss, norm)
         if stop or r.save_checkpoints_steps and (step % r.save_checkpoints_steps == 0 or last):
             self.save_checkpoint()
 
@@ -411,6 +403,20 @@ class Run:
     def open_log(self) -> None:
         self._log_open = True
         self.log(f"model_dir: {self.model_dir}")
+
+
+def write_summary(run, step: int, mean_loss: float, norm: float | None) -> None:
+    """Rank 0 of a run (pipelined or streaming): the summary line and TensorBoard scalars,
+    with the samples/s since the previous summary."""
+    now = time.perf_counter()
+    t0, s0 = run._summary_t
+    rate = (step - s0) * run.global_batch / max(now - t0, 1e-9)
+    run._summary_t = (now, step)
+    extra = f", grad_norm = {norm:.4f}" if norm is not None else ""
+    run.log(f"global_step = {step}, loss = {mean_loss:.6f}{extra}")
+    run.events.scalar("loss", mean_loss, step)
+    run.events.scalar("samples_per_sec", rate, step)
+    run.events.flush()
 
 
 class _ProgressBar:

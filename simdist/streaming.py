@@ -964,15 +964,9 @@ class StreamingRun:
         r, step = self.params.runconfig, self.step
         last = step == r.max_steps or stop
         if self.is_main and (step % r.save_summary_steps == 0 or last):
-            now = time.perf_counter()
-            t0, s0 = self._summary_t
-            rate = (step - s0) * self.global_batch / max(now - t0, 1e-9)
-            self._summary_t = (now, step)
-            extra = f", grad_norm = {norm:.4f}" if norm is not None else ""
-            self.log(f"global_step = {step}, loss = {mean_loss:.6f}{extra}")
-            self.events.scalar("loss", mean_loss, step)
-            self.events.scalar("samples_per_sec", rate, step)
-            self.events.flush()
+            from simdist.run import write_summary
+
+            write_summary(self, step, mean_loss, norm)
         if stop or r.save_checkpoints_steps and (step % r.save_checkpoints_steps == 0 or last):
             self.save_checkpoint()
 
