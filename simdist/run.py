@@ -81,8 +81,7 @@ class Run:
         self.step = 0
         self.events: EventWriter | None = None
         self._summary_t = (0.0, 0)
-        self._log_lines: list[str] = []
-        self._log_open = False  # nothing goes into model_dir until set-up has succeeded
+        self._log = RunLog(self.model_dir, self.is_main)
 
     # ----------------------------------------------------------------- set-up
     def build(self) -> None:
@@ -391,18 +390,34 @@ class Run:
             self.data.close()
 
     def log(self, message: str) -> None:
-        """Rank 0 prints; run.log gets the lines once model_dir is ours to write."""
-        if self.is_main:
-            print(message, flush=True)
-            self._log_lines.append(message)
-            if self._log_open:
-                with open(self.model_dir / "run.log", "a") as f:
-                    f.write("\n".join(self._log_lines) + "\n")
-                self._log_lines.clear()
+        self._log(message)
 
     def open_log(self) -> None:
-        self._log_open = True
+        self._log.open()
         self.log(f"model_dir: {self.model_dir}")
+
+
+class RunLog:
+    """Rank 0's messages: printed at once, and appended to model_dir/run.log once the
+    directory is ours to write (nothing goes into model_dir until set-up has succeeded)."""
+
+    def __init__(self, model_dir: Path, is_main: bool):
+        self.path, self.is_main = Path(model_dir) / "run.log", is_main
+        self.pending: list[str] = []
+        self.opened = False
+
+    def open(self) -> None:
+        self.opened = True
+
+    def __call__(self, message: str) -> None:
+        if not self.is_main:
+            return
+        print(message, flush=True)
+        self.pending.append(message)
+        if self.opened:
+            with open(self.path, "a") as f:
+                f.write("\n".join(self.pending) + "\n")
+            self.pending.clear()
 
 
 def write_summary(run, step: int, mean_loss: float, norm: float | None) -> None:

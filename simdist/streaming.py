@@ -70,6 +70,7 @@ from simdist.device import CostModel, DeviceMemory, ProfileError, format_bytes, 
 from simdist.kernels._jit import kernel
 from simdist.models.base import GradientGroup, GradientViews
 from simdist.models.stages import Stage
+from simdist.run import RunLog, write_summary
 
 F32 = np.float32
 GRADIENT_SLOTS = 2  # one group's gradients in flight while the next is computed
@@ -649,8 +650,7 @@ class StreamingRun:
         self.accum = params.optimizer.grad_accum_steps
         self.step = 0
         self.events = None
-        self._lines: list[str] = []
-        self._log_open = False
+        self._log = RunLog(self.model_dir, self.is_main)
         self.device_times: list[StepTime] = []
         self.note = ""
 
@@ -790,7 +790,7 @@ class StreamingRun:
                 self.data, self.groups, self.micro_batch, self.step, self.params
             )
         if self.is_main:
-            self._log_open = True
+            self._log.open()
             self.log(f"model_dir: {self.model_dir}")
 
     def _check_model_dir(self) -> None:
@@ -964,8 +964,6 @@ class StreamingRun:
         r, step = self.params.runconfig, self.step
         last = step == r.max_steps or stop
         if self.is_main and (step % r.save_summary_steps == 0 or last):
-            from simdist.run import write_summary
-
             write_summary(self, step, mean_loss, norm)
         if stop or r.save_checkpoints_steps and (step % r.save_checkpoints_steps == 0 or last):
             self.save_checkpoint()
@@ -1185,13 +1183,7 @@ class StreamingRun:
             self.events.close()
 
     def log(self, message: str) -> None:
-        if self.is_main:
-            print(message, flush=True)
-            self._lines.append(message)
-            if self._log_open:
-                with open(self.model_dir / "run.log", "a") as f:
-                    f.write("\n".join(self._lines) + "\n")
-                self._lines.clear()
+        self._log(message)
 
 
 def setup_roles(params: Params, comm, started: float, opts: StreamingOptions | None = None):

@@ -294,26 +294,7 @@ class GPT2:
         self.config = config
         self.name = "gpt2"
         L = config.n_layer
-        self._layer_names = [
-            tuple(
-                f"h.{i}.{p}"
-                for p in (
-                    "ln_1.weight",
-                    "ln_1.bias",
-                    "attn.c_attn.weight",
-                    "attn.c_attn.bias",
-                    "attn.c_proj.weight",
-                    "attn.c_proj.bias",
-                    "ln_2.weight",
-                    "ln_2.bias",
-                    "mlp.c_fc.weight",
-                    "mlp.c_fc.bias",
-                    "mlp.c_proj.weight",
-                    "mlp.c_proj.bias",
-                )
-            )
-            for i in range(L)
-        ]
+        self._layer_names = [tuple(f"h.{i}.{p}" for p in gpt2_costs.LAYER_PARAMS) for i in range(L)]
         self._arena: np.ndarray | None = None
         self._batch = 0
         self._offsets: dict[str, int] = {}

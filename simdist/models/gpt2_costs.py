@@ -111,7 +111,7 @@ def kernel_costs(cfg, B: int, T: int) -> list[KernelCost]:
         out += _linear(h + "attn.c_proj", N, C, C, b)
         out += _attention(h + "attn", B, T, NH, hs, b)
         out += _linear(h + "attn.c_attn", N, C, 3 * C, b)
-        names = tuple(f"{h}{p}" for p in _LAYER_PARAMS)
+        names = tuple(f"{h}{p}" for p in LAYER_PARAMS)
         out.append(_layernorm(h + "ln_1.bwd", N, C, b, fused_add=True)._replace(done=names))
     out.append(vector("wpe.grad.zero", 0, cfg.block_size * C, b))
     done = ("wte.weight", "wpe.weight")
@@ -119,7 +119,8 @@ def kernel_costs(cfg, B: int, T: int) -> list[KernelCost]:
     return out
 
 
-_LAYER_PARAMS = (
+# A block's parameters in the Hugging Face state-dict order (the flat layout's order too).
+LAYER_PARAMS = (
     "ln_1.weight",
     "ln_1.bias",
     "attn.c_attn.weight",
