@@ -87,6 +87,10 @@ class RunConfig:
     enable_data_parallel: bool = True
     zero_opt_level: int = 0
     collective_algorithm: str = "auto"
+    # Ranks per node: null = as MPI places them (shared-memory split); k = treat every k
+    # consecutive ranks as one node (virtual nodes, to study hierarchical collectives and
+    # inter-node links on one machine).
+    ranks_per_node: int | None = None
     check_collectives: bool = False
     min_world_size: int = 1
     progress_bar: str | bool = "auto"
@@ -152,7 +156,7 @@ FLAG_ALIASES: dict[str, tuple[str, str | None]] = {
 
 CHOICES: dict[str, tuple] = {
     "runconfig.mode": ("train", "eval", "train_and_eval"),
-    "runconfig.collective_algorithm": ("auto", "ring", "rhd", "native"),
+    "runconfig.collective_algorithm": ("auto", "ring", "rhd", "hierarchical", "native"),
     "runconfig.execution_mode": ("pipelined", "weight_streaming"),
     "runconfig.progress_bar": ("auto", True, False),
     "optimizer.optimizer_type": ("adamw", "sgd"),
@@ -358,6 +362,7 @@ def validate(p: Params) -> None:
         ("runconfig.save_summary_steps", r.save_summary_steps),
         ("optimizer.grad_accum_steps", o.grad_accum_steps),
         ("runconfig.min_world_size", r.min_world_size),
+        ("runconfig.ranks_per_node", r.ranks_per_node),
     ]:
         if value is not None and value < 1:
             raise ConfigError(f"{key} must be >= 1, got {value}")
@@ -384,6 +389,11 @@ def validate(p: Params) -> None:
         raise ConfigError("optimizer.max_gradient_norm must be > 0 or null")
     if r.zero_opt_level > 0 and not r.enable_data_parallel:
         raise ConfigError("runconfig.zero_opt_level > 0 needs runconfig.enable_data_parallel: true")
+    if r.ranks_per_node is not None and r.execution_mode != "pipelined":
+        raise ConfigError(
+            "runconfig.ranks_per_node (virtual nodes) applies to pipelined execution only; "
+            "weight streaming uses the placement MPI reports (set it to null)"
+        )
     if r.trace_steps < 0:
         raise ConfigError(f"runconfig.trace_steps must be >= 0, got {r.trace_steps}")
     for key, value, least in [

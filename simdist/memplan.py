@@ -73,12 +73,15 @@ def _bucket_elements(layout: Layout, groups) -> int:
 
 def scratch_bytes(setup: RankSetup, layout: Layout) -> int:
     """Largest scratch the p2p layer will ask for: a pipelined receive uses DEPTH segments,
-    a smaller one at most a segment; MPI's reduce-scatter lands a rank's block there."""
+    a smaller one at most a segment; MPI's reduce-scatter lands a rank's block there;
+    hierarchical stages the buffer in chunk order (``comm/hierarchical.py``)."""
     if setup.world == 1:
         return 0
     need = DEPTH * SEGMENT
     if setup.algorithm == "native":
         need = max(need, layout.shard_size)
+    if setup.algorithm == "hierarchical":  # + the two sub-rings' scratch + the staging copy
+        need = 3 * DEPTH * SEGMENT + layout.padded
     return 4 * need
 
 
@@ -134,6 +137,10 @@ def setup_for(run: Any) -> RankSetup:
         for buf in (getattr(data, "_x", None), getattr(data, "_y", None)):
             if isinstance(buf, np.ndarray) and buf.shape[0]:
                 per_sample += buf.nbytes // buf.shape[0]
+    algorithm = r.collective_algorithm
+    if algorithm == "auto":  # what GradientSync will resolve it to
+        padded = Layout(model.parameter_specs(), run.world).padded
+        algorithm = run.coll.choose("reduce_scatter", 4 * padded)
     return RankSetup(
         numel_specs=tuple((s.name, s.numel) for s in model.parameter_specs()),
         groups=tuple((tuple(g.names), g.held) for g in model.gradient_groups()),
@@ -143,7 +150,7 @@ def setup_for(run: Any) -> RankSetup:
         accum=p.optimizer.grad_accum_steps,
         optimizer_type=p.optimizer.optimizer_type,
         micro_batch=run.micro_batch,
-        algorithm=r.collective_algorithm,
+        algorithm=algorithm,
         activation_bytes=model.activation_bytes,
         input_bytes_per_sample=per_sample,
     )

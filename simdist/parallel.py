@@ -20,7 +20,6 @@ from __future__ import annotations
 import numpy as np
 
 from simdist.comm import Collectives
-from simdist.comm.cost import choose_algorithm
 from simdist.kernels.optim import sum_of_squares
 
 from .arena import Layout
@@ -36,7 +35,7 @@ class GradientSync:
         # One algorithm for every gradient collective: "auto" picks by message size, and a
         # per-group reduce-scatter must sum in the same order as the whole-buffer one.
         if algorithm == "auto":
-            algorithm = choose_algorithm("reduce_scatter", 4 * layout.padded, coll.world)
+            algorithm = coll.choose("reduce_scatter", 4 * layout.padded)
         self.algorithm = algorithm
 
     def reduce_gradients(self, grads: np.ndarray | None) -> np.ndarray:

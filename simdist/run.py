@@ -24,6 +24,7 @@ import numpy as np
 from simdist import checkpoint, simulate
 from simdist.arena import Layout
 from simdist.comm import Collectives
+from simdist.comm.topology import Placement, placement
 from simdist.comm.world import world
 from simdist.config import ConfigError, Params, batch_sizes, dump_yaml, load_params
 from simdist.data.datasets import build_dataset
@@ -74,9 +75,16 @@ class Run:
         r = params.runconfig
         self.model_dir = Path(r.model_dir)
         self.micro_batch, self.global_batch = batch_sizes(params, self.world)
-        self.coll = Collectives(comm, algorithm=r.collective_algorithm, check=r.check_collectives)
+        self.placement = (
+            placement(comm)
+            if r.ranks_per_node is None
+            else Placement.blocks(self.rank, self.world, r.ranks_per_node)
+        )
+        self.coll = Collectives(
+            comm, r.collective_algorithm, r.check_collectives, placement=self.placement
+        )
         # the simulated accelerator (simdist.simulate); its accounted memory backs run.memory
-        self.device = simulate.create_device(r, comm)
+        self.device = simulate.create_device(r, comm, self.placement)
         self.memory = DeviceAllocator(self.device.memory)
         self.step = 0
         self.events: EventWriter | None = None
@@ -109,6 +117,13 @@ class Run:
         self.pviews = layout.views(self.params_flat)
         accum = p.optimizer.grad_accum_steps
         self.sync = GradientSync(self.coll, layout, r.zero_opt_level, r.collective_algorithm)
+        place = self.placement
+        self.log(
+            f"placement: {place.num_nodes} node(s), ranks per node "
+            f"{list(dict.fromkeys(place.ranks_per_node))}"
+            f"{' (virtual: runconfig.ranks_per_node)' if r.ranks_per_node else ''}; "
+            f"gradient collectives: {self.sync.algorithm}"
+        )
         self.micro_grads = None
         if r.zero_opt_level == 2:
             # gradients exist only as this rank's slice plus a bucket (see parallel.py)
@@ -345,6 +360,8 @@ class Run:
                 "grad_accum_steps": self.params.optimizer.grad_accum_steps,
                 "zero_opt_level": self.params.runconfig.zero_opt_level,
                 "collective_algorithm": self.params.runconfig.collective_algorithm,
+                "gradient_algorithm": self.sync.algorithm,  # what "auto" resolved to
+                "nodes": self.placement.num_nodes,
                 "parameters": self.layout.numel,
                 "parameters_padded": self.layout.padded,
                 "memory_bytes": dict(self.memory.bytes),

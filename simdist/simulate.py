@@ -57,11 +57,11 @@ from typing import Any
 
 import numpy as np
 
-from simdist.comm import choose_algorithm, partition
+from simdist.comm import partition
 from simdist.comm.topology import Placement, placement
 from simdist.device import Device, Link, ProfileError, load_profile, write_chrome_trace
 from simdist.device.cost import collective_time
-from simdist.device.schedule import schedule_time
+from simdist.device.schedule import hierarchical_time, schedule_time
 from simdist.memplan import scratch_bytes, setup_for
 from simdist.models.base import KernelCost
 
@@ -109,12 +109,14 @@ def compute_dtype(profile) -> tuple[str, list[str]]:
     return "fp32", [f"{profile.name} publishes no matrix peak: compute is not modelled"]
 
 
-def create_device(runconfig, comm) -> RankDevice:
-    """Collective (the placement): this rank's device from ``runconfig.device_profile``.
+def create_device(runconfig, comm, place: Placement | None = None) -> RankDevice:
+    """This rank's device from ``runconfig.device_profile`` (collective unless ``place``, the
+    ranks' placement, is given).
 
     The profile's ``devices_per_node`` becomes the real number of ranks per node, so an
     inter-node ring is costed with the placement that actually runs."""
-    place = placement(comm)
+    if place is None:
+        place = placement(comm)
     prof = load_profile(runconfig.device_profile)
     prof = dataclasses.replace(prof, devices_per_node=place.max_ranks_per_node)
     dtype, notes = compute_dtype(prof)
@@ -164,7 +166,7 @@ class RecordingCollectives:
 
     def _resolve(self, op: str, n: int, algorithm: str | None) -> str:
         req = algorithm or self._inner.algorithm
-        return choose_algorithm(op, 4 * n, self._inner.world) if req == "auto" else req
+        return self._inner.choose(op, 4 * n) if req == "auto" else req
 
     def _blocks(self, n: int, bounds) -> tuple[int, ...]:
         b = partition(n, self._inner.world) if bounds is None else np.asarray(bounds)
@@ -411,6 +413,21 @@ class Simulation:
             max(lk.gamma for lk in known),
         )
 
+    def _hierarchical_seconds(self, c: Coll) -> float:
+        """In-node rings on the intra link, cross-node rings on a rank's share of the NICs
+        (one node: all intra); host staging, where configured, adds its two copies."""
+        place = self.rdev.placement
+        nodes = [place.members(m) for m in range(place.num_nodes)]
+        inter = self.cost.rail(self.world) if place.num_nodes > 1 else None  # shared NICs
+        intra = self.cost.link("intra", self.world)
+        t = hierarchical_time(c.op, c.blocks, nodes, intra, inter or intra)
+        if c.staged:
+            own, n = c.blocks[self.rank], c.nbytes
+            n_in = own if c.op == "allgather" else n
+            n_out = own if c.op == "reduce_scatter" else n
+            t += 2 * self.profile.host.latency + (n_in + n_out) * self.profile.host.beta
+        return t
+
     def collective_seconds(self, c: Coll) -> float:
         """Simulated duration of one recorded collective (0 with a note if unpublished)."""
         p = self.world
@@ -418,6 +435,8 @@ class Simulation:
             return 0.0
         try:
             net = self.cost.link(self.link_class, p)
+            if c.algorithm == "hierarchical" and c.op in RecordingCollectives.STAGED_OPS:
+                return self._hierarchical_seconds(c)
             if c.op in RecordingCollectives.STAGED_OPS:
                 if not c.staged:
                     return schedule_time(c.op, c.algorithm, c.blocks, net)

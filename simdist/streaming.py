@@ -63,7 +63,6 @@ from simdist import checkpoint
 from simdist.arena import Layout
 from simdist.comm import Collectives
 from simdist.comm import groups as g
-from simdist.comm.cost import choose_algorithm
 from simdist.comm.groups import DEVICE, SERVER, WORKER, Groups, Roles
 from simdist.config import ConfigError, Params, batch_sizes, dump_yaml
 from simdist.device import CostModel, DeviceMemory, ProfileError, format_bytes, load_profile
@@ -738,7 +737,7 @@ class StreamingRun:
         R = self.roles.replicas
         algorithm = r.collective_algorithm
         if algorithm == "auto":  # as GradientSync: by the whole padded buffer
-            algorithm = choose_algorithm("reduce_scatter", 4 * self.layout.padded, R)
+            algorithm = self.coll.choose("reduce_scatter", 4 * self.layout.padded)
         self.window = WeightWindow(
             self.plan, self.groups.stream, self.opts.prefetch_depth, self.memory
         )

@@ -7,11 +7,12 @@ import pytest
 from mpi_launch import run_mpi
 
 from simdist.comm import choose_algorithm, partition
-from simdist.comm.cost import predicted_time
+from simdist.comm.cost import predicted_time, two_level_time
 from simdist.comm.partition import bounds_list
+from simdist.comm.topology import Placement
 
 
-@pytest.mark.parametrize("np_", [1, 2, 3, 4])
+@pytest.mark.parametrize("np_", [1, 2, 3, 4, 6])  # 6: hierarchical on 3 x 2 and 2 x 3 grids
 def test_collectives_under_mpi(np_: int) -> None:
     proc = run_mpi(np_, ["tests/mpi/check_collectives.py"], timeout=120)
     assert proc.returncode == 0, f"mpiexec -n {np_} failed:\n{proc.stdout}"
@@ -81,5 +82,24 @@ def test_auto_rule() -> None:
         for nbytes in (4 << 10, 256 << 10, 16 << 20):
             ops = ("allreduce", "reduce_scatter", "allgather")
             assert len({choose_algorithm(op, nbytes, p) for op in ops}) == 1
+    # Across nodes: hierarchical for large buffers on an N x L grid, never with one node,
+    # one rank per node or uneven nodes (there the single-node rule above stands).
+    grid = Placement.blocks(0, 4, 2)
+    assert choose_algorithm("allreduce", 64 << 20, 4, grid) == "hierarchical"
+    assert choose_algorithm("allreduce", 1 << 10, 4, grid) == "rhd"  # latency: no staging
+    assert {choose_algorithm(op, 1 << 20, 4, grid) for op in ops} == {"hierarchical"}
+    assert choose_algorithm("broadcast", 64 << 20, 4, grid) == choose_algorithm(
+        "broadcast", 64 << 20, 4
+    )  # broadcast keeps the single-node rule
+    for flat in (Placement.blocks(0, 4, 4), Placement.blocks(0, 4, 1), Placement(0, (0, 0, 1))):
+        for nbytes in (1 << 10, 64 << 20):
+            p = flat.world
+            assert choose_algorithm("allreduce", nbytes, p, flat) == choose_algorithm(
+                "allreduce", nbytes, p
+            )
+    # The reason: at 2 nodes x 2 the node link carries n instead of rhd's 2 n (staging and
+    # the in-node steps cost back part of the saving).
+    big = 64 << 20
+    assert two_level_time("hierarchical", big, 2, 2) < 0.75 * two_level_time("rhd", big, 2, 2)
     assert predicted_time("allreduce", "ring", 0, 4) == 0.0
     assert predicted_time("allreduce", "ring", 1 << 20, 1) == 0.0

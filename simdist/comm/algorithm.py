@@ -4,11 +4,11 @@ An algorithm is one small class per backend (Horovod's shape). It receives alrea
 arguments from ``Collectives``: a 1-D contiguous float32 buffer of length >= 1, the block
 offsets as a list of ``world + 1`` ints, ``world >= 2``. It works in place.
 
-To add an algorithm (e.g. ``"hierarchical"``: reduce-scatter inside each node, all-reduce of
-the owned block across nodes, all-gather inside the node), subclass ``Algorithm`` in its own
+To add an algorithm (as ``hierarchical.py`` does), subclass ``Algorithm`` in its own
 module, decorate it with ``@register_algorithm``, import that module in ``collectives.py``,
 and teach ``cost.choose_algorithm`` when to pick it. Its ``__init__`` may build
-sub-communicators (``comm.Split_type``); nothing else in the package needs to change.
+sub-communicators from the ``placement`` it is given (release them in ``free``);
+nothing else in the package needs to change.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .p2p import Exchanger
+from .topology import Placement
 
 
 def average_block(block: np.ndarray, world: int) -> None:
@@ -38,8 +39,9 @@ class Algorithm(ABC):
 
     name: ClassVar[str]
 
-    def __init__(self, comm: MPI.Comm, p2p: Exchanger):
+    def __init__(self, comm: MPI.Comm, p2p: Exchanger, placement: Placement | None = None):
         self.comm = comm
+        self.placement = placement  # which node each rank is on (None: not known/needed)
         self.p2p = p2p
         self.rank = comm.Get_rank()
         self.world = comm.Get_size()
@@ -63,6 +65,9 @@ class Algorithm(ABC):
         if average:
             average_block(buf[bounds[self.rank] : bounds[self.rank + 1]], self.world)
         self.allgather(buf, bounds)
+
+    def free(self) -> None:  # noqa: B027  (optional hook: most algorithms create nothing)
+        """Release what ``__init__`` created (sub-communicators); called by Collectives.free."""
 
     def barrier(self) -> None:
         """Dissemination barrier: ceil(log2 p) rounds of zero-byte messages at distance 2^k."""

@@ -24,11 +24,14 @@ import zlib
 import numpy as np
 from mpi4py import MPI
 
-from . import native, rhd, ring  # noqa: F401  (importing registers the algorithms)
+from . import hierarchical, native, rhd, ring  # noqa: F401  (importing registers them)
 from .algorithm import ALGORITHMS, Algorithm, average_block
 from .cost import choose_algorithm
+from .hierarchical import check_placement
 from .p2p import Exchanger
 from .partition import bounds_list, partition
+from .topology import Placement
+from .topology import placement as find_placement
 
 OPS = ("allreduce", "reduce_scatter", "allgather", "broadcast", "barrier", "allreduce_scalars")
 _BLOCKED = ("allreduce", "reduce_scatter", "allgather")  # ops that work on bounds
@@ -41,13 +44,22 @@ class CollectiveMismatchError(RuntimeError):
 class Collectives:
     """Collective operations over ``comm``; see the module docstring for the guarantees.
 
-    ``algorithm``: "ring", "rhd", "native" or "auto" (default for every call; each call may
-    override it). ``check``: before each collective, exchange (call number, op, algorithm,
-    length, dtype, bounds/root hash) between ranks and raise ``CollectiveMismatchError`` on
-    every rank if they differ, instead of hanging or silently mixing data.
+    ``algorithm``: "ring", "rhd", "hierarchical", "native" or "auto" (default for every
+    call; each call may override it). ``check``: before each collective, exchange (call
+    number, op, algorithm, length, dtype, bounds/root hash) between ranks and raise
+    ``CollectiveMismatchError`` on every rank if they differ, instead of hanging or silently
+    mixing data. ``placement``: which node each rank is on; by default found from MPI's
+    shared-memory split (collective), or given, e.g. ``Placement.blocks`` to treat groups
+    of ranks of one machine as nodes.
     """
 
-    def __init__(self, comm: MPI.Comm, algorithm: str = "auto", check: bool = False):
+    def __init__(
+        self,
+        comm: MPI.Comm,
+        algorithm: str = "auto",
+        check: bool = False,
+        placement: Placement | None = None,
+    ):
         if algorithm != "auto" and algorithm not in ALGORITHMS:
             raise ValueError(
                 f"unknown collective algorithm {algorithm!r}; choose from {['auto', *ALGORITHMS]}"
@@ -55,6 +67,14 @@ class Collectives:
         self.comm = comm
         self.rank: int = comm.Get_rank()
         self.world: int = comm.Get_size()
+        self.placement = placement if placement is not None else find_placement(comm)
+        if self.placement.world != self.world or self.placement.rank != self.rank:
+            raise ValueError(
+                f"placement is for rank {self.placement.rank} of {self.placement.world}, "
+                f"this is rank {self.rank} of {self.world}"
+            )
+        if algorithm == "hierarchical":
+            check_placement(self.placement)
         self.algorithm = algorithm
         self.check = check
         self.calls = 0  # collective calls made on this rank (all ops)
@@ -78,8 +98,16 @@ class Collectives:
         account it once (simulated device workspace). Returns its size in bytes."""
         return int(self._p2p.scratch(-(-int(nbytes) // 4)).nbytes)
 
+    def choose(self, op: str, nbytes: int) -> str:
+        """The algorithm "auto" runs for ``op`` on ``nbytes`` here (``cost.choose_algorithm``
+        with this communicator's world size and placement); the same on every rank."""
+        return choose_algorithm(op, nbytes, self.world, self.placement)
+
     def free(self) -> None:
         """Release the private communicator (collective; the object is unusable after)."""
+        for impl in self._impls.values():
+            impl.free()
+        self._impls.clear()
         if self._comm != MPI.COMM_NULL:
             self._comm.Free()
 
@@ -161,7 +189,7 @@ class Collectives:
     def _impl(self, name: str) -> Algorithm:
         impl = self._impls.get(name)
         if impl is None:
-            impl = self._impls[name] = ALGORITHMS[name](self._comm, self._p2p)
+            impl = self._impls[name] = ALGORITHMS[name](self._comm, self._p2p, self.placement)
         return impl
 
     def _default_bounds(self, n: int) -> list[int]:
@@ -178,7 +206,7 @@ class Collectives:
         if name is None:
             if len(self._choices) >= 256:
                 self._choices.clear()
-            name = self._choices[key] = choose_algorithm(op, 4 * n, self.world)
+            name = self._choices[key] = self.choose(op, 4 * n)
         return name
 
     def _begin(
@@ -222,6 +250,8 @@ class Collectives:
             raise ValueError(
                 f"unknown collective algorithm {name!r}; choose from {['auto', *ALGORITHMS]}"
             )
+        if name == "hierarchical":
+            check_placement(self.placement)
         if op == "broadcast" and not 0 <= extra < self.world:
             raise ValueError(f"root must be in [0, {self.world}), got {extra}")
         if buf is None:

@@ -22,6 +22,24 @@ same algorithm and give the same bits (DP vs ZeRO). Every rank evaluates the sam
 function of the same arguments, so all ranks choose alike. Ties go to "rhd" (at p = 2 both
 algorithms are the same single exchange). "native" is never chosen: its summation order is
 MPI's, not ours.
+
+Across nodes (``placement`` given, >= 2 nodes with the same number >= 2 of ranks each) a
+second pair of constants prices a message that leaves its node, and ranks of one node share
+its network link. The flat algorithm chosen above is then compared with "hierarchical"
+(ring reduce-scatter inside each node, ring all-reduce of the owned chunk across nodes, ring
+all-gather inside; see ``hierarchical.py``), costed for N nodes of L ranks, p = N L, placed
+node by node:
+
+| algorithm, all-reduce | busiest node link carries | steps that cross nodes  |
+|-----------------------|---------------------------|-------------------------|
+| flat ring             | 2 (p-1)/p n               | all 2 (p-1)             |
+| flat rhd, p = 2^k     | 2 L (p-L)/p n             | 2 log2 N                |
+| hierarchical          | 2 (N-1)/N n               | 2 (N-1)                 |
+
+plus the in-node steps and the hierarchical one's staging copies (2 n). Hierarchical wins
+for large buffers whenever the network is slower than shared memory, and it is chosen only
+where the model says it is strictly faster. With one rank per node or a single node the rule
+above is unchanged (hierarchical degenerates to the flat ring there).
 """
 
 from __future__ import annotations
@@ -29,6 +47,11 @@ from __future__ import annotations
 ALPHA = 10e-6  # s per step (one pairwise exchange: MPI rendezvous + Python overhead)
 BETA = 1 / 10e9  # s per byte copied between ranks
 GAMMA = 1 / 8e9  # s per byte added in place (two reads, one write)
+# A message that leaves its node: a round figure for a cluster network (10 Gbit/s Ethernet
+# with MPI over TCP); the real link is unknown when the choice is made, and only matters
+# through its ratio to shared memory, which any network keeps well above 1.
+ALPHA_NET = 30e-6
+BETA_NET = 1 / 1.25e9
 
 REDUCTIONS = ("allreduce", "reduce_scatter", "allgather")
 
@@ -63,9 +86,53 @@ def predicted_time(op: str, algorithm: str, nbytes: int, world: int) -> float:
     return t if op == "allreduce" else t / 2
 
 
-def choose_algorithm(op: str, nbytes: int, world: int) -> str:
-    """The algorithm "auto" runs: the cheaper of "rhd" and "ring" under the model above."""
+def two_level_time(algorithm: str, nbytes: int, nodes: int, ranks_per_node: int) -> float:
+    """Modelled all-reduce seconds across ``nodes`` x ``ranks_per_node`` ranks placed node by
+    node: "ring", "rhd" (flat) or "hierarchical"; see the second table above."""
+    n, N, L = float(nbytes), nodes, ranks_per_node
+    p = N * L
+    if p <= 1 or n <= 0:
+        return 0.0
+    if algorithm == "hierarchical":
+        # staging copies in and out, and two sub-collectives per half: ~2 steps of overhead
+        inside = predicted_time("allreduce", "ring", nbytes, L) + 2 * ALPHA + 2 * n * BETA
+        across = 2 * (N - 1) * ALPHA_NET + (N - 1) / N * n * (2 * BETA_NET + GAMMA / L)
+        return inside + across
+    if algorithm == "ring":  # every step has one message per node link
+        return 2 * (p - 1) * ALPHA_NET + (p - 1) / p * n * (2 * BETA_NET + GAMMA)
+    if algorithm == "rhd":
+        pof2 = 1 << (p.bit_length() - 1)
+        per_node = max(1, L * pof2 // p)  # participants per node after the fold
+        t = 0.0
+        mask = pof2 >> 1
+        while mask:  # one halving step and its doubling mirror; each rank moves n mask/pof2
+            s = n * mask / pof2
+            if mask >= per_node:  # partner on another node: the node's ranks share its link
+                t += 2 * (ALPHA_NET + per_node * s * BETA_NET) + s * GAMMA
+            else:
+                t += 2 * (ALPHA + s * BETA) + s * GAMMA
+            mask >>= 1
+        if pof2 != p:  # folded pairs are neighbours, on one node
+            t += 2 * ALPHA + n * (2 * BETA + GAMMA)
+        return t
+    raise ValueError(f"no two-level cost model for algorithm {algorithm!r}")
+
+
+def choose_algorithm(op: str, nbytes: int, world: int, placement: object | None = None) -> str:
+    """The algorithm "auto" runs: the cheaper of "rhd" and "ring" under the model above, and
+    across nodes "hierarchical" where the two-level model says it is strictly faster.
+
+    ``placement``: a ``topology.Placement`` (anything with ``num_nodes``, ``uniform`` and
+    ``max_ranks_per_node``) or None for one node.
+    """
     model_op = "broadcast" if op == "broadcast" else "allreduce"  # one rule for the reductions
     rhd = predicted_time(model_op, "rhd", nbytes, world)
     ring = predicted_time(model_op, "ring", nbytes, world)
-    return "rhd" if rhd <= ring else "ring"
+    flat = "rhd" if rhd <= ring else "ring"
+    if placement is None or model_op == "broadcast":
+        return flat
+    nodes, per_node = placement.num_nodes, placement.max_ranks_per_node  # type: ignore[attr-defined]
+    if nodes < 2 or per_node < 2 or not placement.uniform:  # type: ignore[attr-defined]
+        return flat
+    hier = two_level_time("hierarchical", nbytes, nodes, per_node)
+    return "hierarchical" if hier < two_level_time(flat, nbytes, nodes, per_node) else flat

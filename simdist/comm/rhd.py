@@ -34,14 +34,15 @@ from mpi4py import MPI
 
 from .algorithm import Algorithm, average_block, register_algorithm
 from .p2p import Exchanger
+from .topology import Placement
 
 
 @register_algorithm
 class RecursiveHalvingDoubling(Algorithm):
     name = "rhd"
 
-    def __init__(self, comm: MPI.Comm, p2p: Exchanger):
-        super().__init__(comm, p2p)
+    def __init__(self, comm: MPI.Comm, p2p: Exchanger, placement: Placement | None = None):
+        super().__init__(comm, p2p, placement)
         p, r = self.world, self.rank
         self.pof2 = 1 << (p.bit_length() - 1)
         self.rem = p - self.pof2

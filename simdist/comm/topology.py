@@ -40,6 +40,26 @@ class Placement:
     def max_ranks_per_node(self) -> int:
         return max(self.ranks_per_node)
 
+    @property
+    def uniform(self) -> bool:
+        """Every node runs the same number of ranks (what the hierarchical algorithm needs)."""
+        return len(set(self.ranks_per_node)) == 1
+
+    def members(self, node: int) -> tuple[int, ...]:
+        """The ranks on ``node``, in rank order (their position is their local rank)."""
+        return tuple(r for r, n in enumerate(self.node_of) if n == node)
+
+    @property
+    def local_rank(self) -> int:
+        return self.members(self.node).index(self.rank)
+
+    @classmethod
+    def blocks(cls, rank: int, world: int, ranks_per_node: int) -> Placement:
+        """Ranks 0..k-1 on node 0, k..2k-1 on node 1, ... (virtual nodes: tests, what-ifs)."""
+        if ranks_per_node < 1:
+            raise ValueError(f"ranks_per_node must be >= 1, got {ranks_per_node}")
+        return cls(rank, tuple(r // ranks_per_node for r in range(world)))
+
     def link_class(self) -> str:
         """Link class of a collective over the whole communicator: intra or inter."""
         return "intra" if self.num_nodes == 1 else "inter"

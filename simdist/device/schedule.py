@@ -154,4 +154,31 @@ def schedule_time(op: str, algorithm: str, blocks: Sequence[float], link: Link) 
     return sum(step_time(s, link) for s in schedule(op, algorithm, blocks))
 
 
-__all__ = ["SCHEDULES", "Step", "schedule", "schedule_time", "step_time"]
+def hierarchical_time(
+    op: str,
+    blocks: Sequence[float],
+    nodes: Sequence[Sequence[int]],
+    intra: Link,
+    inter: Link,
+) -> float:
+    """Seconds of ``simdist.comm.hierarchical`` on ``nodes`` (the ranks of each node, all of
+    one size): ring schedules on the chunk sizes inside the nodes (all nodes at once, same
+    chunks), then on each chunk's blocks across the nodes (the L cross rings at once: the
+    slowest counts). The staging copies are local memory traffic and not counted."""
+    op = canonical_op(op)
+    if op not in ("allreduce", "reduce_scatter", "allgather"):
+        raise ValueError(f"no schedule for {op!r} (allreduce, reduce_scatter, allgather)")
+    per_node = len(nodes[0])
+    if any(len(m) != per_node for m in nodes):
+        raise ValueError("hierarchical needs the same number of ranks on every node")
+    cross = [[float(blocks[m[j]]) for m in nodes] for j in range(per_node)]
+    chunks = [sum(c) for c in cross]
+    t = 0.0
+    for half in ("reduce_scatter", "allgather"):
+        if op in (half, "allreduce"):
+            t += schedule_time(half, "ring", chunks, intra)
+            t += max(schedule_time(half, "ring", c, inter) for c in cross)
+    return t
+
+
+__all__ = ["SCHEDULES", "Step", "hierarchical_time", "schedule", "schedule_time", "step_time"]

@@ -25,6 +25,7 @@ import time
 import numpy as np
 
 from simdist.comm import ALGORITHMS, CollectiveMismatchError, Collectives, partition
+from simdist.comm.topology import Placement
 from simdist.comm.world import world
 
 COMM = world()
@@ -211,6 +212,101 @@ def check_bitwise(coll: Collectives, alg: str, n: int) -> None:
         same(a2, a, f"allreduce repeats bit for bit, {tag}")
 
 
+# ---------------------------------------------------------------- hierarchical, virtual nodes
+
+
+def virtual_placements() -> list[tuple[str, Placement]]:
+    """Every N x L grid of this world (ranks node by node), and ranks dealt round-robin."""
+    out = [
+        (f"{P // k} nodes x {k}", Placement.blocks(RANK, P, k))
+        for k in range(1, P + 1)
+        if P % k == 0
+    ]
+    if P >= 4 and P % 2 == 0:
+        out.append(("2 nodes, round-robin", Placement(RANK, tuple(r % 2 for r in range(P)))))
+    return out
+
+
+def hierarchical_order(xs: list[np.ndarray], b: np.ndarray, place: Placement) -> np.ndarray:
+    """Documented order: block (m, j) = ring order of owner j inside each node, then ring
+    order of owner m over the node sums."""
+    nodes = [place.members(m) for m in range(place.num_nodes)]
+    big_n, big_l = len(nodes), len(nodes[0])
+    out = np.empty_like(xs[0])
+    for m in range(big_n):
+        for j in range(big_l):
+            s = block(b, nodes[m][j])
+            sums = []
+            for mm in range(big_n):
+                acc = xs[nodes[mm][(j + 1) % big_l]][s].copy()
+                for k in range(2, big_l + 1):
+                    acc += xs[nodes[mm][(j + k) % big_l]][s]
+                sums.append(acc)
+            acc = sums[(m + 1) % big_n].copy()
+            for k in range(2, big_n + 1):
+                acc += sums[(m + k) % big_n]
+            out[s] = acc
+    return out
+
+
+def check_hierarchical() -> None:
+    """Exact results, the documented order and DP == ZeRO bits on every virtual grid."""
+    for label, place in virtual_placements():
+        cv = Collectives(COMM, algorithm="hierarchical", placement=place)
+        for n in (0, 1, P + 1, 1000):
+            check_ops(cv, "hierarchical", 1, n)
+        for n in (P + 1, 1000, 2**18 + 3):
+            xs = [
+                np.random.default_rng(7 + r).standard_normal(n).astype(np.float32) for r in range(P)
+            ]
+            for name, b in (("default", partition(n, P)), ("custom", custom_bounds(n))):
+                tag = f"hierarchical {label} n={n} {name} bounds"
+                want = hierarchical_order(xs, b, place)
+                if place.num_nodes == 1 or place.max_ranks_per_node == 1:
+                    same(want, ring_order(xs, b), f"{tag}: degenerate grid is the flat ring")
+                a = xs[RANK].copy()
+                cv.reduce_scatter(a, bounds=b)
+                same(a[block(b)], want[block(b)], f"{tag}: reduce_scatter order")
+                cv.allgather(a, bounds=b)
+                same(a, want, f"{tag}: reduce_scatter + allgather")
+                if name == "default":
+                    c = xs[RANK].copy()
+                    cv.allreduce(c)
+                    same(c, want, f"{tag}: allreduce order")
+                # ZeRO-2 reduces one gradient group at a time: a sub-range, same owners.
+                lo, hi = n // 3, n - n // 5
+                sub = np.clip(b, lo, hi) - lo
+                g = xs[RANK][lo:hi].copy()
+                mine = cv.reduce_scatter(g, bounds=sub)
+                s = block(b)
+                own = want[max(s.start, lo) : min(s.stop, hi)]
+                same(np.array(mine), own, f"{tag}: sub-range reduce_scatter, same bits")
+        before = cv.bytes_sent
+        x = contribution(RANK, 1000)
+        cv.allreduce(x)
+        big_n, big_l = place.num_nodes, place.max_ranks_per_node
+        # Ring inside (2 (L-1)/L of the buffer), ring across (2 (N-1)/N of a chunk): with
+        # blocks of equal size, 2 (L-1) + 2 (N-1) blocks of 1000/P when P divides 1000.
+        if 1000 % P == 0:
+            want_bytes = 4 * (1000 // P) * (2 * (big_l - 1) * big_n + 2 * (big_n - 1))
+            sent = cv.bytes_sent - before
+            expect(sent == want_bytes, f"hierarchical {label}: bytes_sent {sent} != {want_bytes}")
+        cv.free()
+    if P >= 3:  # two nodes of unequal size: a clear error on every rank, before any message
+        uneven = Placement(RANK, tuple(0 if r < P - 1 else 1 for r in range(P)))
+        err = raised(lambda: Collectives(COMM, algorithm="hierarchical", placement=uneven),
+                     ValueError)  # fmt: skip
+        expect(err is not None and "same number of ranks" in str(err), f"uneven nodes: {err}")
+        cu = Collectives(COMM, placement=uneven)
+        err = raised(lambda: cu.allreduce(np.ones(8, np.float32), algorithm="hierarchical"),
+                     ValueError)  # fmt: skip
+        expect(err is not None and "[" in str(err), f"uneven nodes, per call: {err}")
+        x = contribution(RANK, 1000)
+        cu.allreduce(x)  # auto never picks it there
+        same(x, exact_sum(1000), "uneven nodes: auto still works")
+        cu.free()
+
+
 # ---------------------------------------------------------------- errors
 
 
@@ -315,6 +411,9 @@ def main() -> int:
         for alg in ("ring", "rhd"):
             for n in (1, P + 1, 1000, 2**20 + 3):
                 check_bitwise(coll, alg, n)
+        check_hierarchical()
+        if RANK == 0:
+            print(f"check_collectives np={P}: hierarchical on virtual nodes done", flush=True)
         for alg in ALGORITHMS:
             check_mismatches(alg)
         check_local_errors(coll)
