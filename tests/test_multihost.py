@@ -7,8 +7,8 @@ data an Allreduce must move really crossed the veth link.
 
 FC-MNIST training runs through the harness on 2 hosts (both hostfile forms, 1 and 2 ranks
 per host) and must reproduce, bit for bit, the loss trajectory and final parameters of a
-single-host run at the same world size and global batch (see ``test_training_across_hosts``
-for why bitwise).
+single-host run at the same world size, global batch and node grid (see
+``test_training_across_hosts`` for why bitwise).
 
 Open MPI tests need a venv whose mpi4py links Open MPI, and the training test also needs
 simdist in it: ``scripts/setup_openmpi.sh DIR`` (``scripts/ci_provision.sh`` builds
@@ -276,10 +276,17 @@ class Trained:
     events: list[tuple[int, float]]  # (step, loss) from the event file: float32, not rounded
     state: tuple[dict, dict]  # final parameters, optimizer state
     event_host: str  # hostname in the event file's name: where rank 0 ran
+    algorithm: str = ""  # the gradient collectives "auto" chose (from rank 0's log)
 
     @property
     def nparams(self) -> int:
         return sum(v.size for v in self.state[0].values())
+
+
+def _gradient_algorithm(log: str) -> str:
+    found = re.findall(r"gradient collectives: (\S+)", log)
+    assert len(found) == 1, log
+    return found[0]
 
 
 def _trained(log: str, model_dir: Path) -> Trained:
@@ -295,16 +302,22 @@ def _trained(log: str, model_dir: Path) -> Trained:
 
 @pytest.fixture(scope="module")
 def single_host(tmp_path_factory):
-    """``get(world)``: the single-host MPICH run at that world size (made once, on first use)."""
-    runs: dict[int, Trained] = {}
+    """``get(world, ranks_per_node)``: the single-host MPICH run at that world size, with that
+    many ranks per virtual node (None: one node), made once, on first use."""
+    runs: dict[tuple[int, int | None], Trained] = {}
 
-    def get(world: int) -> Trained:
-        if world not in runs:
+    def get(world: int, ranks_per_node: int | None = None) -> Trained:
+        key = (world, ranks_per_node)
+        if key not in runs:
             d = tmp_path_factory.mktemp(f"single_host_np{world}") / "run"
-            r = run_mpi(world, _train(d)[1:], timeout=180)
+            extra = (
+                [] if ranks_per_node is None else [f"--runconfig.ranks_per_node={ranks_per_node}"]
+            )
+            r = run_mpi(world, [*_train(d)[1:], *extra], timeout=180)
             assert r.returncode == 0, r.stdout
-            runs[world] = _trained(r.stdout, d)
-        return runs[world]
+            runs[key] = _trained(r.stdout, d)
+            runs[key].algorithm = _gradient_algorithm(r.stdout)
+        return runs[key]
 
     return get
 
@@ -341,6 +354,7 @@ def _train_across_hosts(
     for link in run.report["links"]:
         assert link["rx_bytes"] >= per_link, (link, per_link)
     got = _trained(run.stdout, d)
+    got.algorithm = _gradient_algorithm(run.stdout)
     # Rank 0 ran in the first host's namespaces and its model_dir under /tmp is the one this
     # process sees (the per-host mount namespaces only replace /dev/shm).
     assert got.event_host == run.report["hosts"][0]
@@ -362,20 +376,21 @@ def _assert_same_training(got: Trained, ref: Trained) -> None:
     ("form", "ranks_per_host"), [("mpich", 2), ("openmpi", 2), ("mpich", 1), ("openmpi", 1)]
 )
 def test_training_across_hosts(tmp_path, capsys, single_host, form, ranks_per_host):
-    """FC-MNIST on 2 hosts trains exactly like one host at the same world size: bitwise.
+    """FC-MNIST on 2 hosts trains exactly like one host with the same grid: bitwise.
 
-    Tolerance zero, because nothing in the arithmetic depends on placement: the sampler
-    gives each rank the same samples (a function of rank and world size), "auto" picks the
-    gradient algorithm from buffer size and world size only (``comm.cost``), simdist's
-    ring/rhd sum every element in an order fixed by world size and block owner (MPI only
-    moves the bytes), and the logged loss is summed in rank order. A difference therefore
-    means the harness or the node split changed the computation; if "auto" is ever made
-    topology-aware (e.g. a hierarchical all-reduce chosen only across nodes), this test
-    fails by design and should then pin --runconfig.collective_algorithm or fall back to
-    test_train's data-parallel tolerance (2e-5 on parameters).
+    Tolerance zero, because nothing in the arithmetic depends on where the ranks run, only
+    on the grid of nodes x ranks per node: the sampler gives each rank the same samples (a
+    function of rank and world size), "auto" picks the gradient algorithm from buffer
+    size, world size and that grid (``comm.cost``), simdist's ring, rhd and hierarchical
+    sum every element in an order fixed by the grid and the block's owner (MPI only moves
+    the bytes), and the logged loss is summed in rank order. With 2 ranks per host "auto"
+    picks the hierarchical all-reduce; the single-host reference then runs it on virtual
+    nodes of 2 ranks (``runconfig.ranks_per_node``), and a real 2-host run must match it
+    bit for bit. With 1 rank per host the grid is flat and the reference is a plain run.
     """
-    ref = single_host(2 * ranks_per_host)
+    ref = single_host(2 * ranks_per_host, 2 if ranks_per_host == 2 else None)
     got, _ = _train_across_hosts(tmp_path, capsys, ref, form, ranks_per_host)
+    assert got.algorithm == ref.algorithm == ("hierarchical" if ranks_per_host == 2 else "rhd")
     _assert_same_training(got, ref)
 
 
@@ -409,7 +424,8 @@ _NO_OMPI_TRAINING = _ompi_training_missing() if _NO_NETNS is None else _NO_NETNS
 
 @pytest.mark.skipif(_NO_OMPI_TRAINING is not None, reason=str(_NO_OMPI_TRAINING))
 def test_training_on_openmpi(tmp_path, capsys, single_host):
-    """FC-MNIST on Open MPI, 2 hosts x 2 ranks: bitwise the single-host MPICH run.
+    """FC-MNIST on Open MPI, 2 hosts x 2 ranks: bitwise the single-host MPICH run on virtual
+    nodes of 2 (both run the hierarchical all-reduce).
 
     Same argument as test_training_across_hosts, plus: the MPI library never adds (simdist's
     algorithms use point-to-point messages), and the Open MPI venv has the same numpy and
@@ -419,4 +435,6 @@ def test_training_on_openmpi(tmp_path, capsys, single_host):
     got, run = _train_across_hosts(tmp_path, capsys, single_host(4), "openmpi", 2, "openmpi",
                                    python)  # fmt: skip
     assert "mpirun.openmpi" in run.stderr and "--hostfile" in run.stderr
-    _assert_same_training(got, single_host(4))
+    ref = single_host(4, 2)
+    assert got.algorithm == ref.algorithm == "hierarchical"
+    _assert_same_training(got, ref)
