@@ -23,8 +23,9 @@ really crosses a host's link, so --collectives also prints each algorithm's ceil
 busbw at which its busiest link direction would run exactly at the link rate, from the
 messages it sends (ring: 100%; rhd at 2 hosts x 2 ranks: 75%, it sends 2n each way where
 the ring sends 1.5n). Node-aware algorithms can exceed 100%: they need only n each way
-at 2 hosts (150%); MPICH 5.0.2's native all-reduce is one (measured with the link
-counters: n each way per call at 2 hosts x 2 ranks), as a hierarchical one would be.
+at 2 hosts (150%); simdist's hierarchical all-reduce is one, and so is MPICH 5.0.2's
+native all-reduce (measured with the link counters: n each way per call at 2 hosts x 2
+ranks).
 """
 
 from __future__ import annotations
@@ -80,10 +81,12 @@ def host_traffic(algorithm: str, hosts: int, ranks_per_host: int, nbytes: int) -
 
     From the messages simdist's ring and rhd send (see their module docstrings), with ranks
     placed host by host as the harness's hostfile does. None where not modelled (native,
-    hierarchical, rhd at a world size that is not a power of two).
+    rhd at a world size that is not a power of two).
     """
     p = hosts * ranks_per_host
     msgs: list[tuple[int, int, float]] = []  # (from, to, bytes)
+    if algorithm == "hierarchical":  # each host's L cross rings: 2 (N-1)/N of n/L each way
+        return int(2 * (hosts - 1) / hosts * nbytes) if hosts > 1 else 0
     if algorithm == "ring":
         # 2(p-1) steps, each rank sends one block of n/p to its right neighbour.
         msgs = [(r, (r + 1) % p, 2 * (p - 1) * nbytes / p) for r in range(p)]
@@ -163,17 +166,19 @@ def collectives(args: argparse.Namespace) -> int:
         f"({', '.join(algorithms)}), bench_collectives medians"
     )
     print("of link = busbw / link rate; ceiling = the same ratio with the busiest link")
-    print("direction saturated, from the algorithm's messages (- = not modelled)")
+    print("direction saturated, from the algorithm's messages (- = not modelled);")
+    print("link use = of link / ceiling: how busy the algorithm keeps its busiest link")
     print(
         f"{'size':>9}  {'algorithm':<13}{'time/op':>10} {'busbw MB/s':>11} {'of link':>8} "
-        f"{'ceiling':>8}"
+        f"{'ceiling':>8} {'link use':>9}"
     )
     best: dict[int, dict] = {}
     for r in rows:
         ceiling = "-" if r["ceiling"] is None else f"{r['ceiling']:.0%}"
+        use = "-" if r["ceiling"] is None else f"{r['of_link'] / r['ceiling']:.0%}"
         print(
             f"{r['bytes'] / 2**20:5.0f} MiB  {r['algorithm']:<13}{r['time_us'] / 1e3:7.1f} ms "
-            f"{r['busbw_Bps'] / 1e6:11.1f} {r['of_link']:8.0%} {ceiling:>8}"
+            f"{r['busbw_Bps'] / 1e6:11.1f} {r['of_link']:8.0%} {ceiling:>8} {use:>9}"
         )
         if r["bytes"] not in best or r["busbw_Bps"] > best[r["bytes"]]["busbw_Bps"]:
             best[r["bytes"]] = r

@@ -13,6 +13,9 @@ initialising MPI.
 | p2p.py          | pairwise copy / pipelined receive-and-add, reused scratch          |
 | ring.py         | ring reduce-scatter / all-gather / broadcast                       |
 | rhd.py          | recursive halving / doubling, binomial broadcast                   |
+| hierarchical.py | in-node ring, cross-node ring, in-node ring (N x L grids)          |
+| topology.py     | ``Placement``: which node each rank is on (MPI shared-memory split)|
+| groups.py       | sub-communicators of the execution modes                           |
 | native.py       | MPI's own collectives (reference backend)                          |
 | world.py        | the world communicator, abort-on-exception, wall clock             |
 """
