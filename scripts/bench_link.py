@@ -12,9 +12,9 @@ crossed the links.
 Default mode: float32 MPI_Allreduce(SUM) on preallocated buffers, one warm-up plus
 --iters timed calls per size, time per call = slowest rank, median over calls.
 
---collectives: scripts/bench_collectives.py (simdist's ring, rhd, native and whatever
-else ``simdist.comm.ALGORITHMS`` holds when it runs, e.g. a hierarchical all-reduce) with
-``--ops allreduce`` from --min to --max, as that script measures and reports it.
+--collectives: scripts/bench_collectives.py (every algorithm in ``simdist.comm.ALGORITHMS``:
+ring, rhd, hierarchical and MPI's native one) with ``--ops allreduce`` from --min to --max,
+as that script measures and reports it.
 
 Bus bandwidth follows nccl-tests: bytes * 2(p-1)/p / time. For a flat ring it is what each
 rank's link must carry per second, so "of link" = busbw / link rate, with 100% the

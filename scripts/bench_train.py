@@ -8,7 +8,17 @@ Every measurement is a fresh process (one thread per process): simdist through
 times the whole training loop, summaries included), PyTorch eager in one process (fused
 AdamW: PyTorch at its fastest) and PyTorch DDP over gloo on 2 ranks, on the same model,
 batch and data. The runs are interleaved and repeated; the table shows the median of the
-repeats. Also printed: the machine's load, the BLAS kernel in use (threadpoolctl), and the
+repeats.
+
+The row "2 x simdist np1" is the machine's ceiling for 2-rank data parallelism: two
+single-rank simdist runs started together (one ``mpiexec -n 2``, each rank training alone on
+MPI.COMM_SELF; they meet in one barrier just before their training loops and never
+communicate), their samples/s added. ``ceiling_efficiency_np2`` = that sum / (2 x the solo
+np 1 rate): what the shared cores, caches and memory bandwidth leave for ANY data-parallel
+implementation; ``dp_vs_ceiling`` = simdist np 2 / that sum (1.0: communication and
+synchronisation cost nothing).
+
+Also printed: the machine's load, the BLAS kernel in use (threadpoolctl), and the
 single-core float32 GEMM rate measured in this run (the ceiling for GPT-2's GFLOP/s).
 Benchmarks run as on a user's machine: unset OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE
 together in the command (never in tests or CI).
@@ -72,30 +82,70 @@ def gemm_gflops(n: int = 1024, reps: int = 5) -> float:
     return 2 * n**3 / best / 1e9
 
 
-def run_simdist(model: str, np_: int, steps: int) -> float:
+def simdist_args(model: str, steps: int, model_dir: str) -> list[str]:
     args, *_ = MODELS[model]
+    return [
+        *args,
+        f"--runconfig.max_steps={steps}",
+        "--runconfig.mode=train",
+        "--runconfig.save_checkpoints_steps=0",
+        f"--runconfig.save_summary_steps={steps}",
+        "--runconfig.progress_bar=false",
+        f"--runconfig.model_dir={model_dir}",
+    ]
+
+
+def run_simdist(model: str, np_: int, steps: int) -> float:
     with tempfile.TemporaryDirectory() as d:
-        cmd = [
-            MPIEXEC,
-            "-n",
-            str(np_),
-            sys.executable,
-            "-m",
-            "mpi4py",
-            "-m",
-            "simdist.train",
-            *args,
-            f"--runconfig.max_steps={steps}",
-            "--runconfig.mode=train",
-            "--runconfig.save_checkpoints_steps=0",
-            f"--runconfig.save_summary_steps={steps}",
-            "--runconfig.progress_bar=false",
-            f"--runconfig.model_dir={d}/run",
-        ]
+        cmd = [MPIEXEC, "-n", str(np_), sys.executable, "-m", "mpi4py", "-m", "simdist.train"]
+        cmd += simdist_args(model, steps, f"{d}/run")
         out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1800)
         if out.returncode:
             raise RuntimeError(f"simdist failed:\n{out.stdout}\n{out.stderr}")
         return json.loads(Path(d, "run", "performance.json").read_text())["samples_per_sec"]
+
+
+def run_independent(model: str, steps: int) -> float:
+    """Two single-rank simdist runs at once, no communication between them: the sum of
+    their samples/s. Divided by twice a solo run's, it is the most any data-parallel
+    implementation could reach on this machine (shared cores, caches, memory bandwidth)."""
+    with tempfile.TemporaryDirectory() as d:
+        cmd = [MPIEXEC, "-n", "2", sys.executable, "-m", "mpi4py", __file__]
+        cmd += ["--independent", model, "--steps", str(steps), "--dir", d]
+        out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1800)
+        if out.returncode:
+            raise RuntimeError(f"independent runs failed:\n{out.stdout}\n{out.stderr}")
+        return sum(
+            json.loads(Path(d, f"run{r}", "performance.json").read_text())["samples_per_sec"]
+            for r in range(2)
+        )
+
+
+def independent_worker(model: str, steps: int, d: str) -> int:
+    """One of two processes launched together: a whole single-rank simdist run on
+    MPI.COMM_SELF. The two meet once in a COMM_WORLD barrier right before their training
+    loops start (so the loops run side by side) and never communicate otherwise."""
+    from mpi4py import MPI
+    from simdist.kernels.registry import warm_all
+
+    import simdist.run
+    import simdist.train
+
+    comm = MPI.COMM_WORLD
+    rank = comm.Get_rank()
+    for r in range(comm.Get_size()):  # one at a time: rank 0 may fill numba's cache
+        if r == rank:
+            warm_all()
+        comm.Barrier()
+    simdist.run.world = simdist.train.world = lambda: MPI.COMM_SELF
+    start = simdist.run.Run.start_training
+
+    def start_together(self) -> None:
+        comm.Barrier()
+        start(self)
+
+    simdist.run.Run.start_training = start_together
+    return simdist.train.main(simdist_args(model, steps, f"{d}/run{rank}"))
 
 
 def run_torch(model: str, np_: int, steps: int) -> float:
@@ -180,10 +230,14 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--steps", type=int, default=0, help="override the per-model step count")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--independent", help=argparse.SUPPRESS)
+    ap.add_argument("--dir", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
         torch_worker(args.worker, args.steps)
         return 0
+    if args.independent:
+        return independent_worker(args.independent, args.steps, args.dir)
 
     info = machine_info()
     print(f"# machine: {info}")
@@ -200,14 +254,18 @@ def main() -> int:
     for model in args.models.split(","):
         _, batch, steps, tokens = MODELS[model]
         steps = args.steps or steps
-        impls = [("simdist", 1), ("simdist", 2)]
+        impls = [("simdist", 1), ("simdist", 2), ("2 x simdist np1", 2)]
         if have_torch:
             impls += [("torch-eager", 1), ("torch-ddp-gloo", 2)]
         samples: dict[tuple[str, int], list[float]] = {k: [] for k in impls}
         for _ in range(args.repeats):  # interleaved, so load drifts hit every impl alike
             for impl, n in impls:
-                run = run_simdist if impl == "simdist" else run_torch
-                samples[(impl, n)].append(run(model, n, steps))
+                if impl == "simdist":
+                    samples[(impl, n)].append(run_simdist(model, n, steps))
+                elif impl.startswith("2 x"):
+                    samples[(impl, n)].append(run_independent(model, steps))
+                else:
+                    samples[(impl, n)].append(run_torch(model, n, steps))
         for (impl, n), values in samples.items():
             sps = statistics.median(values)
             row = {
@@ -238,6 +296,10 @@ def summarize(rows: list[dict], gemm: float) -> list[dict]:
     for model in dict.fromkeys(r["model"] for r in rows):
         s1, s2 = by.get(("simdist", model, 1)), by.get(("simdist", model, 2))
         entry = {"model": model, "dp_efficiency_np2": round(s2 / (2 * s1), 3)}
+        both = by.get(("2 x simdist np1", model, 2))
+        if both:  # two independent single-rank runs at once: the machine's own limit
+            entry["ceiling_efficiency_np2"] = round(both / (2 * s1), 3)
+            entry["dp_vs_ceiling"] = round(s2 / both, 3)
         if ("torch-eager", model, 1) in by:
             entry["vs_torch_eager_np1"] = round(s1 / by[("torch-eager", model, 1)], 3)
             entry["vs_torch_ddp_np2"] = round(s2 / by[("torch-ddp-gloo", model, 2)], 3)

@@ -135,7 +135,7 @@ class Span:
 @dataclass
 class Coll:
     op: str
-    algorithm: str  # resolved: ring | rhd | native
+    algorithm: str  # resolved: ring | rhd | hierarchical | native
     blocks: tuple[int, ...]  # bytes of each rank's block
     staged: bool
     phase: str | None  # the span it ran in (None: between the loop's hooked calls)

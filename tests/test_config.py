@@ -57,6 +57,12 @@ def test_flag_aliases():
         (["--train_input.global_batch_size=64"], "exactly one of batch_size"),
         (["--model.name=resnet"], "model.name: unknown model 'resnet'"),
         (["--optimizer.learning_rate=-1"], "learning_rate must be > 0"),
+        (["--runconfig.ranks_per_node=0"], "runconfig.ranks_per_node must be >= 1"),
+        (["--runconfig.collective_algorithm=tree"], "is not one of"),
+        (
+            ["--runconfig.ranks_per_node=2", "--runconfig.execution_mode=weight_streaming"],
+            "applies to pipelined execution only",
+        ),
     ],
 )
 def test_errors_name_the_key(argv, needle):
