@@ -80,6 +80,12 @@ class Run:
             if r.ranks_per_node is None
             else Placement.blocks(self.rank, self.world, r.ranks_per_node)
         )
+        if r.collective_algorithm == "hierarchical" and not self.placement.uniform:
+            raise ConfigError(
+                "runconfig.collective_algorithm=hierarchical needs the same number of ranks on "
+                f"every node; this run has {list(self.placement.ranks_per_node)} on its "
+                f"{self.placement.num_nodes} nodes (use auto, ring or rhd, or place ranks evenly)"
+            )
         self.coll = Collectives(
             comm, r.collective_algorithm, r.check_collectives, placement=self.placement
         )

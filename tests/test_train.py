@@ -185,6 +185,12 @@ def test_config_error_exits_2_and_writes_nothing(tmp_path):
     assert out.returncode == 2, (out.returncode, out.stdout)
     assert out.stdout.count("unknown key runconfig.max_stepz") == 1
     assert sorted(p.name for p in d.iterdir()) == ["keep.txt"]
+    # Known only once the ranks are placed: nodes of 2 and 1 cannot run hierarchical.
+    uneven = ["--runconfig.ranks_per_node=2", "--runconfig.collective_algorithm=hierarchical"]
+    out = train(3, d, *uneven, check=False)
+    assert out.returncode == 2, (out.returncode, out.stdout)
+    assert out.stdout.count("needs the same number of ranks on every node") == 1, out.stdout
+    assert sorted(p.name for p in d.iterdir()) == ["keep.txt"]
 
 
 def test_eval_mode_uses_latest_checkpoint(tmp_path):
