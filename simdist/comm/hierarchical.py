@@ -92,8 +92,8 @@ class Hierarchical(Algorithm):
         """Where the chunk-ordered buffer lives: ``buf`` itself when the orders agree."""
         if self.identity:
             return buf
-        if self._staging.size < buf.size:
-            self._staging = np.empty(max(buf.size, 2 * self._staging.size), dtype=np.float32)
+        if self._staging.size < buf.size:  # grows to the largest buffer (memplan counts it)
+            self._staging = np.empty(buf.size, dtype=np.float32)
         return self._staging[: buf.size]
 
     def _copy_blocks(self, dst: np.ndarray, src: np.ndarray, bounds, off, to_staged: bool,
