@@ -15,7 +15,7 @@ from mpi_launch import run_mpi
 
 from simdist.comm.topology import Placement
 from simdist.device import Link, collective_time, validate_chrome_trace
-from simdist.device.schedule import schedule_time
+from simdist.device.schedule import hierarchical_time, schedule_time
 from simdist.memplan import RankSetup, rank_entries, suggestions, total_bytes
 
 TOY = """\
@@ -114,6 +114,31 @@ def test_schedule_matches_the_closed_forms_and_charges_unequal_blocks():
     blocks = [n / 3] * 3  # ranks 0,1 fold; participants own 2n/3 and n/3
     by_hand = (a + n * (b + g)) + (a + 2 * n / 3 * (b + g)) + (a + 2 * n / 3 * b) + (a + n * b)
     assert schedule_time("allreduce", "rhd", blocks, link) == pytest.approx(by_hand)
+
+
+def test_hierarchical_schedule_matches_the_closed_form():
+    intra = Link("nvlink", 100e9, 3e-6, 1.0, 1 / 400e9)
+    rail = Link("rail", 12e9, 8e-6, 1.0, 1 / 400e9)
+    n = 24 * 2**17  # divisible by every p below
+    for nodes, per_node in ((2, 2), (2, 4), (4, 2), (3, 2)):
+        p = nodes * per_node
+        grid = [tuple(range(m * per_node, (m + 1) * per_node)) for m in range(nodes)]
+        even = [n // p] * p
+        for op in ("allreduce", "reduce_scatter", "allgather"):
+            got = hierarchical_time(op, even, grid, intra, rail)
+            want = collective_time(op, "hierarchical", n, p, intra, inter=rail,
+                                   devices_per_node=per_node)  # fmt: skip
+            assert got == pytest.approx(want, rel=1e-12), (op, nodes, per_node)
+    # Unequal blocks (a ZeRO-2 group inside rank 0's slice): the cross ring of local rank 0
+    # carries it all and sets the time.
+    lop = [n, 0, 0, 0]
+    t = hierarchical_time("reduce_scatter", lop, [(0, 1), (2, 3)], intra, rail)
+    by_hand = (intra.latency + n * (intra.beta + intra.gamma)) + (
+        rail.latency + n * (rail.beta + rail.gamma)
+    )
+    assert t == pytest.approx(by_hand)
+    with pytest.raises(ValueError, match="same number of ranks"):
+        hierarchical_time("allreduce", [1, 1, 1], [(0, 1), (2,)], intra, rail)
 
 
 def test_placement_link_class():
