@@ -4,11 +4,12 @@ Validates arguments, optionally cross-checks them between ranks (``check=True``)
 the algorithm and dispatches to it. All operations work in place on 1-D contiguous float32
 arrays.
 
-Determinism. For "ring" and "rhd" an all-reduce IS reduce-scatter + all-gather over
-``partition(len(buf), world)``, and averaging happens once, on the finished owned block (see
-``algorithm.average_block``). Each element's summation order therefore depends only on the
-algorithm, the rank that owns its block and the world size (ring: a chain starting after the
-owner; rhd: one fixed tree; see ``ring.py`` and ``rhd.py``). Data parallelism (all-reduce) and
+Determinism. For "ring", "rhd" and "hierarchical" an all-reduce IS reduce-scatter +
+all-gather over ``partition(len(buf), world)``, and averaging happens once, on the finished
+owned block (see ``algorithm.average_block``). Each element's summation order therefore
+depends only on the algorithm, the rank that owns its block and the world size (ring: a
+chain starting after the owner; rhd: one fixed tree; hierarchical: the owner's chain inside
+each node, then across nodes; see ``ring.py``, ``rhd.py``, ``hierarchical.py``). Data parallelism (all-reduce) and
 ZeRO (reduce-scatter over the same bounds + all-gather) get bit-identical results, every
 replica gets the same bits, and runs repeat bit for bit. "native" (MPI's own collectives) is
 the reference backend and makes none of these promises.
