@@ -9,8 +9,9 @@ all-gather over ``partition(len(buf), world)``, and averaging happens once, on t
 owned block (see ``algorithm.average_block``). Each element's summation order therefore
 depends only on the algorithm, the rank that owns its block and the world size (ring: a
 chain starting after the owner; rhd: one fixed tree; hierarchical: the owner's chain inside
-each node, then across nodes; see ``ring.py``, ``rhd.py``, ``hierarchical.py``). Data parallelism (all-reduce) and
-ZeRO (reduce-scatter over the same bounds + all-gather) get bit-identical results, every
+each node, then across nodes; see ``ring.py``, ``rhd.py``, ``hierarchical.py``). Data
+parallelism (all-reduce) and ZeRO (reduce-scatter over the same bounds + all-gather) get
+bit-identical results, every
 replica gets the same bits, and runs repeat bit for bit. "native" (MPI's own collectives) is
 the reference backend and makes none of these promises.
 
