@@ -11,9 +11,8 @@ depends only on the algorithm, the rank that owns its block and the world size (
 chain starting after the owner; rhd: one fixed tree; hierarchical: the owner's chain inside
 each node, then across nodes; see ``ring.py``, ``rhd.py``, ``hierarchical.py``). Data
 parallelism (all-reduce) and ZeRO (reduce-scatter over the same bounds + all-gather) get
-bit-identical results, every
-replica gets the same bits, and runs repeat bit for bit. "native" (MPI's own collectives) is
-the reference backend and makes none of these promises.
+bit-identical results, every replica gets the same bits, and runs repeat bit for bit.
+"native" (MPI's own collectives) is the reference backend and makes none of these promises.
 
 Traffic goes over a private duplicate of the caller's communicator, so simdist's messages
 never match the application's.
