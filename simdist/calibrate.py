@@ -167,6 +167,14 @@ def measure_mpi(comm: Any, repeats: int) -> dict[str, Any]:
     return result
 
 
+def message_rates(sizes: list[int], times: list[float], alpha: float) -> dict[int, float]:
+    """Bytes per second after the latency, for the messages where bandwidth dominates
+    (>= 32 KiB: below it the latency term is most of the time and the rate is noise)."""
+    return {
+        s: s / (t - alpha) for s, t in zip(sizes, times, strict=True) if s >= 32768 and t > alpha
+    }
+
+
 def _mem_total() -> int:
     try:
         with open("/proc/meminfo") as fh:
@@ -250,15 +258,34 @@ def render(m: dict[str, Any], previous: dict[str, Any] | None) -> str:
     if mpi:
         a_pp, b_pp = mpi["pingpong_fit"]
         a_sr, b_sr = mpi["sendrecv_fit"]
+        rates = message_rates(mpi["sizes"], mpi["sendrecv"], a_sr)
+        bw = max(rates.values()) if rates else 1 / b_sr
         lines += [
             "  intra:                # MPI between two ranks on this host (shared memory)",
-            f"    bandwidth_gbs: {1 / b_sr / 1e9:.4f}  # [calibrate] Sendrecv fit, per "
-            f"direction; ping-pong fit {1 / b_pp / 1e9:.2f} GB/s",
+            f"    bandwidth_gbs: {bw / 1e9:.4f}  # [calibrate] best Sendrecv rate over the "
+            f"sweep, per direction (fit: {1 / b_sr / 1e9:.2f}; ping-pong fit "
+            f"{1 / b_pp / 1e9:.2f} GB/s)",
             f"    latency_us: {a_sr * 1e6:.3f}  # [calibrate] Sendrecv fit; ping-pong fit "
             f"{a_pp * 1e6:.2f} us",
-            "    efficiency: 1.0     # the fit is already an achieved rate",
+            "    efficiency: 1.0     # the rates are achieved rates",
             f"    reduce_gbs: {reduce_gbs:.3f}  # [calibrate] np.add in place: add rate / 3",
+            "    size_efficiency:     # [min message bytes, fraction of bandwidth] Sendrecv sweep",
         ]
+        for i, size in enumerate(sorted(rates, reverse=True)):
+            key = 0 if i == len(rates) - 1 else size
+            lines.append(
+                f"      - [{key}, {rates[size] / bw:.4f}]  # [calibrate] {size} B: "
+                f"{rates[size] / 1e9:.2f} GB/s after the latency"
+            )
+        lines.append(
+            "    reduce_efficiency:   # [min block bytes, fraction of reduce_gbs] add sweep"
+        )
+        for i, size in enumerate(sorted(mem["add"], reverse=True)):
+            key = 0 if i == len(mem["add"]) - 1 else size
+            lines.append(
+                f"      - [{key}, {mem['add'][size] / add_peak:.4f}]  # [calibrate] "
+                f"{size / 2**20:g} MiB arrays: add {mem['add'][size] / 1e9:.1f} GB/s"
+            )
     elif prev_intra and prev_intra.get("bandwidth_gbs"):
         lines += [
             "  intra:                # kept from the previous calibration (this run was serial)",

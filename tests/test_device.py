@@ -472,6 +472,44 @@ def test_alpha_beta_fit_recovers_a_synthetic_link():
     assert alpha == pytest.approx(3e-6, rel=1e-6) and 1 / beta == pytest.approx(5e9, rel=1e-6)
 
 
+def test_size_keyed_link_tables(tmp_path):
+    """A link's optional per-size tables: the Sendrecv rates after the latency (calibrate's
+    ``message_rates``) and the add rates, used per message by the schedule model."""
+    from simdist.calibrate import message_rates
+    from simdist.device.schedule import step_time
+
+    sizes = [8 * 4**k for k in range(11)]
+    rate = {s: (2e9 if s < 2**20 else 8e9) for s in sizes}  # caches: a two-speed link
+    times = [2e-6 + s / rate[s] for s in sizes]
+    got = message_rates(sizes, times, 2e-6)
+    assert min(got) == 32768 and all(got[s] == pytest.approx(rate[s]) for s in got)
+
+    src = PROFILE_DIR / "host.yaml"
+    text = src.read_text().replace(
+        "    reduce_gbs:",
+        "    size_efficiency: [[1048576, 1.0], [0, 0.25]]\n"
+        "    reduce_efficiency: [[16777216, 0.5], [0, 1.0]]\n    reduce_gbs:",
+        1,
+    )
+    path = tmp_path / "host-sized.yaml"
+    path.write_text(text)
+    link = load_profile(path).intra
+    plain = load_profile("host").intra
+    assert link.beta_at(4 << 20) == pytest.approx(plain.beta)
+    assert link.beta_at(4096) == pytest.approx(4 * plain.beta)
+    assert link.gamma_at(32 << 20) == pytest.approx(2 * plain.gamma)
+    assert link.gamma_at(1 << 20) == pytest.approx(plain.gamma)
+    small, big = 65536.0, 32.0 * 2**20
+    step = [(1, small, small, small), (1, big, big, big)]
+    want = max(link.latency + small * 4 * plain.beta + small * plain.gamma,
+               link.latency + big * plain.beta + big * 2 * plain.gamma)  # fmt: skip
+    assert step_time(step, link) == pytest.approx(want)
+    bad = text.replace("[0, 0.25]", "[0, 1.5]")
+    path.write_text(bad)
+    with pytest.raises(ProfileError, match="size_efficiency"):
+        load_profile(path)
+
+
 def test_calibrate_writes_a_loadable_host_profile(tmp_path):
     from simdist.calibrate import main as calibrate
 

@@ -45,10 +45,27 @@ class Link:
     latency: float = 0.0  # s per message / algorithm step (α)
     efficiency: float = 1.0  # achieved / line rate for large messages
     gamma: float = 0.0  # s per byte reduced
+    # Optional size-keyed refinements ((min bytes, fraction), descending), measured where a
+    # single rate does not hold across sizes (CPU caches): of the bandwidth per message, of
+    # the reduction rate per block reduced. Empty: the plain α-β-γ model.
+    size_efficiency: tuple[tuple[float, float], ...] = ()
+    reduce_efficiency: tuple[tuple[float, float], ...] = ()
 
     @property
     def known(self) -> bool:
         return self.bandwidth is not None and self.bandwidth > 0
+
+    def beta_at(self, nbytes: float) -> float:
+        """Seconds per byte of a message of ``nbytes`` (``beta`` unless size-keyed)."""
+        if not self.size_efficiency:
+            return self.beta
+        return self.beta / _row(self.size_efficiency, nbytes)
+
+    def gamma_at(self, nbytes: float) -> float:
+        """Seconds per byte reducing a block of ``nbytes`` (``gamma`` unless size-keyed)."""
+        if not self.reduce_efficiency:
+            return self.gamma
+        return self.gamma / _row(self.reduce_efficiency, nbytes)
 
     @property
     def effective_bandwidth(self) -> float:
@@ -176,6 +193,14 @@ def _table(raw: Any, where: str, scale: float) -> tuple[tuple[float, float], ...
     return tuple(rows)
 
 
+def _row(table: tuple[tuple[float, float], ...], size: float) -> float:
+    """The fraction of the first row (descending min size) whose min size <= size."""
+    for min_size, eff in table:
+        if size >= min_size:
+            return eff
+    return table[-1][1]
+
+
 def _link(raw: Mapping[str, Any] | None, name: str, unknown: list[str]) -> Link:
     where = f"links.{name}"
     if raw is None:
@@ -191,7 +216,16 @@ def _link(raw: Mapping[str, Any] | None, name: str, unknown: list[str]) -> Link:
         latency=0.0 if lat is None else lat * 1e-6,
         efficiency=1.0 if eff is None else eff,
         gamma=0.0 if not gamma else 1.0 / (float(gamma) * 1e9),
+        size_efficiency=_optional_table(raw, "size_efficiency", where),
+        reduce_efficiency=_optional_table(raw, "reduce_efficiency", where),
     )
+
+
+def _optional_table(raw: Mapping[str, Any], key: str, where: str) -> tuple:
+    """A [min bytes, fraction] table when the profile gives one, else ()."""
+    if raw.get(key) is None:
+        return ()
+    return _table(raw[key], f"{where}.{key}", 1.0)
 
 
 def _capacity(section: Mapping[str, Any], where: str) -> int:

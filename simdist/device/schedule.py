@@ -134,9 +134,18 @@ def schedule(op: str, algorithm: str, blocks: Sequence[float]) -> list[Step]:
 
 
 def step_time(step: Step, link: Link) -> float:
-    """Seconds of one step: its busiest rank."""
-    a, b, g = link.latency, link.beta, link.gamma
-    return max(m * a + max(out, inc) * b + add * g for m, out, inc, add in step)
+    """Seconds of one step: its busiest rank (β and γ at the step's message and block size
+    where the link has size-keyed tables)."""
+    a = link.latency
+    if not (link.size_efficiency or link.reduce_efficiency):
+        b, g = link.beta, link.gamma
+        return max(m * a + max(out, inc) * b + add * g for m, out, inc, add in step)
+    worst = 0.0
+    for m, out, inc, add in step:
+        size = max(out, inc)
+        t = m * a + size * link.beta_at(size) + (add * link.gamma_at(add) if add else 0.0)
+        worst = max(worst, t)
+    return worst
 
 
 def schedule_time(op: str, algorithm: str, blocks: Sequence[float], link: Link) -> float:
