@@ -16,7 +16,10 @@ MPI.COMM_SELF; they meet in one barrier just before their training loops and nev
 communicate), their samples/s added. ``ceiling_efficiency_np2`` = that sum / (2 x the solo
 np 1 rate): what the shared cores, caches and memory bandwidth leave for ANY data-parallel
 implementation; ``dp_vs_ceiling`` = simdist np 2 / that sum (1.0: communication and
-synchronisation cost nothing).
+synchronisation cost nothing). Efficiencies are given as the ratio of the medians and, as
+``*_paired``, as the median of the ratios within each repeat (whose runs ran back to back):
+on a shared virtual machine whose speed drifts by 10-20 % over tens of seconds, the paired
+figure is the steadier one.
 
 Also printed: the machine's load, the BLAS kernel in use (threadpoolctl), and the
 single-core float32 GEMM rate measured in this run (the ceiling for GPT-2's GFLOP/s).
@@ -293,12 +296,22 @@ def main() -> int:
 def summarize(rows: list[dict], gemm: float) -> list[dict]:
     out = []
     by = {(r["impl"], r["model"], r["np"]): r["samples_per_sec"] for r in rows}
+    runs = {(r["impl"], r["model"], r["np"]): r["runs"] for r in rows}
+
+    def paired(model: str, impl: str) -> float:
+        """Median over the repeats of (``impl`` at np 2) / (2 x simdist at np 1) within each
+        repeat: its runs ran back to back, so a slow drift of the machine's speed cancels."""
+        pairs = zip(runs[(impl, model, 2)], runs[("simdist", model, 1)], strict=True)
+        return round(statistics.median(n2 / (2 * n1) for n2, n1 in pairs), 3)
+
     for model in dict.fromkeys(r["model"] for r in rows):
         s1, s2 = by.get(("simdist", model, 1)), by.get(("simdist", model, 2))
         entry = {"model": model, "dp_efficiency_np2": round(s2 / (2 * s1), 3)}
+        entry["dp_efficiency_np2_paired"] = paired(model, "simdist")
         both = by.get(("2 x simdist np1", model, 2))
         if both:  # two independent single-rank runs at once: the machine's own limit
             entry["ceiling_efficiency_np2"] = round(both / (2 * s1), 3)
+            entry["ceiling_efficiency_np2_paired"] = paired(model, "2 x simdist np1")
             entry["dp_vs_ceiling"] = round(s2 / both, 3)
         if ("torch-eager", model, 1) in by:
             entry["vs_torch_eager_np1"] = round(s1 / by[("torch-eager", model, 1)], 3)
