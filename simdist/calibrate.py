@@ -8,7 +8,10 @@ What is measured (one thread, as each simdist rank runs):
 * GEMM: float32 ``np.dot(a, b, out=c)`` through BLAS for n = 64 … 1024, best of N; the best
   rate is the matrix peak and each size's fraction of it forms the size-keyed efficiency
   table (so the host profile's table, unlike the GPU ones, is fitted to whole-kernel times
-  and is used with the roofline max).
+  and is used with the roofline max). A second sweep times GEMMs with one small dimension
+  s = 16 … 512 (the other two 512, each position, averaged): ``matrix_min_dim_efficiency``,
+  used for the model's GEMMs, whose shapes are known (a micro-batch of 32 runs a GEMM well
+  below a square one of the same FLOPs).
 * Elementwise: a numba loop ``c = a * b + c`` on a cache-resident array (vector peak) and the
   Python-to-kernel call overhead (``kernel_launch_us``, added per call: ``launch_mode:
   serial``).
@@ -19,7 +22,9 @@ What is measured (one thread, as each simdist rank runs):
   least squares on t = α + n·β weighted by 1/t (relative error, so the small messages pin α
   and the large ones β). The Sendrecv fit is the ``intra`` link, because simdist's ring and
   halving-doubling steps are Sendrecv exchanges. Run serially, the previous profile's link
-  figures are kept (or left null if there is none) and the file says so.
+  figures are kept (or left null if there is none) and the file says so. The sweep's
+  rates after the latency become the link's ``size_efficiency`` table, and the add sweep's
+  rates its ``reduce_efficiency`` table (used per message by the schedule model).
 
 Shared machines are noisy (research/simulators.md saw 10x swings in BLAS throughput): the
 1-minute load average is recorded and a warning printed when it exceeds the core count.
@@ -75,6 +80,28 @@ def measure_gemm(sizes: list[int], repeats: int) -> dict[int, float]:
         c = np.empty((n, n), np.float32)
         t = best_time(lambda a=a, b=b, c=c: np.dot(a, b, out=c), repeats)
         out[n] = 2.0 * n**3 / t
+    return out
+
+
+SHAPE_BIG = 512  # the other two dimensions of the shape sweep
+
+
+def measure_gemm_shapes(smalls: list[int], repeats: int) -> dict[int, float]:
+    """FLOP/s of float32 GEMMs with one dimension ``s`` and the other two ``SHAPE_BIG``,
+    averaged over the three positions of the small one (m: few rows, as a micro-batch's
+    forward; k: a weight gradient's inner dimension; n: few output columns)."""
+    rng = np.random.default_rng(1)
+    big = SHAPE_BIG
+    out = {}
+    for s in smalls:
+        rates = []
+        for m, k, n in ((s, big, big), (big, s, big), (big, big, s)):
+            a = rng.standard_normal((m, k), dtype=np.float32)
+            b = rng.standard_normal((k, n), dtype=np.float32)
+            c = np.empty((m, n), np.float32)
+            t = best_time(lambda a=a, b=b, c=c: np.dot(a, b, out=c), repeats)
+            rates.append(2.0 * m * k * n / t)
+        out[s] = float(np.mean(rates))
     return out
 
 
@@ -235,6 +262,19 @@ def render(m: dict[str, Any], previous: dict[str, Any] | None) -> str:
         lines.append(
             f"    - [{gflop:.6g}, {eff:.4f}]  # [calibrate] n={n}: {gemm[n] / 1e9:.1f} GFLOP/s"
         )
+    shapes = m.get("gemm_shapes") or {}
+    if shapes:
+        lines.append(
+            f"  matrix_min_dim_efficiency:  # [smallest of m, k, n; fraction of peak] GEMMs with "
+            f"one dimension s, two of {SHAPE_BIG}"
+        )
+        for s in sorted(shapes, reverse=True):
+            key = 0 if s == min(shapes) else s
+            eff = min(1.0, shapes[s] / peak_gemm)
+            lines.append(
+                f"    - [{key}, {eff:.4f}]  # [calibrate] s={s}: {shapes[s] / 1e9:.1f} GFLOP/s "
+                "(mean over the three positions)"
+            )
     lines += [
         "  vector_efficiency: null  # elementwise kernels are memory-bound here",
         "memory:",
@@ -314,6 +354,9 @@ def render(m: dict[str, Any], previous: dict[str, Any] | None) -> str:
         f"  command: {m['command']!r}",
         f"  loadavg: {m['loadavg']!r}",
         "  gemm_gflops: {" + ", ".join(f"{n}: {r / 1e9:.2f}" for n, r in gemm.items()) + "}",
+        "  gemm_shape_gflops: {"
+        + ", ".join(f"{n}: {r / 1e9:.2f}" for n, r in shapes.items())
+        + "}",
         "  copy_gbs: {" + ", ".join(f"{s}: {r / 1e9:.2f}" for s, r in mem["copy"].items()) + "}",
         "  add_gbs: {" + ", ".join(f"{s}: {r / 1e9:.2f}" for s, r in mem["add"].items()) + "}",
         f"  large_array_bytes: {big}",
@@ -367,11 +410,15 @@ def main(argv: list[str] | None = None) -> int:
     mem_sizes = [2**18, 2**24] if args.quick else [2**18, 2**21, 2**24, 2**26]
     # several rounds over all sizes, best per size: a burst of load from other processes
     # then spoils one round of one size instead of the whole point
+    shape_sizes = [32, 128] if args.quick else [16, 32, 64, 128, 256, 512]
     gemm: dict[int, float] = {}
+    shapes: dict[int, float] = {}
     memory: dict[str, dict[int, float]] = {"copy": {}, "add": {}}
     for _ in range(args.rounds):
         for n, rate in measure_gemm(gemm_sizes, args.repeats).items():
             gemm[n] = max(gemm.get(n, 0.0), rate)
+        for n, rate in measure_gemm_shapes(shape_sizes, args.repeats).items():
+            shapes[n] = max(shapes.get(n, 0.0), rate)
         for kind, points in measure_memory(mem_sizes, args.repeats).items():
             for size, rate in points.items():
                 memory[kind][size] = max(memory[kind].get(size, 0.0), rate)
@@ -396,6 +443,7 @@ def main(argv: list[str] | None = None) -> int:
         "openblas_coretype": os.environ.get("OPENBLAS_CORETYPE", "(unset)"),
         "openblas_l2": os.environ.get("OPENBLAS_L2_SIZE", "(unset)"),
         "gemm": gemm,
+        "gemm_shapes": shapes,
         "memory": memory,
         "vector_flops": vector,
         "overhead": overhead,

@@ -510,6 +510,27 @@ def test_size_keyed_link_tables(tmp_path):
         load_profile(path)
 
 
+def test_gemm_efficiency_by_smallest_dimension(tmp_path):
+    from simdist.models.base import gemm
+
+    k = gemm("fc1", 32, 784, 512, "forward")
+    assert k.min_dim == 32 and k.flops == 2 * 32 * 784 * 512
+    text = (PROFILE_DIR / "host.yaml").read_text()
+    table = "  matrix_min_dim_efficiency: [[512, 1.0], [64, 0.9], [0, 0.5]]\n"
+    text = text.replace("  vector_efficiency:", table + "  vector_efficiency:", 1)
+    path = tmp_path / "host-shapes.yaml"
+    path.write_text(text)
+    shaped, plain = CostModel(load_profile(path)), CostModel(load_profile("host"))
+    peak = shaped.profile.peak("matmul", "fp32")
+    t_c, _ = shaped.kernel_terms(k.flops, k.bytes, "matmul", min_dim=k.min_dim)
+    assert t_c == pytest.approx(k.flops / (0.5 * peak))
+    t_c, _ = shaped.kernel_terms(k.flops, k.bytes, "matmul", min_dim=128)
+    assert t_c == pytest.approx(k.flops / (0.9 * peak))
+    # without a shape (or without the table) the FLOP-keyed table applies, as before
+    assert shaped.kernel_terms(k.flops, k.bytes) == plain.kernel_terms(k.flops, k.bytes)
+    assert plain.kernel_terms(k.flops, k.bytes, min_dim=32) == plain.kernel_terms(k.flops, k.bytes)
+
+
 def test_calibrate_writes_a_loadable_host_profile(tmp_path):
     from simdist.calibrate import main as calibrate
 

@@ -233,9 +233,18 @@ class CostModel:
 
     # -- kernels ---------------------------------------------------------------------
     def kernel_terms(
-        self, flops: float, bytes_moved: float, kind: str = "matmul", dtype: str | None = None
+        self,
+        flops: float,
+        bytes_moved: float,
+        kind: str = "matmul",
+        dtype: str | None = None,
+        min_dim: int = 0,
     ) -> tuple[float, float]:
-        """(compute seconds, memory seconds) before combining and launch overhead."""
+        """(compute seconds, memory seconds) before combining and launch overhead.
+
+        ``min_dim``: a GEMM's smallest dimension, where known; profiles with a
+        ``matrix_min_dim_efficiency`` table then take the efficiency from it (a GEMM with a
+        dimension of 32 runs well below one of the same FLOPs with all dimensions large)."""
         if kind not in ("matmul", "vector"):
             raise ValueError(f"kind must be 'matmul' or 'vector', got {kind!r}")
         if flops < 0 or bytes_moved < 0:
@@ -246,7 +255,11 @@ class CostModel:
         if flops > 0:
             if kind == "matmul":
                 peak = prof.peak("matmul", dtype)
-                t_c = flops / (peak * efficiency(prof.matrix_efficiency, flops))
+                if min_dim > 0 and prof.matrix_min_dim_efficiency:
+                    eff = efficiency(prof.matrix_min_dim_efficiency, min_dim)
+                else:
+                    eff = efficiency(prof.matrix_efficiency, flops)
+                t_c = flops / (peak * eff)
             else:
                 # Elementwise math on half types runs in fp32 registers where no separate
                 # vector peak is published; with no vector peak at all the op is taken as
@@ -263,10 +276,15 @@ class CostModel:
         return t_c, t_m
 
     def compute_time(
-        self, flops: float, bytes_moved: float, kind: str = "matmul", dtype: str | None = None
+        self,
+        flops: float,
+        bytes_moved: float,
+        kind: str = "matmul",
+        dtype: str | None = None,
+        min_dim: int = 0,
     ) -> float:
         """Simulated seconds of one kernel doing ``flops`` and moving ``bytes_moved``."""
-        t_c, t_m = self.kernel_terms(flops, bytes_moved, kind, dtype)
+        t_c, t_m = self.kernel_terms(flops, bytes_moved, kind, dtype, min_dim)
         t = max(t_c, t_m) if self.profile.combine == "roofline" else t_c + t_m
         if self.profile.launch_mode == "serial":
             return t + self.profile.kernel_launch

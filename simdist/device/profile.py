@@ -116,6 +116,9 @@ class DeviceProfile:
     unknown: tuple[str, ...] = ()  # fields the profile leaves null (not published)
     path: str = ""
     sha256: str = ""
+    # Optional: GEMM efficiency by the smallest of m, k, n ((min dim, fraction), descending),
+    # used instead of the FLOP-keyed table for GEMMs whose shape is known.
+    matrix_min_dim_efficiency: tuple[tuple[float, float], ...] = ()
 
     def peak(self, kind: str, dtype: str) -> float:
         """Peak FLOP/s for ``kind`` ("matmul" or "vector") and ``dtype``; error if unpublished."""
@@ -303,6 +306,7 @@ def load_profile(name_or_path: str | Path) -> DeviceProfile:
         launch_mode=launch_mode,
         combine=combine,
         matrix_efficiency=_table(compute.get("matrix_efficiency"), "matrix_efficiency", 1e9),
+        matrix_min_dim_efficiency=_optional_table(compute, "matrix_min_dim_efficiency", "compute"),
         vector_efficiency=_table(compute.get("vector_efficiency"), "vector_efficiency", 1e9),
         memory_efficiency=_table(memory.get("efficiency"), "memory.efficiency", 1e6),
         devices_per_node=int(links.get("devices_per_node") or 1),

@@ -59,11 +59,13 @@ class KernelCost(NamedTuple):
     phase: str  # "forward" | "backward"
     count: int = 1
     done: tuple[str, ...] = ()
+    min_dim: int = 0  # GEMMs: the smallest of m, k, n (BLAS efficiency depends on it)
 
 
 def gemm(name: str, m: int, k: int, n: int, phase: str, count: int = 1) -> KernelCost:
     """C[m, n] = A[m, k] @ B[k, n] in float32: 2mkn FLOPs, each operand moved once."""
-    return KernelCost(name, 2.0 * m * k * n, 4.0 * (m * k + k * n + m * n), "matmul", phase, count)
+    flops, nbytes = 2.0 * m * k * n, 4.0 * (m * k + k * n + m * n)
+    return KernelCost(name, flops, nbytes, "matmul", phase, count, min_dim=min(m, k, n))
 
 
 def vector(
