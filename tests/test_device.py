@@ -472,6 +472,21 @@ def test_alpha_beta_fit_recovers_a_synthetic_link():
     assert alpha == pytest.approx(3e-6, rel=1e-6) and 1 / beta == pytest.approx(5e9, rel=1e-6)
 
 
+def _plain_host(tmp_path: Path) -> tuple[str, Path]:
+    """The shipped host profile without its optional size- and shape-keyed tables (the text
+    and a file of it), so the tests below can add tables of their own."""
+    text = re.sub(
+        r"\n *(size_efficiency|reduce_efficiency|matrix_min_dim_efficiency):[^\n]*(\n +- [^\n]*)*",
+        "",
+        (PROFILE_DIR / "host.yaml").read_text(),
+    )
+    path = tmp_path / "host-plain.yaml"
+    path.write_text(text)
+    prof = load_profile(path)
+    assert not (prof.intra.size_efficiency or prof.matrix_min_dim_efficiency)
+    return text, path
+
+
 def test_size_keyed_link_tables(tmp_path):
     """A link's optional per-size tables: the Sendrecv rates after the latency (calibrate's
     ``message_rates``) and the add rates, used per message by the schedule model."""
@@ -484,8 +499,8 @@ def test_size_keyed_link_tables(tmp_path):
     got = message_rates(sizes, times, 2e-6)
     assert min(got) == 32768 and all(got[s] == pytest.approx(rate[s]) for s in got)
 
-    src = PROFILE_DIR / "host.yaml"
-    text = src.read_text().replace(
+    text, plain_path = _plain_host(tmp_path)
+    text = text.replace(
         "    reduce_gbs:",
         "    size_efficiency: [[1048576, 1.0], [0, 0.25]]\n"
         "    reduce_efficiency: [[16777216, 0.5], [0, 1.0]]\n    reduce_gbs:",
@@ -494,7 +509,7 @@ def test_size_keyed_link_tables(tmp_path):
     path = tmp_path / "host-sized.yaml"
     path.write_text(text)
     link = load_profile(path).intra
-    plain = load_profile("host").intra
+    plain = load_profile(plain_path).intra
     assert link.beta_at(4 << 20) == pytest.approx(plain.beta)
     assert link.beta_at(4096) == pytest.approx(4 * plain.beta)
     assert link.gamma_at(32 << 20) == pytest.approx(2 * plain.gamma)
@@ -515,12 +530,12 @@ def test_gemm_efficiency_by_smallest_dimension(tmp_path):
 
     k = gemm("fc1", 32, 784, 512, "forward")
     assert k.min_dim == 32 and k.flops == 2 * 32 * 784 * 512
-    text = (PROFILE_DIR / "host.yaml").read_text()
+    text, plain_path = _plain_host(tmp_path)
     table = "  matrix_min_dim_efficiency: [[512, 1.0], [64, 0.9], [0, 0.5]]\n"
     text = text.replace("  vector_efficiency:", table + "  vector_efficiency:", 1)
     path = tmp_path / "host-shapes.yaml"
     path.write_text(text)
-    shaped, plain = CostModel(load_profile(path)), CostModel(load_profile("host"))
+    shaped, plain = CostModel(load_profile(path)), CostModel(load_profile(plain_path))
     peak = shaped.profile.peak("matmul", "fp32")
     t_c, _ = shaped.kernel_terms(k.flops, k.bytes, "matmul", min_dim=k.min_dim)
     assert t_c == pytest.approx(k.flops / (0.5 * peak))
