@@ -37,7 +37,8 @@ a loaded machine the gap between the two is the load, not the model. Nothing is 
 The profile models one core per rank. Runs with more ranks than cores (np 4 on a 2-core
 machine) time-share the cores: they are run and reported, flagged ``oversubscribed``, and
 left out of the target summary, because they ran on a different machine (half a core per
-device) than the profile describes.
+device) than the profile describes. They run after the scored cases, not interleaved with
+them, so their load does not leak into the scored measurements.
 
 Sources of the published values:
   * Rajbhandari et al. 2020, "ZeRO" (arXiv 1910.02054), Fig. 1: per-device model states,
@@ -593,9 +594,14 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.time()
         with tempfile.TemporaryDirectory(prefix="validate_sim-") as tmp:
             work = Path(tmp)
-            rows += measured_training(nps, args.repeats, work)
-            if not args.no_collectives:
-                rows += measured_collectives(nps, work)
+            # Scored cases first: the oversubscribed ones keep the machine loaded for a while
+            # after they end and must not run in between.
+            cores = os.cpu_count() or 1
+            for group in ([n for n in nps if n <= cores], [n for n in nps if n > cores]):
+                if group:
+                    rows += measured_training(group, args.repeats, work)
+                    if not args.no_collectives:
+                        rows += measured_collectives(group, work)
         print(
             f"# measured part took {time.time() - t0:.0f} s; load average "
             f"{os.getloadavg()[0]:.2f} at the end",
