@@ -4,7 +4,7 @@
 # versions of the project's .venv, so simdist programs, the Open MPI path of the launcher
 # and scripts/multihost.py can run on Open MPI next to the project's own MPICH venv.
 #
-# Usage: scripts/setup_openmpi.sh [VENV_DIR]     (default: /tmp/ompi-venv)
+# Usage: scripts/setup_openmpi.sh [VENV_DIR]     (default: build/ompi-venv in the checkout)
 # Env:   PYTHON  interpreter used to create the venv (default: python3)
 #        SIMDIST_OMPI_APT=0          never call apt-get (fail instead when Open MPI is missing)
 #        SIMDIST_OMPI_SIMDIST=0      mpi4py + numpy only (enough for tests/mpi/multihost_probe.py)
@@ -16,9 +16,9 @@
 # uses a path inside its own clone.
 set -euo pipefail
 
-venv=${1:-/tmp/ompi-venv}
 python=${PYTHON:-python3}
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)  # physical: tests compare with Path.resolve()
+venv=${1:-$repo/build/ompi-venv}
 with_simdist=${SIMDIST_OMPI_SIMDIST:-1}
 
 # Same numpy/numba/... as the MPICH venv: the arithmetic is then the same, so an Open MPI

@@ -13,7 +13,7 @@ single-host run at the same world size, global batch and node grid (see
 Open MPI tests need a venv whose mpi4py links Open MPI, and the training test also needs
 simdist in it: ``scripts/setup_openmpi.sh DIR`` (``scripts/ci_provision.sh`` builds
 build/ompi-venv). SIMDIST_OMPI_VENV names the venv; otherwise build/ompi-venv in this
-checkout when it exists, else /tmp/ompi-venv.
+checkout (the default of both scripts).
 """
 
 from __future__ import annotations
@@ -44,11 +44,10 @@ MIB = 2**20
 
 
 def _ompi_venv() -> Path:
-    """SIMDIST_OMPI_VENV, else build/ompi-venv (scripts/ci_provision.sh), else /tmp/ompi-venv."""
+    """SIMDIST_OMPI_VENV, else build/ompi-venv in this checkout (scripts/ci_provision.sh)."""
     if os.environ.get("SIMDIST_OMPI_VENV"):
         return Path(os.environ["SIMDIST_OMPI_VENV"])
-    local = REPO / "build" / "ompi-venv"
-    return local if local.is_dir() else Path("/tmp/ompi-venv")
+    return REPO / "build" / "ompi-venv"
 
 
 OMPI_VENV = _ompi_venv()
