@@ -23,8 +23,9 @@ measured one (first input fetch to the end of the parameter gather, slowest rank
 * ``compute``: forward + backward + optimizer at np 1 (no collectives), target <= 10 %,
   predicted from the same replay (``est_compute_s``), measured over the same calls
   (``measured_compute_s``);
-* ``collective``: all-reduce, reduce-scatter and all-gather of 1, 4 and 16 MiB, ring and
-  rhd, simdist's own collectives timed here as the loop runs them (``--collectives-worker``
+* ``collective``: all-reduce, reduce-scatter and all-gather of 1, 4 and 16 MiB, ring, rhd
+  and shm (on registered buffers, as training runs it), simdist's own collectives timed
+  here as the loop runs them (``--collectives-worker``
   under mpiexec: buffer just written, ranks start together, one call timed, slowest rank)
   against the schedule model on the host profile's ``intra`` link, target <= 10 %.
 
@@ -403,6 +404,7 @@ def measured_training(nps: list[int], repeats: int, work: Path) -> list[dict]:
 COLL_OPS = ("allreduce", "reduce_scatter", "allgather")
 COLL_SIZES = (1 << 20, 4 << 20, 16 << 20)
 COLL_CALLS = 15
+COLL_ALGS = ("ring", "rhd", "shm")
 
 
 def collectives_worker(out: str) -> int:
@@ -417,15 +419,17 @@ def collectives_worker(out: str) -> int:
 
     comm = world()
     coll = Collectives(comm)
-    keys = [(op, alg, n) for op in COLL_OPS for alg in ("ring", "rhd") for n in COLL_SIZES]
+    keys = [(op, alg, n) for op in COLL_OPS for alg in COLL_ALGS for n in COLL_SIZES]
     bufs = {n: np.empty(n // 4, np.float32) for n in COLL_SIZES}
+    # shm runs, as in training, on buffers registered with the collectives (shared memory)
+    shared = {n: coll.buffer(n // 4) for n in COLL_SIZES}
 
     def call(op: str, alg: str, buf) -> None:
         getattr(coll, op)(buf, algorithm=alg)
 
     windows: dict[tuple, list[float]] = {k: [] for k in keys}
     for op, alg, n in keys:  # one case at a time, as calibrate sweeps one size at a time
-        buf = bufs[n]
+        buf = shared[n] if alg == "shm" else bufs[n]
         for i in range(3 + COLL_CALLS):  # 3 warm-up calls: scratch, rendezvous, first touch
             buf.fill(0.0)  # freshly written, as gradients are after backward
             coll.barrier(algorithm="native")

@@ -140,7 +140,7 @@ def setup_for(run: Any) -> RankSetup:
     algorithm = r.collective_algorithm
     if algorithm == "auto":  # what GradientSync will resolve it to
         padded = Layout(model.parameter_specs(), run.world).padded
-        algorithm = run.coll.choose("reduce_scatter", 4 * padded)
+        algorithm = run.coll.choose("reduce_scatter", 4 * padded, run.coll.shared)
     return RankSetup(
         numel_specs=tuple((s.name, s.numel) for s in model.parameter_specs()),
         groups=tuple((tuple(g.names), g.held) for g in model.gradient_groups()),
@@ -238,13 +238,19 @@ class DeviceAllocator:
     arena, the p2p scratch).
     """
 
-    def __init__(self, device_memory: DeviceMemory):
+    def __init__(self, device_memory: DeviceMemory, coll: Any = None):
         self.device_memory = device_memory
+        self.coll = coll  # Collectives: ``shared`` allocations come from its buffer()
         self.planned: list[Entry] = []
         self._unnamed = 0
 
-    def alloc(self, category: str, name: str, n: int) -> np.ndarray:
-        return self.device_memory.allocate(category, name, (int(n),), np.float32)
+    def alloc(self, category: str, name: str, n: int, shared: bool = False) -> np.ndarray:
+        """``shared``: a buffer the collectives reduce in place (``Collectives.buffer``;
+        collective: every rank must allocate it, in the same order)."""
+        if not (shared and self.coll is not None):
+            return self.device_memory.allocate(category, name, (int(n),), np.float32)
+        self.device_memory.reserve(category, name, 4 * int(n))  # simulated OOM first
+        return self.coll.buffer(int(n))
 
     def reserve(self, category: str, name: str, nbytes: int) -> None:
         self.device_memory.reserve(category, name, int(nbytes))

@@ -33,9 +33,10 @@ class GradientSync:
         # the flat range this rank's optimizer updates
         self.update_range = self.partition if level > 0 else (0, layout.padded)
         # One algorithm for every gradient collective: "auto" picks by message size, and a
-        # per-group reduce-scatter must sum in the same order as the whole-buffer one.
+        # per-group reduce-scatter must sum in the same order as the whole-buffer one. The
+        # run allocates their buffers with coll.buffer (shared memory on one node).
         if algorithm == "auto":
-            algorithm = coll.choose("reduce_scatter", 4 * layout.padded)
+            algorithm = coll.choose("reduce_scatter", 4 * layout.padded, coll.shared)
         self.algorithm = algorithm
 
     def reduce_gradients(self, grads: np.ndarray | None) -> np.ndarray:
@@ -101,7 +102,7 @@ class ShardedGradients(GradientViews):
                 self.ranges.append((a, b, None))
                 shared = max(shared, b - a)
         self.ranges = [(a, b, held_total if off is None else off) for a, b, off in self.ranges]
-        self.bucket = alloc("buckets", "grad_bucket", held_total + shared)
+        self.bucket = alloc("buckets", "grad_bucket", held_total + shared, shared=True)
         self.groups = groups
         self.group_of = {n: i for i, g in enumerate(groups) for n in g.names}
         for i, g in enumerate(groups):

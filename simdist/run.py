@@ -91,7 +91,7 @@ class Run:
         )
         # the simulated accelerator (simdist.simulate); its accounted memory backs run.memory
         self.device = simulate.create_device(r, comm, self.placement)
-        self.memory = DeviceAllocator(self.device.memory)
+        self.memory = DeviceAllocator(self.device.memory, self.coll)
         self.step = 0
         self.events: EventWriter | None = None
         self._summary_t = (0.0, 0)
@@ -119,7 +119,8 @@ class Run:
 
         specs = self.model.parameter_specs()
         self.layout = layout = Layout(specs, self.world)
-        self.params_flat = self.memory.alloc("parameters", "params", layout.padded)
+        # buffers of the training collectives: shared memory where the ranks share a node
+        self.params_flat = self.memory.alloc("parameters", "params", layout.padded, shared=True)
         self.pviews = layout.views(self.params_flat)
         accum = p.optimizer.grad_accum_steps
         self.sync = GradientSync(self.coll, layout, r.zero_opt_level, r.collective_algorithm)
@@ -136,7 +137,7 @@ class Run:
             self.grads = None
             self.gviews = self.sync.make_sharded(self.model.gradient_groups(), self.memory.alloc)
         else:
-            self.grads = self.memory.alloc("gradients", "grads", layout.padded)
+            self.grads = self.memory.alloc("gradients", "grads", layout.padded, shared=True)
             if accum > 1:  # the model writes each micro-batch into scratch, summed into grads
                 self.micro_grads = self.memory.alloc("gradients", "micro_grads", layout.padded)
             self.gviews = GradientViews(layout.views(self.micro_grads if accum > 1 else self.grads))

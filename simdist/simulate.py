@@ -164,9 +164,11 @@ class RecordingCollectives:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 
-    def _resolve(self, op: str, n: int, algorithm: str | None) -> str:
+    def _resolve(self, op: str, buf: np.ndarray, algorithm: str | None) -> str:
         req = algorithm or self._inner.algorithm
-        return self._inner.choose(op, 4 * n) if req == "auto" else req
+        if req != "auto":
+            return req
+        return self._inner.choose(op, 4 * buf.size, self._inner.registered(buf))
 
     def _blocks(self, n: int, bounds) -> tuple[int, ...]:
         b = partition(n, self._inner.world) if bounds is None else np.asarray(bounds)
@@ -186,7 +188,7 @@ class RecordingCollectives:
             np.copyto(buf, host)
         else:
             self._inner.allreduce(buf, average=average, algorithm=algorithm)
-        alg = self._resolve("allreduce", buf.size, algorithm)
+        alg = self._resolve("allreduce", buf, algorithm)
         self._sim.collective("allreduce", alg, self._blocks(buf.size, None), self.staged, t0)
 
     def reduce_scatter(
@@ -205,7 +207,7 @@ class RecordingCollectives:
             view = self._inner.reduce_scatter(
                 buf, bounds=bounds, average=average, algorithm=algorithm
             )
-        alg = self._resolve("reduce_scatter", buf.size, algorithm)
+        alg = self._resolve("reduce_scatter", buf, algorithm)
         self._sim.collective("reduce_scatter", alg, self._blocks(buf.size, bounds), self.staged, t0)
         return view
 
@@ -221,13 +223,13 @@ class RecordingCollectives:
             np.copyto(buf, host)
         else:
             self._inner.allgather(buf, bounds=bounds, algorithm=algorithm)
-        alg = self._resolve("allgather", buf.size, algorithm)
+        alg = self._resolve("allgather", buf, algorithm)
         self._sim.collective("allgather", alg, self._blocks(buf.size, bounds), self.staged, t0)
 
     def broadcast(self, buf, root: int = 0, *, algorithm: str | None = None) -> None:
         t0 = time.perf_counter()
         self._inner.broadcast(buf, root, algorithm=algorithm)
-        alg = self._resolve("broadcast", buf.size, algorithm)
+        alg = self._resolve("broadcast", buf, algorithm)
         self._sim.collective("broadcast", alg, (4 * buf.size,), False, t0)
 
     def barrier(self, *, algorithm: str | None = None) -> None:

@@ -385,9 +385,10 @@ def test_training_across_hosts(tmp_path, capsys, single_host, form, ranks_per_ho
     the bytes), and the logged loss is summed in rank order. With 2 ranks per host "auto"
     picks the hierarchical all-reduce; the single-host reference then runs it on virtual
     nodes of 2 ranks (``runconfig.ranks_per_node``), and a real 2-host run must match it
-    bit for bit. With 1 rank per host the grid is flat and the reference is a plain run.
+    bit for bit. With 1 rank per host the grid is flat: "rhd" on both (the reference on
+    virtual nodes of 1 rank, as one host would otherwise choose its shared-memory "shm").
     """
-    ref = single_host(2 * ranks_per_host, 2 if ranks_per_host == 2 else None)
+    ref = single_host(2 * ranks_per_host, ranks_per_host)
     got, _ = _train_across_hosts(tmp_path, capsys, ref, form, ranks_per_host)
     assert got.algorithm == ref.algorithm == ("hierarchical" if ranks_per_host == 2 else "rhd")
     _assert_same_training(got, ref)

@@ -73,15 +73,28 @@ def test_data_parallel_and_zero_match_one_process(tmp_path):
         assert diff > 0  # another reduction order: not bitwise, as expected
 
 
-@pytest.mark.parametrize(("n", "per_node"), [(2, None), (3, None), (4, None), (4, 2)])
-def test_zero_levels_are_bit_identical(tmp_path, n, per_node):
+@pytest.mark.parametrize(
+    ("n", "per_node", "algorithm", "want"),
+    [
+        (2, None, "auto", "shm"),
+        (3, None, "auto", "shm"),
+        (4, None, "auto", "shm"),
+        (3, None, "ring", "ring"),
+        (4, None, "rhd", "rhd"),
+        (4, 2, "auto", "hierarchical"),
+    ],
+)
+def test_zero_levels_are_bit_identical(tmp_path, n, per_node, algorithm, want):
     """ZeRO-1/2 reduce-scatter over the same slices as DP's all-reduce: identical bits.
-    Also with 2 virtual nodes of 2 ranks, where "auto" runs the hierarchical algorithm."""
+    On one node "auto" runs the shared-memory algorithm on the registered gradient buffers
+    (ZeRO-2: on its bucket, per gradient group); with 2 virtual nodes of 2 ranks the
+    hierarchical one; ring and rhd explicitly."""
     args = [
         "--runconfig.max_steps=50",
         "--runconfig.mode=train",
         "--optimizer.max_gradient_norm=0.5",
         "--optimizer.weight_decay=0.01",
+        f"--runconfig.collective_algorithm={algorithm}",
     ]
     if per_node:
         args.append(f"--runconfig.ranks_per_node={per_node}")
@@ -89,7 +102,6 @@ def test_zero_levels_are_bit_identical(tmp_path, n, per_node):
     for level in (0, 1, 2):
         d = tmp_path / f"z{level}"
         r = train(n, d, *args, f"--zero_opt_level={level}")
-        want = "hierarchical" if per_node else "rhd" if n != 3 else "ring"
         assert f"gradient collectives: {want}" in r.stdout, r.stdout
         states[level] = final_state(d)
     for level in (1, 2):

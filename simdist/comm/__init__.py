@@ -14,6 +14,7 @@ initialising MPI.
 | ring.py         | ring reduce-scatter / all-gather / broadcast                       |
 | rhd.py          | recursive halving / doubling, binomial broadcast                   |
 | hierarchical.py | in-node ring, cross-node ring, in-node ring (N x L grids)          |
+| shm.py          | shared-memory windows: ranks of one node read each other's buffers |
 | topology.py     | ``Placement``: which node each rank is on (MPI shared-memory split)|
 | groups.py       | sub-communicators of the execution modes                           |
 | native.py       | MPI's own collectives (reference backend)                          |

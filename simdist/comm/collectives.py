@@ -25,12 +25,13 @@ import zlib
 import numpy as np
 from mpi4py import MPI
 
-from . import hierarchical, native, rhd, ring  # noqa: F401  (importing registers them)
+from . import hierarchical, native, rhd, ring, shm  # noqa: F401  (importing registers them)
 from .algorithm import ALGORITHMS, Algorithm, average_block
 from .cost import choose_algorithm
 from .hierarchical import check_placement
 from .p2p import Exchanger
 from .partition import bounds_list, partition
+from .shm import check_single_node
 from .topology import Placement
 from .topology import placement as find_placement
 
@@ -76,6 +77,8 @@ class Collectives:
             )
         if algorithm == "hierarchical":
             check_placement(self.placement)
+        if algorithm == "shm":
+            check_single_node(self.placement)
         self.algorithm = algorithm
         self.check = check
         self.calls = 0  # collective calls made on this rank (all ops)
@@ -83,7 +86,7 @@ class Collectives:
         self._p2p = Exchanger(self._comm)
         self._impls: dict[str, Algorithm] = {}
         self._bounds: dict[int, list[int]] = {}  # default partition per length
-        self._choices: dict[tuple[bool, int], str] = {}  # "auto" decisions per length
+        self._choices: dict[tuple[bool, int, bool], str] = {}  # "auto" decisions per length
         if check:
             self._row = np.zeros(_NFIELDS, dtype=np.int64)
             self._table = np.zeros((self.world, _NFIELDS), dtype=np.int64)
@@ -99,13 +102,36 @@ class Collectives:
         account it once (simulated device workspace). Returns its size in bytes."""
         return int(self._p2p.scratch(-(-int(nbytes) // 4)).nbytes)
 
-    def choose(self, op: str, nbytes: int) -> str:
+    @property
+    def shared(self) -> bool:
+        """Whether ``buffer`` hands out shared memory here (world > 1, all on one node)."""
+        return self.world > 1 and self.placement.num_nodes == 1
+
+    def buffer(self, n: int) -> np.ndarray:
+        """Collective: a zeroed float32 buffer of ``n`` elements that the "shm" algorithm
+        reduces in place, without staging (a shared-memory window segment, as NCCL's
+        registered buffers), when every rank is on one node; a plain array otherwise. Any
+        algorithm accepts it. Valid until ``free``."""
+        if self.shared:
+            impl = self._impl("shm")
+            assert isinstance(impl, shm.SharedMemory)
+            return impl.allocate(n)
+        return np.zeros(int(n), dtype=np.float32)
+
+    def registered(self, buf: np.ndarray) -> bool:
+        """Whether ``buf`` lies in a ``buffer`` (the "shm" algorithm needs no staging)."""
+        impl = self._impls.get("shm")
+        return isinstance(impl, shm.SharedMemory) and impl.is_registered(buf)
+
+    def choose(self, op: str, nbytes: int, registered: bool = False) -> str:
         """The algorithm "auto" runs for ``op`` on ``nbytes`` here (``cost.choose_algorithm``
-        with this communicator's world size and placement); the same on every rank."""
-        return choose_algorithm(op, nbytes, self.world, self.placement)
+        with this communicator's world size and placement, for a buffer from ``buffer``
+        if ``registered``); the same on every rank."""
+        return choose_algorithm(op, nbytes, self.world, self.placement, registered)
 
     def free(self) -> None:
-        """Release the private communicator (collective; the object is unusable after)."""
+        """Release the private communicator and shared windows (collective; the object and
+        the arrays ``buffer`` returned are unusable after)."""
         for impl in self._impls.values():
             impl.free()
         self._impls.clear()
@@ -201,13 +227,15 @@ class Collectives:
             hit = self._bounds[n] = partition(n, self.world).tolist()
         return hit
 
-    def _auto(self, op: str, n: int) -> str:
-        key = (op == "broadcast", n)
+    def _auto(self, op: str, buf: np.ndarray | None) -> str:
+        n = int(getattr(buf, "size", 0))
+        registered = isinstance(buf, np.ndarray) and self.registered(buf)
+        key = (op == "broadcast", n, registered)
         name = self._choices.get(key)
         if name is None:
             if len(self._choices) >= 256:
                 self._choices.clear()
-            name = self._choices[key] = self.choose(op, 4 * n)
+            name = self._choices[key] = self.choose(op, 4 * n, registered)
         return name
 
     def _begin(
@@ -226,7 +254,7 @@ class Collectives:
         self.calls += 1
         requested = algorithm or self.algorithm
         n = int(getattr(buf, "size", 0))
-        name = self._auto(op, n) if requested == "auto" else requested
+        name = self._auto(op, buf) if requested == "auto" else requested
         b: list[int] = []
         try:
             self._validate(op, buf, name, extra)
@@ -253,6 +281,8 @@ class Collectives:
             )
         if name == "hierarchical":
             check_placement(self.placement)
+        if name == "shm":
+            check_single_node(self.placement)
         if op == "broadcast" and not 0 <= extra < self.world:
             raise ValueError(f"root must be in [0, {self.world}), got {extra}")
         if buf is None:

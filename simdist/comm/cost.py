@@ -12,13 +12,20 @@ For a buffer of ``n`` bytes on ``p`` ranks the modelled time of the busiest rank
 | ring broadcast             | 2 (p-1)            | 2 (p-1)/p n             | 0                |
 | rhd (binomial) broadcast   | ceil(log2 p)       | ceil(log2 p) n          | 0                |
 
-(p' = largest power of two <= p; reduce-scatter and all-gather are each half of the
-all-reduce row.) The constants are round figures measured on the development machine kind
-(2 cores, MPICH shared memory, Python loop overhead included); only their ratios matter.
+| shm all-reduce             | 3 fences           | (p-1)/p n               | (p-1)/p n        |
+| shm broadcast              | 2 fences           | n                       | 0                |
 
-The choice for all-reduce, reduce-scatter and all-gather depends on ``(n, p)`` only, never on
-the operation: an all-reduce and a reduce-scatter + all-gather of the same buffer then run the
-same algorithm and give the same bits (DP vs ZeRO). Every rank evaluates the same pure
+(p' = largest power of two <= p; reduce-scatter and all-gather are each half of the
+all-reduce row; a fence, ``ALPHA_FENCE``, is a barrier.) "shm" (``shm.py``) is only
+considered for buffers the caller registered (``Collectives.buffer``, shared memory: no
+staging copies) with every rank on one node; there it wins from a few tens of KiB up.
+The constants are round figures measured on the development machine kind (2 cores, MPICH
+shared memory, Python loop overhead included); only their ratios matter.
+
+The choice for all-reduce, reduce-scatter and all-gather depends on ``(n, p)`` (and whether
+the buffer is registered) only, never on the operation: an all-reduce and a reduce-scatter
++ all-gather of the same buffer then run the same algorithm and give the same bits (DP vs
+ZeRO). Every rank evaluates the same pure
 function of the same arguments, so all ranks choose alike. Ties go to "rhd" (at p = 2 both
 algorithms are the same single exchange). "native" is never chosen: its summation order is
 MPI's, not ours.
@@ -44,6 +51,7 @@ above is unchanged (hierarchical degenerates to the flat ring there).
 
 from __future__ import annotations
 
+ALPHA_FENCE = 7e-6  # s per shared-memory fence (Win_sync + barrier + Win_sync), p = 2
 ALPHA = 10e-6  # s per step (one pairwise exchange: MPI rendezvous + Python overhead)
 BETA = 1 / 10e9  # s per byte copied between ranks
 GAMMA = 1 / 8e9  # s per byte added in place (two reads, one write)
@@ -61,10 +69,18 @@ def _log2_ceil(p: int) -> int:
 
 
 def predicted_time(op: str, algorithm: str, nbytes: int, world: int) -> float:
-    """Modelled seconds of ``op`` with ``algorithm`` ("ring" or "rhd") on ``world`` ranks."""
+    """Modelled seconds of ``op`` with ``algorithm`` ("ring", "rhd" or "shm") on ``world``
+    ranks of one node."""
     p, n = world, float(nbytes)
     if p <= 1 or n <= 0:
         return 0.0
+    if op not in REDUCTIONS and op != "broadcast":
+        raise ValueError(f"no cost model for op {op!r}")
+    if algorithm == "shm":  # fences; sum the owned block from the peers; copy their blocks
+        if op == "broadcast":
+            return 2 * ALPHA_FENCE + n * BETA
+        t = 3 * ALPHA_FENCE + (p - 1) / p * n * (BETA + GAMMA)
+        return t if op == "allreduce" else t / 2 + ALPHA_FENCE / 2  # halves: 2 fences each
     if op == "broadcast":
         if algorithm == "ring":
             return 2 * (p - 1) * ALPHA + 2 * (p - 1) / p * n * BETA
@@ -118,9 +134,16 @@ def two_level_time(algorithm: str, nbytes: int, nodes: int, ranks_per_node: int)
     raise ValueError(f"no two-level cost model for algorithm {algorithm!r}")
 
 
-def choose_algorithm(op: str, nbytes: int, world: int, placement: object | None = None) -> str:
-    """The algorithm "auto" runs: the cheaper of "rhd" and "ring" under the model above, and
-    across nodes "hierarchical" where the two-level model says it is strictly faster.
+def choose_algorithm(
+    op: str,
+    nbytes: int,
+    world: int,
+    placement: object | None = None,
+    registered: bool = False,
+) -> str:
+    """The algorithm "auto" runs: the cheaper of "rhd" and "ring" under the model above; on
+    one node, for a ``registered`` buffer, "shm" where it is strictly faster still; across
+    nodes "hierarchical" where the two-level model says it is strictly faster.
 
     ``placement``: a ``topology.Placement`` (anything with ``num_nodes``, ``uniform`` and
     ``max_ranks_per_node``) or None for one node.
@@ -129,6 +152,9 @@ def choose_algorithm(op: str, nbytes: int, world: int, placement: object | None 
     rhd = predicted_time(model_op, "rhd", nbytes, world)
     ring = predicted_time(model_op, "ring", nbytes, world)
     flat = "rhd" if rhd <= ring else "ring"
+    one_node = placement is None or placement.num_nodes == 1  # type: ignore[attr-defined]
+    if one_node and registered and predicted_time(model_op, "shm", nbytes, world) < min(rhd, ring):
+        return "shm"
     if placement is None or model_op == "broadcast":
         return flat
     nodes, per_node = placement.num_nodes, placement.max_ranks_per_node  # type: ignore[attr-defined]

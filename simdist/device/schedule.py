@@ -4,7 +4,7 @@ The closed forms of ``cost.collective_time`` assume equal blocks. The training l
 collectives are not always like that: ZeRO-2 reduce-scatters each gradient group over the
 group's range cut at the ZeRO slice boundaries, so most ranks' blocks are empty and one or
 two hold the whole group, and a ring then moves the largest block at every step. This
-module replays the schedules of ``simdist.comm.ring`` and ``simdist.comm.rhd`` on the real
+module replays the schedules of ``simdist.comm.ring``, ``rhd`` and ``shm`` on the real
 block sizes (bytes per rank):
 
     per step and rank:  messages·α + max(bytes sent, bytes received)·β + bytes added·γ
@@ -118,11 +118,32 @@ def _rhd(op: str, blocks: Sequence[float]) -> list[Step]:
     return steps
 
 
-SCHEDULES = {"ring": _ring, "rhd": _rhd}
+def _shm(op: str, blocks: Sequence[float]) -> list[Step]:
+    """``simdist.comm.shm``: peers read each other's memory directly, one step per half
+    (a device's link carries what it pulls and what the others pull from it at once)."""
+    p = len(blocks)
+    total = float(sum(blocks))
+    steps: list[Step] = []
+    if op in ("reduce_scatter", "allreduce"):  # pull own block from p-1 peers, add
+        steps.append(
+            [
+                (1, total - b, (p - 1) * b, (p - 1) * b) if total else (0, 0.0, 0.0, 0.0)
+                for b in blocks
+            ]
+        )
+    if op in ("allgather", "allreduce"):  # pull every other block; peers pull own block
+        steps.append(
+            [(1, (p - 1) * b, total - b, 0.0) if total else (0, 0.0, 0.0, 0.0) for b in blocks]
+        )
+    return steps
+
+
+SCHEDULES = {"ring": _ring, "rhd": _rhd, "shm": _shm}
 
 
 def schedule(op: str, algorithm: str, blocks: Sequence[float]) -> list[Step]:
-    """The steps of ``op`` with ``algorithm`` ("ring" | "rhd") on per-rank block bytes."""
+    """The steps of ``op`` with ``algorithm`` ("ring" | "rhd" | "shm") on per-rank block
+    bytes."""
     op = canonical_op(op)
     if op not in ("allreduce", "reduce_scatter", "allgather"):
         raise ValueError(f"no schedule for {op!r} (allreduce, reduce_scatter, allgather)")

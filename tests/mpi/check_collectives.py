@@ -212,6 +212,96 @@ def check_bitwise(coll: Collectives, alg: str, n: int) -> None:
         same(a2, a, f"allreduce repeats bit for bit, {tag}")
 
 
+# ---------------------------------------------------------------- shared memory, registered
+
+
+def shm_order(xs: list[np.ndarray], b: np.ndarray) -> np.ndarray:
+    """Documented shm order: block q = (((x[q] + x[q+1]) + x[q+2]) + ...) + x[q-1]."""
+    out = np.empty_like(xs[0])
+    for q in range(P):
+        s = block(b, q)
+        acc = xs[q][s].copy()
+        for k in range(1, P):
+            acc += xs[(q + k) % P][s]
+        out[s] = acc
+    return out
+
+
+def check_shm(coll: Collectives) -> None:
+    """ "shm" and "auto" on buffers from Collectives.buffer (no staging), whole and as views
+    at an offset (ZeRO-2's buckets); the summation order; sub-range reduce-scatter bits."""
+    n_max = 2**20 + 3
+    reg = coll.buffer(n_max + 40)
+    expect(
+        reg.dtype == np.float32 and reg.size == n_max + 40 and not reg.any(),
+        "Collectives.buffer: zeroed float32 of the asked length",
+    )
+    expect(coll.registered(reg[7:100]) == coll.shared, "views of a buffer are registered")
+    expect(not coll.registered(np.zeros(8, np.float32)), "a plain array is not registered")
+    for alg in ("shm", "auto"):
+        for off in (0, 37):
+            for n in LENGTHS:
+                x = reg[off : off + n]
+                tag = f"registered {alg} off={off} n={n}"
+                x[:] = contribution(RANK, n)
+                coll.allreduce(x, average=True, algorithm=alg)
+                same(x, exact_average(n), f"allreduce average {tag}")
+                for name, b in (("default", partition(n, P)), ("custom", custom_bounds(n))):
+                    x[:] = contribution(RANK, n)
+                    given = None if name == "default" else b
+                    view = coll.reduce_scatter(x, bounds=given, algorithm=alg)
+                    same(np.array(view), exact_sum(n)[block(b)], f"reduce_scatter {name} {tag}")
+                    x[:] = np.nan
+                    x[block(b)] = pattern(n)[block(b)]
+                    coll.allgather(x, bounds=given, algorithm=alg)
+                    same(x, pattern(n), f"allgather {name} {tag}")
+                x[:] = pattern(n) if RANK == P - 1 else np.nan
+                coll.broadcast(x, root=P - 1, algorithm=alg)
+                same(x, pattern(n), f"broadcast {tag}")
+    if P > 1:
+        big = 4 * (2**20 + 3)
+        expect(
+            coll.choose("allreduce", big, registered=True) == "shm",
+            "auto picks shm for a large registered buffer on one node",
+        )
+    for n in (1, P + 1, 1000, 2**20 + 3):
+        xs = [
+            np.random.default_rng(1000 + r).standard_normal(n).astype(np.float32) for r in range(P)
+        ]
+        b = partition(n, P)
+        want = shm_order(xs, b) / np.float32(P) if P > 1 else xs[0]
+        x = reg[:n]
+        for staged in (False, True):
+            tag = f"shm n={n} {'staged' if staged else 'registered'}"
+            a = xs[RANK].copy() if staged else x
+            a[:] = xs[RANK]
+            coll.allreduce(a, average=True, algorithm="shm")
+            same(a, want, f"allreduce follows the documented summation order, {tag}")
+        # a reduce-scatter of a sub-range over the cut bounds (ZeRO-2's groups): same bits
+        a0, a1 = n // 3, n - n // 5
+        x[:] = xs[RANK]
+        sub = x[a0:a1]
+        cut = np.clip(b - a0, 0, a1 - a0)
+        mine = coll.reduce_scatter(sub, bounds=cut, average=True, algorithm="shm")
+        lo = int(cut[RANK]) + a0
+        same(np.array(mine), want[lo : lo + mine.size], f"sub-range reduce_scatter shm n={n}")
+        if P > 1:  # at p = 2 the shm order is the ring's
+            if P == 2:
+                same(want, ring_order(xs, b) / np.float32(P), f"shm == ring bits at p=2, n={n}")
+    if P > 1:  # shared memory needs one node
+        grid = Placement.blocks(RANK, P, 1)
+        err = raised(lambda: Collectives(COMM, algorithm="shm", placement=grid), ValueError)
+        expect(err is not None and "one node" in str(err), f"shm across nodes: {err}")
+        cg = Collectives(COMM, placement=grid)
+        expect(
+            not cg.shared and not coll.registered(cg.buffer(8)),
+            "across nodes, Collectives.buffer is a plain array",
+        )
+        err = raised(lambda: cg.allreduce(np.ones(8, np.float32), algorithm="shm"), ValueError)
+        expect(err is not None and "one node" in str(err), f"shm call across nodes: {err}")
+        cg.free()
+
+
 # ---------------------------------------------------------------- hierarchical, virtual nodes
 
 
@@ -411,6 +501,9 @@ def main() -> int:
         for alg in ("ring", "rhd"):
             for n in (1, P + 1, 1000, 2**20 + 3):
                 check_bitwise(coll, alg, n)
+        check_shm(coll)
+        if RANK == 0:
+            print(f"check_collectives np={P}: shm on registered buffers done", flush=True)
         check_hierarchical()
         if RANK == 0:
             print(f"check_collectives np={P}: hierarchical on virtual nodes done", flush=True)

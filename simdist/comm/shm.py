@@ -1,0 +1,202 @@
+"""Shared-memory collectives: the ranks of one node read each other's buffers directly.
+
+MPI-3 shared-memory windows (``MPI_Win_allocate_shared``) map every rank's segment into
+every other rank's address space, so a collective needs no messages at all, only loads and
+stores and a few synchronisation points ("fences": ``Win_sync``, barrier, ``Win_sync``,
+the MPI-3 pattern for the unified memory model). This is the CPU analogue of NCCL's
+peer-to-peer "two-shot" all-reduce inside an NVLink node:
+
+- reduce-scatter: fence (every input is there); rank r sums block r of all ranks' inputs
+  into its own buffer; fence (nobody still reads an input);
+- all-gather: fence (every owned block is there); each rank copies the other blocks from
+  their owners; fence;
+- all-reduce: fence; sum (and average) the owned block; fence; copy the others; fence.
+
+A buffer from ``SharedMemory.allocate`` (``Collectives.buffer``: the gradients and
+parameters of a training run) IS a window segment, and the collective works on it in place
+("zero-copy": per rank and all-reduce, one pass over the owned block of every rank's input
+and one copy of the other blocks, against the ring's 2 (p-1)/p n of messages, each copied
+into and out of MPI's own shared buffers). Any other buffer is staged through a reused
+window first: what the peers need is copied in, the owned result copied out.
+
+Summation order: block r's elements are ``(..((x[r] + x[r+1]) + x[r+2]) + ..) + x[r-1]``
+(rank indices mod p): it depends only on the owner r, so an all-reduce, a reduce-scatter +
+all-gather and a reduce-scatter over any sub-range with the same owners give the same bits
+(DP = ZeRO-1 = ZeRO-2), and at p = 2 they are the ring's bits.
+
+Needs every rank on one node (shared memory); a buffer passed as "registered" must be the
+same view (same offset into its window) on every rank, which holds for buffers carved from
+one layout.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from mpi4py import MPI
+
+from .algorithm import Algorithm, average_block, register_algorithm
+from .p2p import Exchanger
+from .topology import Placement
+
+
+def check_single_node(place: Placement | None) -> None:
+    """Raise ValueError unless every rank shares one node's memory."""
+    if place is not None and place.num_nodes > 1:
+        raise ValueError(
+            "the shm algorithm needs every rank on one node (shared memory); this run "
+            f"has {place.num_nodes} nodes (use collective_algorithm auto, ring, rhd or "
+            "hierarchical)"
+        )
+
+
+class _Window:
+    """One shared window of ``n`` float32 per rank, with every rank's segment mapped here."""
+
+    def __init__(self, comm: MPI.Comm, n: int):
+        self.n = n
+        self.win = MPI.Win.Allocate_shared(4 * max(n, 1), 4, comm=comm)
+        self.win.Lock_all(MPI.MODE_NOCHECK)  # a passive epoch, so Win_sync may be called
+        self.segments = []
+        for q in range(comm.Get_size()):
+            mem, _ = self.win.Shared_query(q)
+            self.segments.append(np.frombuffer(mem, dtype=np.float32, count=n))
+        self.base = self.segments[comm.Get_rank()].__array_interface__["data"][0]
+
+    def offset_of(self, buf: np.ndarray) -> int | None:
+        """Element offset of ``buf`` inside this rank's segment, or None if not inside."""
+        addr = buf.__array_interface__["data"][0]
+        off, extra = divmod(addr - self.base, 4)
+        if extra or off < 0 or off + buf.size > self.n:
+            return None
+        return off
+
+    def free(self) -> None:
+        self.segments = []
+        self.win.Unlock_all()
+        self.win.Free()
+
+
+@register_algorithm
+class SharedMemory(Algorithm):
+    name = "shm"
+
+    def __init__(self, comm: MPI.Comm, p2p: Exchanger, placement: Placement | None = None):
+        super().__init__(comm, p2p, placement)
+        check_single_node(placement)
+        self._registered: list[_Window] = []
+        self._stage: _Window | None = None
+
+    # ------------------------------------------------------------------ buffers
+
+    def allocate(self, n: int) -> np.ndarray:
+        """Collective: a zeroed float32 buffer of ``n`` elements in a new window; the
+        collectives work on it (and on views of it) without staging."""
+        w = _Window(self.comm, int(n))
+        w.segments[self.rank][:] = 0.0
+        self._registered.append(w)
+        self._fence(w)
+        return w.segments[self.rank]
+
+    def is_registered(self, buf: np.ndarray) -> bool:
+        return any(w.offset_of(buf) is not None for w in self._registered)
+
+    def _peers(self, buf: np.ndarray) -> tuple[list[np.ndarray], _Window | None]:
+        """Every rank's view of ``buf`` if it is registered (and the window), else ([], None)."""
+        for w in self._registered:
+            off = w.offset_of(buf)
+            if off is not None:
+                return [s[off : off + buf.size] for s in w.segments], w
+        return [], None
+
+    def _staging(self, n: int) -> tuple[list[np.ndarray], _Window]:
+        """The reused staging window, grown (collectively: ``n`` agrees on all ranks)."""
+        w = self._stage
+        if w is None or w.n < n:
+            if w is not None:
+                w.free()
+            w = self._stage = _Window(self.comm, max(n, 2 * w.n if w else n))
+        return [s[:n] for s in w.segments], w
+
+    def _fence(self, w: _Window) -> None:
+        w.win.Sync()
+        self.comm.Barrier()
+        w.win.Sync()
+
+    def free(self) -> None:
+        for w in self._registered:
+            w.free()
+        self._registered = []
+        if self._stage is not None:
+            self._stage.free()
+            self._stage = None
+
+    # ------------------------------------------------------------------ operations
+
+    def _sum_owned(self, src: list[np.ndarray], out: np.ndarray, lo: int, hi: int) -> None:
+        """``out`` (holding this rank's values of block [lo, hi)) += the other ranks', in
+        the order r+1, r+2, .. (mod p)."""
+        r, p = self.rank, self.world
+        if hi > lo:
+            for k in range(1, p):
+                np.add(out, src[(r + k) % p][lo:hi], out=out)
+
+    def _copy_others(self, src: list[np.ndarray], buf: np.ndarray, bounds: list[int]) -> None:
+        for q in range(self.world):
+            if q != self.rank and bounds[q + 1] > bounds[q]:
+                np.copyto(buf[bounds[q] : bounds[q + 1]], src[q][bounds[q] : bounds[q + 1]])
+
+    def _stage_all_but(self, buf: np.ndarray, lo: int, hi: int) -> tuple[list, _Window]:
+        """Staged inputs: the peers read every block of this rank's values but its own."""
+        src, w = self._staging(buf.size)
+        mine = src[self.rank]
+        mine[:lo] = buf[:lo]
+        mine[hi:] = buf[hi:]
+        return src, w
+
+    def reduce_scatter(self, buf: np.ndarray, bounds: list[int]) -> None:
+        lo, hi = bounds[self.rank], bounds[self.rank + 1]
+        src, w = self._peers(buf)
+        if w is None:
+            src, w = self._stage_all_but(buf, lo, hi)
+        self._fence(w)
+        self._sum_owned(src, buf[lo:hi], lo, hi)
+        self._fence(w)
+
+    def allgather(self, buf: np.ndarray, bounds: list[int]) -> None:
+        lo, hi = bounds[self.rank], bounds[self.rank + 1]
+        src, w = self._peers(buf)
+        if w is None:
+            src, w = self._staging(buf.size)
+            np.copyto(src[self.rank][lo:hi], buf[lo:hi])
+        self._fence(w)
+        self._copy_others(src, buf, bounds)
+        self._fence(w)
+
+    def allreduce(self, buf: np.ndarray, bounds: list[int], average: bool) -> None:
+        """Reduce-scatter, average, all-gather with one fence fewer (the same bits)."""
+        lo, hi = bounds[self.rank], bounds[self.rank + 1]
+        src, w = self._peers(buf)
+        staged = w is None
+        if staged:
+            src, w = self._stage_all_but(buf, lo, hi)
+        self._fence(w)
+        owned = buf[lo:hi]
+        self._sum_owned(src, owned, lo, hi)
+        if average:
+            average_block(owned, self.world)
+        if staged:
+            np.copyto(src[self.rank][lo:hi], owned)
+        self._fence(w)
+        self._copy_others(src, buf, bounds)
+        self._fence(w)
+
+    def broadcast(self, buf: np.ndarray, root: int) -> None:
+        src, w = self._peers(buf)
+        if w is None:
+            src, w = self._staging(buf.size)
+            if self.rank == root:
+                np.copyto(src[root], buf)
+        self._fence(w)
+        if self.rank != root:
+            np.copyto(buf, src[root])
+        self._fence(w)
