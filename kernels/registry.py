@@ -28,6 +28,7 @@ MODULES: list[str] = [
     "attention",
     "matmul",
     "residual",
+    "reduce",
 ]
 
 

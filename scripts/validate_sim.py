@@ -25,9 +25,9 @@ measured one (first input fetch to the end of the parameter gather, slowest rank
   (``measured_compute_s``);
 * ``collective``: all-reduce, reduce-scatter and all-gather of 1, 4 and 16 MiB, ring, rhd
   and shm (on registered buffers, as training runs it), simdist's own collectives timed
-  here as the loop runs them (``--collectives-worker``
-  under mpiexec: buffer just written, ranks start together, one call timed, slowest rank)
-  against the schedule model on the host profile's ``intra`` link, target <= 10 %.
+  here as the loop runs them (``--collectives-worker`` under mpiexec: buffer just written,
+  ranks start together, one call timed, slowest rank) against the schedule model on the
+  host profile's ``intra`` link, target <= 10 %.
 
 Which measurement. The profile is best-of-N (calibrate keeps each rate's best sample, so
 that other processes on a shared machine do not lower it): it describes the machine when

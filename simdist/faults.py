@@ -569,13 +569,16 @@ class StepGuard:
         if self.watchdog:
             self.watchdog.enter(phase, step)
 
-    def check(self, step: int, grads: np.ndarray, loss: float) -> tuple[float, bool]:
+    def check(
+        self, step: int, grads: np.ndarray, loss: float, own_sumsq: float | None = None
+    ) -> tuple[float, bool]:
         """The per-step agreement; returns (global sum of squares of the averaged gradient,
         stop requested). Raises NonFiniteError on every rank when the loss or a gradient is
-        NaN or Inf, before the optimizer touches the parameters."""
+        NaN or Inf, before the optimizer touches the parameters. ``own_sumsq``: this rank's
+        share if the gradient sync already computed it (``sum_of_squares`` of its part)."""
         self.enter("step_check", step)
         v = self._vals
-        v[0] = sum_of_squares(grads[self._own])
+        v[0] = sum_of_squares(grads[self._own]) if own_sumsq is None else own_sumsq
         v[1] = loss
         v[2] = 1.0 if self.signals.received else 0.0
         total = self.run.coll.allreduce_scalars(v)

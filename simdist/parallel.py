@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from simdist.comm import Collectives
+from simdist.comm import Collectives, partition
 from simdist.kernels.optim import sum_of_squares
 
 from .arena import Layout
@@ -38,17 +38,26 @@ class GradientSync:
         if algorithm == "auto":
             algorithm = coll.choose("reduce_scatter", 4 * layout.padded, coll.shared)
         self.algorithm = algorithm
+        # the all-reduce's blocks (default partition) are the ZeRO slices: its per-block sum
+        # of squares is this rank's share of the global norm
+        self._sumsq_is_own = bool(
+            np.array_equal(partition(layout.padded, coll.world), layout.bounds)
+        )
 
-    def reduce_gradients(self, grads: np.ndarray | None) -> np.ndarray:
-        """Average gradients across replicas; returns the gradients for update_range."""
+    def reduce_gradients(self, grads: np.ndarray | None) -> tuple[np.ndarray, float | None]:
+        """Average gradients across replicas; returns the gradients for update_range and,
+        where the collective took it on the way (DP), the sum of squares of this rank's
+        ``partition`` of them (else None: the caller computes it)."""
         if self.level == 0:
-            self.coll.allreduce(grads, average=True, algorithm=self.algorithm)
-            return grads
+            own = self.coll.allreduce(
+                grads, average=True, algorithm=self.algorithm, sumsq=self._sumsq_is_own
+            )
+            return grads, own
         if self.level == 1:
             return self.coll.reduce_scatter(
                 grads, bounds=self.layout.bounds, average=True, algorithm=self.algorithm
-            )
-        return self.sharded.finish_step()
+            ), None
+        return self.sharded.finish_step(), None
 
     def global_norm(self, reduced: np.ndarray) -> float:
         """L2 norm of the averaged gradient, each element counted once across ranks."""

@@ -179,17 +179,20 @@ class RecordingCollectives:
             self.host_buffer = np.zeros(n, np.float32)
         return self.host_buffer[:n]
 
-    def allreduce(self, buf, *, average: bool = False, algorithm: str | None = None) -> None:
+    def allreduce(
+        self, buf, *, average: bool = False, algorithm: str | None = None, sumsq: bool = False
+    ) -> float | None:
         t0 = time.perf_counter()
         if self.staged and buf.size:
             host = self._host(buf.size)
             np.copyto(host, buf)
-            self._inner.allreduce(host, average=average, algorithm=algorithm)
+            partial = self._inner.allreduce(host, average=average, algorithm=algorithm, sumsq=sumsq)
             np.copyto(buf, host)
         else:
-            self._inner.allreduce(buf, average=average, algorithm=algorithm)
+            partial = self._inner.allreduce(buf, average=average, algorithm=algorithm, sumsq=sumsq)
         alg = self._resolve("allreduce", buf, algorithm)
         self._sim.collective("allreduce", alg, self._blocks(buf.size, None), self.staged, t0)
+        return partial
 
     def reduce_scatter(
         self, buf, *, bounds=None, average: bool = False, algorithm: str | None = None

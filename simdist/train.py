@@ -43,8 +43,8 @@ def train(run: Run) -> None:
                 model.backward(run.pviews, run.gradients(micro), dloss)
                 run.accumulate_gradients(micro)
             guard.enter("reduce_gradients", n)
-            grads = sync.reduce_gradients(run.grads)  # averaged, for [lo, hi)
-            sumsq, stop = guard.check(n, grads, loss)  # NaN/Inf raise here, on every rank
+            grads, own_sumsq = sync.reduce_gradients(run.grads)  # averaged, for [lo, hi)
+            sumsq, stop = guard.check(n, grads, loss, own_sumsq)  # NaN/Inf raise on all ranks
             norm = run.clip(grads, sumsq)
             guard.enter("update", n)
             run.optimizer.step(run.params_flat[lo:hi], grads, n, p.optimizer.learning_rate)

@@ -22,6 +22,7 @@ from simdist.kernels.activation import relu_backward, relu_forward
 from simdist.kernels.linear import linear_backward, linear_backward_params, linear_forward
 from simdist.kernels.loss import softmax_cross_entropy_backward, softmax_cross_entropy_forward
 from simdist.kernels.optim import adamw_update, scale_inplace, sgd_update, sum_of_squares
+from simdist.kernels.reduce import add_divide
 
 F32 = np.float32
 EPS = float(np.finfo(F32).eps)
@@ -421,6 +422,17 @@ def test_sum_of_squares_is_float64_accurate(n):
     assert sum_of_squares(x) == got  # same order every call
 
 
+@pytest.mark.parametrize("divisor", [1, 2, 3, 4, 6])
+def test_add_divide_is_numpy_add_then_divide(divisor):
+    """The shm all-reduce's fused last step must give average_block's bits exactly."""
+    rng = np.random.default_rng(divisor)
+    acc, x = randn(rng, 1003), randn(rng, 1003)
+    want = np.add(acc, x)
+    np.divide(want, F32(divisor), out=want)
+    add_divide(acc, x, F32(divisor))
+    assert acc.dtype == np.float32 and max_ulp(acc, want) == 0
+
+
 def test_scale_inplace_is_float32_multiply():
     rng = np.random.default_rng(9)
     x = randn(rng, 1001)
@@ -522,6 +534,7 @@ def test_kernels_do_not_allocate():
         "ce_backward": (softmax_cross_entropy_backward, dout, probs, targets, F32(0.25)),
         "sum_of_squares": (sum_of_squares, g),
         "scale_inplace": (scale_inplace, g, F32(0.5)),
+        "add_divide": (add_divide, g, m, F32(2)),
     }
     for name, (fn, *args) in calls.items():
         assert nrt_allocations(fn, *args) == 0, name

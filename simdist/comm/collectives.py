@@ -25,6 +25,8 @@ import zlib
 import numpy as np
 from mpi4py import MPI
 
+from simdist.kernels.optim import sum_of_squares
+
 from . import hierarchical, native, rhd, ring, shm  # noqa: F401  (importing registers them)
 from .algorithm import ALGORITHMS, Algorithm, average_block
 from .cost import choose_algorithm
@@ -141,12 +143,29 @@ class Collectives:
     # ------------------------------------------------------------------ operations
 
     def allreduce(
-        self, buf: np.ndarray, *, average: bool = False, algorithm: str | None = None
-    ) -> None:
-        """Sum (or average) ``buf`` over all ranks, in place."""
+        self,
+        buf: np.ndarray,
+        *,
+        average: bool = False,
+        algorithm: str | None = None,
+        sumsq: bool = False,
+    ) -> float | None:
+        """Sum (or average) ``buf`` over all ranks, in place.
+
+        ``sumsq``: return the float64 sum of squares of this rank's block of the result
+        (``kernels.optim.sum_of_squares`` of ``buf[b[r]:b[r+1]]``, default partition), the
+        share of a global norm that counts every element once across ranks; "shm" takes
+        it in the reduction's own pass. Otherwise None.
+        """
         name, b = self._begin("allreduce", buf, None, int(average), algorithm)
         if self.world > 1 and buf.size:
-            self._impl(name).allreduce(buf, b, average)
+            impl = self._impl(name)
+            if sumsq and isinstance(impl, shm.SharedMemory):
+                return impl.allreduce(buf, b, average, sumsq=True)
+            impl.allreduce(buf, b, average)
+        if not sumsq:
+            return None
+        return sum_of_squares(buf[b[self.rank] : b[self.rank + 1]]) if buf.size else 0.0
 
     def reduce_scatter(
         self,

@@ -34,7 +34,10 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
-from .algorithm import Algorithm, average_block, register_algorithm
+from simdist.kernels.optim import sum_of_squares
+from simdist.kernels.reduce import add_divide
+
+from .algorithm import Algorithm, register_algorithm
 from .p2p import Exchanger
 from .topology import Placement
 
@@ -132,13 +135,20 @@ class SharedMemory(Algorithm):
 
     # ------------------------------------------------------------------ operations
 
-    def _sum_owned(self, src: list[np.ndarray], out: np.ndarray, lo: int, hi: int) -> None:
+    def _sum_owned(
+        self, src: list[np.ndarray], out: np.ndarray, lo: int, hi: int, average: bool = False
+    ) -> None:
         """``out`` (holding this rank's values of block [lo, hi)) += the other ranks', in
-        the order r+1, r+2, .. (mod p)."""
+        the order r+1, r+2, .. (mod p); with ``average`` the last addition is fused with
+        ``average_block``'s division (the same bits, one pass fewer)."""
         r, p = self.rank, self.world
         if hi > lo:
             for k in range(1, p):
-                np.add(out, src[(r + k) % p][lo:hi], out=out)
+                x = src[(r + k) % p][lo:hi]
+                if average and k == p - 1:
+                    add_divide(out, x, np.float32(p))
+                else:
+                    np.add(out, x, out=out)
 
     def _copy_others(self, src: list[np.ndarray], buf: np.ndarray, bounds: list[int]) -> None:
         for q in range(self.world):
@@ -172,8 +182,12 @@ class SharedMemory(Algorithm):
         self._copy_others(src, buf, bounds)
         self._fence(w)
 
-    def allreduce(self, buf: np.ndarray, bounds: list[int], average: bool) -> None:
-        """Reduce-scatter, average, all-gather with one fence fewer (the same bits)."""
+    def allreduce(
+        self, buf: np.ndarray, bounds: list[int], average: bool, sumsq: bool = False
+    ) -> float | None:
+        """Reduce-scatter, average, all-gather with one fence fewer (the same bits).
+        ``sumsq``: also return ``sum_of_squares`` of the owned block of the result, taken
+        while it is still in cache."""
         lo, hi = bounds[self.rank], bounds[self.rank + 1]
         src, w = self._peers(buf)
         staged = w is None
@@ -181,14 +195,14 @@ class SharedMemory(Algorithm):
             src, w = self._stage_all_but(buf, lo, hi)
         self._fence(w)
         owned = buf[lo:hi]
-        self._sum_owned(src, owned, lo, hi)
-        if average:
-            average_block(owned, self.world)
+        self._sum_owned(src, owned, lo, hi, average)
+        partial = sum_of_squares(owned) if sumsq else None
         if staged:
             np.copyto(src[self.rank][lo:hi], owned)
         self._fence(w)
         self._copy_others(src, buf, bounds)
         self._fence(w)
+        return partial
 
     def broadcast(self, buf: np.ndarray, root: int) -> None:
         src, w = self._peers(buf)

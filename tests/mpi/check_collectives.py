@@ -23,6 +23,7 @@ import tempfile
 import time
 
 import numpy as np
+from simdist.kernels.optim import sum_of_squares
 
 from simdist.comm import ALGORITHMS, CollectiveMismatchError, Collectives, partition
 from simdist.comm.topology import Placement
@@ -117,8 +118,13 @@ def check_ops(coll: Collectives, alg: str, rep: int, n: int) -> None:
     same(x, exact_sum(n), f"allreduce sum {tag}")
 
     x = contribution(RANK, n)
-    coll.allreduce(x, average=True, algorithm=alg)
+    partial = coll.allreduce(x, average=True, algorithm=alg, sumsq=True)
     same(x, exact_average(n), f"allreduce average {tag}")
+    own = block(partition(n, P))
+    expect(
+        partial == (sum_of_squares(x[own]) if n else 0.0),
+        f"allreduce sumsq is sum_of_squares of the own block {tag}: {partial}",
+    )
 
     for name, b, avg in (
         ("default", partition(n, P), False),
@@ -244,8 +250,10 @@ def check_shm(coll: Collectives) -> None:
                 x = reg[off : off + n]
                 tag = f"registered {alg} off={off} n={n}"
                 x[:] = contribution(RANK, n)
-                coll.allreduce(x, average=True, algorithm=alg)
+                partial = coll.allreduce(x, average=True, algorithm=alg, sumsq=True)
                 same(x, exact_average(n), f"allreduce average {tag}")
+                own = x[block(partition(n, P))]
+                expect(partial == (sum_of_squares(own) if n else 0.0), f"sumsq {tag}")
                 for name, b in (("default", partition(n, P)), ("custom", custom_bounds(n))):
                     x[:] = contribution(RANK, n)
                     given = None if name == "default" else b
