@@ -10,6 +10,11 @@ AdamW: PyTorch at its fastest) and PyTorch DDP over gloo on 2 ranks, on the same
 batch and data. The runs are interleaved and repeated; the table shows the median of the
 repeats.
 
+The row "simdist ring" is simdist np 2 with ``collective_algorithm: ring`` (messages
+through MPI) instead of "auto" (on one node: "shm", reading the peers' shared-memory
+gradient buffers); the column "sync ms" is the gradient all-reduce's measured time per
+step inside the loop (performance.json ``measured_phase_s.sync``, rank 0, median).
+
 The row "2 x simdist np1" is the machine's ceiling for 2-rank data parallelism: two
 single-rank simdist runs started together (one ``mpiexec -n 2``, each rank training alone on
 MPI.COMM_SELF; they meet in one barrier just before their training loops and never
@@ -98,14 +103,17 @@ def simdist_args(model: str, steps: int, model_dir: str) -> list[str]:
     ]
 
 
-def run_simdist(model: str, np_: int, steps: int) -> float:
+def run_simdist(model: str, np_: int, steps: int, algorithm: str = "auto") -> tuple[float, float]:
+    """samples/s and the gradient sync's measured time per step (median, rank 0, seconds)."""
     with tempfile.TemporaryDirectory() as d:
         cmd = [MPIEXEC, "-n", str(np_), sys.executable, "-m", "mpi4py", "-m", "simdist.train"]
         cmd += simdist_args(model, steps, f"{d}/run")
+        cmd.append(f"--runconfig.collective_algorithm={algorithm}")
         out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1800)
         if out.returncode:
             raise RuntimeError(f"simdist failed:\n{out.stdout}\n{out.stderr}")
-        return json.loads(Path(d, "run", "performance.json").read_text())["samples_per_sec"]
+        perf = json.loads(Path(d, "run", "performance.json").read_text())
+        return perf["samples_per_sec"], perf.get("measured_phase_s", {}).get("sync", 0.0)
 
 
 def run_independent(model: str, steps: int) -> float:
@@ -257,14 +265,18 @@ def main() -> int:
     for model in args.models.split(","):
         _, batch, steps, tokens = MODELS[model]
         steps = args.steps or steps
-        impls = [("simdist", 1), ("simdist", 2), ("2 x simdist np1", 2)]
+        impls = [("simdist", 1), ("simdist", 2), ("simdist ring", 2), ("2 x simdist np1", 2)]
         if have_torch:
             impls += [("torch-eager", 1), ("torch-ddp-gloo", 2)]
         samples: dict[tuple[str, int], list[float]] = {k: [] for k in impls}
+        syncs: dict[tuple[str, int], list[float]] = {k: [] for k in impls}
         for _ in range(args.repeats):  # interleaved, so load drifts hit every impl alike
             for impl, n in impls:
-                if impl == "simdist":
-                    samples[(impl, n)].append(run_simdist(model, n, steps))
+                if impl.startswith("simdist"):
+                    alg = "ring" if impl.endswith("ring") else "auto"
+                    sps, sync = run_simdist(model, n, steps, alg)
+                    samples[(impl, n)].append(sps)
+                    syncs[(impl, n)].append(sync)
                 elif impl.startswith("2 x"):
                     samples[(impl, n)].append(run_independent(model, steps))
                 else:
@@ -281,6 +293,8 @@ def main() -> int:
             }
             if tokens:
                 row["tokens_per_sec"] = round(sps * tokens, 1)
+            if syncs[(impl, n)]:  # gradient all-reduce inside the loop, ms per step
+                row["sync_ms"] = round(1e3 * statistics.median(syncs[(impl, n)]), 3)
             rows.append(row)
     summary = summarize(rows, gemm)
     print_table(rows, summary)
@@ -308,6 +322,8 @@ def summarize(rows: list[dict], gemm: float) -> list[dict]:
         s1, s2 = by.get(("simdist", model, 1)), by.get(("simdist", model, 2))
         entry = {"model": model, "dp_efficiency_np2": round(s2 / (2 * s1), 3)}
         entry["dp_efficiency_np2_paired"] = paired(model, "simdist")
+        if ("simdist ring", model, 2) in by:  # the message-passing ring instead of shm
+            entry["dp_efficiency_np2_ring"] = round(by[("simdist ring", model, 2)] / (2 * s1), 3)
         both = by.get(("2 x simdist np1", model, 2))
         if both:  # two independent single-rank runs at once: the machine's own limit
             entry["ceiling_efficiency_np2"] = round(both / (2 * s1), 3)
@@ -330,13 +346,15 @@ def summarize(rows: list[dict], gemm: float) -> list[dict]:
 
 def print_table(rows: list[dict], summary: list[dict]) -> None:
     print(
-        f"\n{'impl':<16}{'model':<11}{'np':>3}{'batch':>7}{'samples/s':>12}{'tokens/s':>11}  runs"
+        f"\n{'impl':<16}{'model':<11}{'np':>3}{'batch':>7}{'samples/s':>12}{'tokens/s':>11}"
+        f"{'sync ms':>9}  runs"
     )
     for r in rows:
         tok = f"{r['tokens_per_sec']:>11.0f}" if "tokens_per_sec" in r else f"{'':>11}"
+        sync = f"{r['sync_ms']:>9.3f}" if "sync_ms" in r else f"{'':>9}"
         print(
             f"{r['impl']:<16}{r['model']:<11}{r['np']:>3}{r['batch']:>7}"
-            f"{r['samples_per_sec']:>12.1f}{tok}  {r['runs']}"
+            f"{r['samples_per_sec']:>12.1f}{tok}{sync}  {r['runs']}"
         )
     print()
     for s in summary:

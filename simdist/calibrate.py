@@ -25,6 +25,9 @@ What is measured (one thread, as each simdist rank runs):
   figures are kept (or left null if there is none) and the file says so. The sweep's
   rates after the latency become the link's ``size_efficiency`` table, and the add sweep's
   rates its ``reduce_efficiency`` table (used per message by the schedule model).
+* Shared memory (only under ``mpiexec -n 2``): copying the peer's freshly written segment of
+  an MPI-3 shared-memory window, 128 KiB to 8 MiB, and the fence between such steps: the
+  ``intra`` link's ``direct`` figures, which cost the "shm" collectives.
 
 Shared machines are noisy (research/simulators.md saw 10x swings in BLAS throughput): the
 1-minute load average is recorded and a warning printed when it exceeds the core count.
@@ -194,6 +197,53 @@ def measure_mpi(comm: Any, repeats: int) -> dict[str, Any]:
     return result
 
 
+def measure_direct(comm: Any, repeats: int) -> dict[str, Any]:
+    """Peer load/store through an MPI-3 shared-memory window, ranks 0 and 1 (others wait):
+    each rank writes its segment (as backward writes gradients), a fence, then both copy the
+    other's segment into a private array; best of N per size, and the fence itself
+    (``Win_sync``, barrier, ``Win_sync``), the primitives of ``simdist.comm.shm``."""
+    from mpi4py import MPI
+
+    rank = comm.Get_rank()
+    pair = comm.Split(0 if rank < 2 else MPI.UNDEFINED, rank)
+    sizes = [2**17, 2**19, 2**21, 2**23]
+    result: dict[str, Any] = {"sizes": sizes, "copy": [], "fence": float("inf")}
+    if pair == MPI.COMM_NULL:
+        return result
+    win = MPI.Win.Allocate_shared(max(sizes), 1, comm=pair)
+    win.Lock_all(MPI.MODE_NOCHECK)
+    mem = [np.frombuffer(win.Shared_query(q)[0], np.uint8, max(sizes)) for q in range(2)]
+    private = np.empty(max(sizes), np.uint8)
+
+    def fence() -> None:
+        win.Sync()
+        pair.Barrier()
+        win.Sync()
+
+    for _ in range(repeats):
+        fence()
+        t0 = time.perf_counter()
+        for _ in range(100):
+            fence()
+        result["fence"] = min(result["fence"], (time.perf_counter() - t0) / 100)
+    for nbytes in sizes:
+        best = float("inf")
+        for i in range(3 + 3 * repeats):
+            mem[rank][:nbytes] = i  # freshly written by its owner
+            fence()
+            t0 = time.perf_counter()
+            np.copyto(private[:nbytes], mem[1 - rank][:nbytes])
+            dt_ = time.perf_counter() - t0
+            fence()
+            if i >= 3:
+                best = min(best, dt_)
+        result["copy"].append(best)
+    win.Unlock_all()
+    win.Free()
+    pair.Free()
+    return result
+
+
 def message_rates(sizes: list[int], times: list[float], alpha: float) -> dict[int, float]:
     """Bytes per second after the latency, for the messages where bandwidth dominates
     (>= 32 KiB: below it the latency term is most of the time and the rate is noise)."""
@@ -317,6 +367,25 @@ def render(m: dict[str, Any], previous: dict[str, Any] | None) -> str:
                 f"      - [{key}, {rates[size] / bw:.4f}]  # [calibrate] {size} B: "
                 f"{rates[size] / 1e9:.2f} GB/s after the latency"
             )
+        direct = m.get("direct")
+        if direct and direct["copy"]:
+            drates = {n: n / t for n, t in zip(direct["sizes"], direct["copy"], strict=True)}
+            dbw = max(drates.values())
+            lines += [
+                "    direct:              # peer load/store in a shared-memory window (shm)",
+                f"      bandwidth_gbs: {dbw / 1e9:.4f}  # [calibrate] best copy rate from the "
+                "peer's freshly written segment",
+                f"      latency_us: {direct['fence'] * 1e6:.3f}  # [calibrate] fence: Win_sync, "
+                "barrier, Win_sync",
+                "      efficiency: 1.0",
+                "      size_efficiency:   # [min bytes, fraction of bandwidth] copy sweep",
+            ]
+            for i, size in enumerate(sorted(drates, reverse=True)):
+                key = 0 if i == len(drates) - 1 else size
+                lines.append(
+                    f"        - [{key}, {drates[size] / dbw:.4f}]  # [calibrate] {size} B: "
+                    f"{drates[size] / 1e9:.2f} GB/s"
+                )
         lines.append(
             "    reduce_efficiency:   # [min block bytes, fraction of reduce_gbs] add sweep"
         )
@@ -367,6 +436,13 @@ def render(m: dict[str, Any], previous: dict[str, Any] | None) -> str:
             "  pingpong_us: [" + ", ".join(f"{t * 1e6:.2f}" for t in mpi["pingpong"]) + "]",
             "  sendrecv_us: [" + ", ".join(f"{t * 1e6:.2f}" for t in mpi["sendrecv"]) + "]",
         ]
+        direct = m.get("direct")
+        if direct and direct["copy"]:
+            lines += [
+                "  direct_sizes: " + str(direct["sizes"]),
+                "  direct_copy_us: [" + ", ".join(f"{t * 1e6:.2f}" for t in direct["copy"]) + "]",
+                f"  direct_fence_us: {direct['fence'] * 1e6:.2f}",
+            ]
     elif prev_intra and prev_intra.get("bandwidth_gbs"):
         prev_date = ((previous or {}).get("calibration") or {}).get("date", "unknown date")
         lines.append(f"  link_source: 'kept from the calibration of {prev_date}'")
@@ -397,6 +473,7 @@ def main(argv: list[str] | None = None) -> int:
     comm = _mpi_comm()
     rank = comm.Get_rank() if comm is not None else 0
     mpi = measure_mpi(comm, args.repeats) if comm is not None else None
+    direct = measure_direct(comm, args.repeats) if comm is not None else None
     if rank != 0:
         comm.Barrier()
         return 0
@@ -449,6 +526,7 @@ def main(argv: list[str] | None = None) -> int:
         "overhead": overhead,
         "mem_total": _mem_total(),
         "mpi": mpi,
+        "direct": direct,
     }
     text = render(measured, previous)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -531,6 +531,9 @@ class Simulation:
                     self._vector("grad.accumulate.copy", 0.0, 8.0 * n)
                 else:
                     self._vector("grad.accumulate.add", n, 12.0 * n)
+            elif kind == "sync" and info.get("sumsq"):  # the DP sync's share of the norm
+                own = self.partition[1] - self.partition[0]
+                self._vector("grad.sum_of_squares", 2.0 * own, 4.0 * own)
             elif kind == "clip":
                 if info.get("norm"):
                     own = self.partition[1] - self.partition[0]
@@ -778,7 +781,11 @@ def attach(run: Any) -> Simulation:
     sim.hook(run.model, "forward", "forward", shape_of)
     sim.hook(run.model, "backward", "backward")
     sim.hook(run, "accumulate_gradients", "accumulate", accumulate_info)
-    sim.hook(run.sync, "reduce_gradients", "sync")
+
+    def sync_info(args, kwargs, result) -> dict[str, Any]:
+        return {"sumsq": result[1] is not None}  # took this rank's sum of squares on the way
+
+    sim.hook(run.sync, "reduce_gradients", "sync", sync_info)
     sim.hook(run, "clip", "clip", clip_info)
     sim.hook(run.optimizer, "step", "optimizer", optimizer_info)
     sim.hook(run.sync, "gather_parameters", "gather", ends_step=True)

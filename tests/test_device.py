@@ -525,6 +525,46 @@ def test_size_keyed_link_tables(tmp_path):
         load_profile(path)
 
 
+def test_shm_schedule_runs_on_the_links_direct_peer_access(tmp_path):
+    """ "shm" is costed on the link's ``direct`` figures (peer load/store: fences and a copy
+    rate), or on the link itself where the profile has none (GPU peer-to-peer)."""
+    from simdist.device.schedule import schedule_time
+
+    _, plain_path = _plain_host(tmp_path)
+    link = load_profile(plain_path).intra
+    d = link.direct
+    assert d is not None and d.known and d.latency > 0 and link.peer_access is d
+    b = 1 << 20  # per-rank block bytes, 2 ranks
+    # all-reduce: 3 fences, pull the peer's half of my block (adding), then its block
+    assert schedule_time("allreduce", "shm", [b, b], link) == pytest.approx(
+        3 * d.latency + 2 * b * d.beta
+    )
+    for half in ("reduce_scatter", "allgather"):  # 2 fences each alone
+        assert schedule_time(half, "shm", [b, b], link) == pytest.approx(2 * d.latency + b * d.beta)
+    # 4 ranks: each pulls 3 blocks' worth in each half
+    assert schedule_time("allreduce", "shm", [b] * 4, link) == pytest.approx(
+        3 * d.latency + 2 * 3 * b * d.beta
+    )
+    gpu = load_profile("a100-80gb").intra
+    assert gpu.direct is None and gpu.peer_access is gpu
+    assert schedule_time("allreduce", "shm", [b] * 8, gpu) == pytest.approx(
+        3 * gpu.latency + 2 * 7 * b * gpu.beta
+    )
+
+
+def test_calibrate_under_mpi_measures_the_link_and_direct_peer_access(tmp_path):
+    from mpi_launch import run_mpi
+
+    out = tmp_path / "host.yaml"
+    r = run_mpi(2, ["-m", "simdist.calibrate", "--quick", "--repeats", "1", "--out", out], 300)
+    assert r.returncode == 0, r.stdout
+    prof = load_profile(out)
+    assert prof.intra.known and prof.intra.latency > 0 and prof.intra.size_efficiency
+    d = prof.intra.direct
+    assert d is not None and d.known and d.latency > 0 and d.size_efficiency
+    assert "direct_copy_us" in out.read_text()
+
+
 def test_gemm_efficiency_by_smallest_dimension(tmp_path):
     from simdist.models.base import gemm
 

@@ -50,6 +50,14 @@ class Link:
     # the reduction rate per block reduced. Empty: the plain α-β-γ model.
     size_efficiency: tuple[tuple[float, float], ...] = ()
     reduce_efficiency: tuple[tuple[float, float], ...] = ()
+    # Direct peer load/store (the "shm" collectives: shared memory, GPU peer-to-peer): its
+    # own rate, fence latency and size table where measured; None: the link's own figures.
+    direct: Link | None = None
+
+    @property
+    def peer_access(self) -> Link:
+        """The link as direct loads and stores see it (``direct``, else this link)."""
+        return self.direct if self.direct is not None else self
 
     @property
     def known(self) -> bool:
@@ -221,6 +229,9 @@ def _link(raw: Mapping[str, Any] | None, name: str, unknown: list[str]) -> Link:
         gamma=0.0 if not gamma else 1.0 / (float(gamma) * 1e9),
         size_efficiency=_optional_table(raw, "size_efficiency", where),
         reduce_efficiency=_optional_table(raw, "reduce_efficiency", where),
+        direct=None
+        if raw.get("direct") is None
+        else _link(raw["direct"], f"{name}.direct", unknown),
     )
 
 

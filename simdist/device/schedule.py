@@ -120,21 +120,18 @@ def _rhd(op: str, blocks: Sequence[float]) -> list[Step]:
 
 def _shm(op: str, blocks: Sequence[float]) -> list[Step]:
     """``simdist.comm.shm``: peers read each other's memory directly, one step per half
-    (a device's link carries what it pulls and what the others pull from it at once)."""
+    (a device's link carries what it pulls and what the others pull from it at once). The
+    "messages" are fences: 2 per half alone, 3 for the all-reduce. The addition reads the
+    peer's data as it adds: counted in the bytes pulled, on the link's ``peer_access``
+    rates (``schedule_time``), not as a separate pass."""
     p = len(blocks)
     total = float(sum(blocks))
     steps: list[Step] = []
-    if op in ("reduce_scatter", "allreduce"):  # pull own block from p-1 peers, add
-        steps.append(
-            [
-                (1, total - b, (p - 1) * b, (p - 1) * b) if total else (0, 0.0, 0.0, 0.0)
-                for b in blocks
-            ]
-        )
+    if op in ("reduce_scatter", "allreduce"):  # pull own block from p-1 peers, adding
+        steps.append([(2, total - b, (p - 1) * b, 0.0) for b in blocks])
     if op in ("allgather", "allreduce"):  # pull every other block; peers pull own block
-        steps.append(
-            [(1, (p - 1) * b, total - b, 0.0) if total else (0, 0.0, 0.0, 0.0) for b in blocks]
-        )
+        fences = 1 if op == "allreduce" else 2
+        steps.append([(fences, (p - 1) * b, total - b, 0.0) for b in blocks])
     return steps
 
 
@@ -181,6 +178,8 @@ def schedule_time(op: str, algorithm: str, blocks: Sequence[float], link: Link) 
         return 0.0
     if algorithm == "native":
         return collective_time(op, "native", total, p, link)
+    if algorithm == "shm":
+        link = link.peer_access
     return sum(step_time(s, link) for s in schedule(op, algorithm, blocks))
 
 
