@@ -24,6 +24,10 @@ Summation order: block r's elements are ``(..((x[r] + x[r+1]) + x[r+2]) + ..) + 
 all-gather and a reduce-scatter over any sub-range with the same owners give the same bits
 (DP = ZeRO-1 = ZeRO-2), and at p = 2 they are the ring's bits.
 
+``bytes_sent`` counts what the other ranks read from this rank's memory (their parts of
+its input, then its reduced block, p - 1 times): for equal blocks 2 (p-1)/p n per
+all-reduce, as the ring sends.
+
 Needs every rank on one node (shared memory); a buffer passed as "registered" must be the
 same view (same offset into its window) on every rank, which holds for buffers carved from
 one layout.
@@ -171,6 +175,7 @@ class SharedMemory(Algorithm):
         self._fence(w)
         self._sum_owned(src, buf[lo:hi], lo, hi)
         self._fence(w)
+        self.p2p.bytes_sent += 4 * (buf.size - (hi - lo))
 
     def allgather(self, buf: np.ndarray, bounds: list[int]) -> None:
         lo, hi = bounds[self.rank], bounds[self.rank + 1]
@@ -181,6 +186,7 @@ class SharedMemory(Algorithm):
         self._fence(w)
         self._copy_others(src, buf, bounds)
         self._fence(w)
+        self.p2p.bytes_sent += 4 * (self.world - 1) * (hi - lo)
 
     def allreduce(
         self, buf: np.ndarray, bounds: list[int], average: bool, sumsq: bool = False
@@ -202,6 +208,7 @@ class SharedMemory(Algorithm):
         self._fence(w)
         self._copy_others(src, buf, bounds)
         self._fence(w)
+        self.p2p.bytes_sent += 4 * (buf.size - (hi - lo) + (self.world - 1) * (hi - lo))
         return partial
 
     def broadcast(self, buf: np.ndarray, root: int) -> None:
@@ -213,4 +220,6 @@ class SharedMemory(Algorithm):
         self._fence(w)
         if self.rank != root:
             np.copyto(buf, src[root])
+        else:
+            self.p2p.bytes_sent += 4 * (self.world - 1) * buf.size
         self._fence(w)

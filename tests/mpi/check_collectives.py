@@ -486,6 +486,15 @@ def check_accounting(coll: Collectives) -> None:
     want = 0 if P == 1 else 4 * (2 * n - own - nxt)
     expect(sent == want, f"ring allreduce bytes_sent {sent} != {want}")
     expect(coll.calls == calls + 1, f"calls must count each collective once: {coll.calls}")
+    # shm: what the peers read from this rank (their parts of its input, its reduced block)
+    for registered in (False, True):
+        x = coll.buffer(n) if registered else np.empty(n, np.float32)
+        x[:] = contribution(RANK, n)
+        before = coll.bytes_sent
+        coll.allreduce(x, algorithm="shm")
+        sent = coll.bytes_sent - before
+        want = 0 if P == 1 else 4 * (n - own + (P - 1) * own)
+        expect(sent == want, f"shm allreduce bytes_sent {sent} != {want} ({registered=})")
 
 
 # ---------------------------------------------------------------- main
