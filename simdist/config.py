@@ -156,7 +156,7 @@ FLAG_ALIASES: dict[str, tuple[str, str | None]] = {
 
 CHOICES: dict[str, tuple] = {
     "runconfig.mode": ("train", "eval", "train_and_eval"),
-    "runconfig.collective_algorithm": ("auto", "ring", "rhd", "hierarchical", "native"),
+    "runconfig.collective_algorithm": ("auto", "ring", "rhd", "hierarchical", "shm", "native"),
     "runconfig.execution_mode": ("pipelined", "weight_streaming"),
     "runconfig.progress_bar": ("auto", True, False),
     "optimizer.optimizer_type": ("adamw", "sgd"),

@@ -86,6 +86,12 @@ class Run:
                 f"every node; this run has {list(self.placement.ranks_per_node)} on its "
                 f"{self.placement.num_nodes} nodes (use auto, ring or rhd, or place ranks evenly)"
             )
+        if r.collective_algorithm == "shm" and self.placement.num_nodes > 1:
+            raise ConfigError(
+                "runconfig.collective_algorithm=shm needs every rank on one node (shared "
+                f"memory); this run has {self.placement.num_nodes} nodes (use auto, ring, rhd "
+                "or hierarchical)"
+            )
         self.coll = Collectives(
             comm, r.collective_algorithm, r.check_collectives, placement=self.placement
         )

@@ -203,6 +203,12 @@ def test_config_error_exits_2_and_writes_nothing(tmp_path):
     assert out.returncode == 2, (out.returncode, out.stdout)
     assert out.stdout.count("needs the same number of ranks on every node") == 1, out.stdout
     assert sorted(p.name for p in d.iterdir()) == ["keep.txt"]
+    # shared memory needs one node: two virtual nodes cannot run shm
+    split = ["--runconfig.ranks_per_node=1", "--runconfig.collective_algorithm=shm"]
+    out = train(2, d, *split, check=False)
+    assert out.returncode == 2, (out.returncode, out.stdout)
+    assert out.stdout.count("shm needs every rank on one node") == 1, out.stdout
+    assert sorted(p.name for p in d.iterdir()) == ["keep.txt"]
 
 
 def test_eval_mode_uses_latest_checkpoint(tmp_path):

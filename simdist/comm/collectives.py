@@ -4,12 +4,13 @@ Validates arguments, optionally cross-checks them between ranks (``check=True``)
 the algorithm and dispatches to it. All operations work in place on 1-D contiguous float32
 arrays.
 
-Determinism. For "ring", "rhd" and "hierarchical" an all-reduce IS reduce-scatter +
+Determinism. For "ring", "rhd", "hierarchical" and "shm" an all-reduce IS reduce-scatter +
 all-gather over ``partition(len(buf), world)``, and averaging happens once, on the finished
 owned block (see ``algorithm.average_block``). Each element's summation order therefore
 depends only on the algorithm, the rank that owns its block and the world size (ring: a
 chain starting after the owner; rhd: one fixed tree; hierarchical: the owner's chain inside
-each node, then across nodes; see ``ring.py``, ``rhd.py``, ``hierarchical.py``). Data
+each node, then across nodes; shm: a chain starting at the owner; see ``ring.py``,
+``rhd.py``, ``hierarchical.py``, ``shm.py``). Data
 parallelism (all-reduce) and ZeRO (reduce-scatter over the same bounds + all-gather) get
 bit-identical results, every replica gets the same bits, and runs repeat bit for bit.
 "native" (MPI's own collectives) is the reference backend and makes none of these promises.
@@ -48,7 +49,7 @@ class CollectiveMismatchError(RuntimeError):
 class Collectives:
     """Collective operations over ``comm``; see the module docstring for the guarantees.
 
-    ``algorithm``: "ring", "rhd", "hierarchical", "native" or "auto" (default for every
+    ``algorithm``: "ring", "rhd", "hierarchical", "shm", "native" or "auto" (default for every
     call; each call may override it). ``check``: before each collective, exchange (call
     number, op, algorithm, length, dtype, bounds/root hash) between ranks and raise
     ``CollectiveMismatchError`` on every rank if they differ, instead of hanging or silently
