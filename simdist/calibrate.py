@@ -361,12 +361,9 @@ def render(m: dict[str, Any], previous: dict[str, Any] | None) -> str:
             f"    reduce_gbs: {reduce_gbs:.3f}  # [calibrate] np.add in place: add rate / 3",
             "    size_efficiency:     # [min message bytes, fraction of bandwidth] Sendrecv sweep",
         ]
-        for i, size in enumerate(sorted(rates, reverse=True)):
-            key = 0 if i == len(rates) - 1 else size
-            lines.append(
-                f"      - [{key}, {rates[size] / bw:.4f}]  # [calibrate] {size} B: "
-                f"{rates[size] / 1e9:.2f} GB/s after the latency"
-            )
+        lines += _rate_rows(
+            rates, bw, 6, lambda s, r: f"{s} B: {r / 1e9:.2f} GB/s after the latency"
+        )
         direct = m.get("direct")
         if direct and direct["copy"]:
             drates = {n: n / t for n, t in zip(direct["sizes"], direct["copy"], strict=True)}
@@ -380,21 +377,16 @@ def render(m: dict[str, Any], previous: dict[str, Any] | None) -> str:
                 "      efficiency: 1.0",
                 "      size_efficiency:   # [min bytes, fraction of bandwidth] copy sweep",
             ]
-            for i, size in enumerate(sorted(drates, reverse=True)):
-                key = 0 if i == len(drates) - 1 else size
-                lines.append(
-                    f"        - [{key}, {drates[size] / dbw:.4f}]  # [calibrate] {size} B: "
-                    f"{drates[size] / 1e9:.2f} GB/s"
-                )
+            lines += _rate_rows(drates, dbw, 8, lambda s, r: f"{s} B: {r / 1e9:.2f} GB/s")
         lines.append(
             "    reduce_efficiency:   # [min block bytes, fraction of reduce_gbs] add sweep"
         )
-        for i, size in enumerate(sorted(mem["add"], reverse=True)):
-            key = 0 if i == len(mem["add"]) - 1 else size
-            lines.append(
-                f"      - [{key}, {mem['add'][size] / add_peak:.4f}]  # [calibrate] "
-                f"{size / 2**20:g} MiB arrays: add {mem['add'][size] / 1e9:.1f} GB/s"
-            )
+        lines += _rate_rows(
+            mem["add"],
+            add_peak,
+            6,
+            lambda s, r: f"{s / 2**20:g} MiB arrays: add {r / 1e9:.1f} GB/s",
+        )
     elif prev_intra and prev_intra.get("bandwidth_gbs"):
         lines += [
             "  intra:                # kept from the previous calibration (this run was serial)",
@@ -449,6 +441,21 @@ def render(m: dict[str, Any], previous: dict[str, Any] | None) -> str:
     else:
         lines.append("  link_source: 'not measured (serial run, no previous profile)'")
     return "\n".join(lines) + "\n"
+
+
+def _rate_rows(
+    rates: dict[int, float], peak: float, indent: int, note: Callable[[int, float], str]
+) -> list[str]:
+    """A size-keyed efficiency table: one ``- [min size, rate / peak]`` row per measured size,
+    largest first, the smallest keyed 0 (it covers everything below)."""
+    rows = []
+    for i, size in enumerate(sorted(rates, reverse=True)):
+        key = 0 if i == len(rates) - 1 else size
+        rows.append(
+            f"{' ' * indent}- [{key}, {rates[size] / peak:.4f}]  # [calibrate] "
+            f"{note(size, rates[size])}"
+        )
+    return rows
 
 
 def _mpi_comm() -> Any | None:
