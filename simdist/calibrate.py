@@ -14,7 +14,7 @@ What is measured (one thread, as each simdist rank runs):
   below a square one of the same FLOPs).
 * Elementwise: a numba loop ``c = a * b + c`` on a cache-resident array (vector peak) and the
   Python-to-kernel call overhead (``kernel_launch_us``, added per call: ``launch_mode:
-  serial``).
+  serial``); the float64 reduction kernel of the gradient norm (``vector_tflops.fp64``).
 * Memory: ``np.copyto`` and ``np.add`` from cache-sized to 64 MiB arrays, bytes read plus
   written per second; the best rate is the bandwidth, each size's fraction its efficiency.
 * MPI (only under ``mpiexec -n 2``): ping-pong (one-way = half the round trip) and
@@ -121,6 +121,16 @@ def measure_memory(sizes: list[int], repeats: int) -> dict[str, dict[int, float]
         t = best_time(lambda a=a, b=b, c=c: np.add(a, b, out=c), repeats)
         res["add"][nbytes] = 3 * nbytes / t
     return res
+
+
+def measure_fp64_reduction(repeats: int) -> float:
+    """FLOP/s of the float64 reduction kernel (``kernels.optim.sum_of_squares``, 2 flops per
+    element) on cached data: a dependency chain, far below the float32 SIMD rate."""
+    from simdist.kernels.optim import sum_of_squares
+
+    x = np.full(1 << 16, 1.0000001, np.float32)  # 256 KiB: in L2
+    t = best_time(lambda: sum_of_squares(x), repeats)
+    return 2.0 * x.size / t
 
 
 def measure_vector(repeats: int) -> tuple[float, float]:
@@ -300,6 +310,9 @@ def render(m: dict[str, Any], previous: dict[str, Any] | None) -> str:
         "    tf32: null          # not applicable",
         "    bf16: null          # not applicable",
         "    fp16: null          # not applicable",
+        f"    fp64: {m['fp64_reduction_flops'] / 1e12:.6f}  # [calibrate] float64 sum of "
+        f"squares (the gradient-norm kernel), 256 KiB: {m['fp64_reduction_flops'] / 1e9:.1f} "
+        "GFLOP/s",
         f"  kernel_launch_us: {m['overhead'] * 1e6:.3f}  # [calibrate] Python -> numba call "
         "of an empty kernel",
         "  launch_mode: serial   # the host runs Python and kernel back to back",
@@ -507,6 +520,7 @@ def main(argv: list[str] | None = None) -> int:
             for size, rate in points.items():
                 memory[kind][size] = max(memory[kind].get(size, 0.0), rate)
     vector, overhead = measure_vector(args.repeats)
+    fp64_reduction = measure_fp64_reduction(args.repeats)
     out = Path(args.out)
     previous = None
     if out.is_file():
@@ -530,6 +544,7 @@ def main(argv: list[str] | None = None) -> int:
         "gemm_shapes": shapes,
         "memory": memory,
         "vector_flops": vector,
+        "fp64_reduction_flops": fp64_reduction,
         "overhead": overhead,
         "mem_total": _mem_total(),
         "mpi": mpi,

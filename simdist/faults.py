@@ -52,6 +52,7 @@ import numpy as np
 from mpi4py import MPI
 
 import simdist
+from simdist.comm.world import abort_job
 from simdist.config import ConfigError, Params, dump_yaml
 from simdist.kernels.optim import sum_of_squares
 
@@ -320,7 +321,7 @@ class SetupGate:
                     f"simdist: error: rank {self.rank}: {error} (the other ranks did not hit "
                     "this error; ending the job)\n"
                 )
-                self.comm.Abort(EXIT_CONFIG)
+                abort_job(EXIT_CONFIG)
             time.sleep(0.005)
         messages = self.comm.allgather(str(error))
         if self.rank == 0:
@@ -481,7 +482,7 @@ class Watchdog:
                 query = self._serve(query)
                 time.sleep(0.05)
         _write_stderr(self._report(states, sorted(pending)))
-        MPI.COMM_WORLD.Abort(EXIT_STALL)
+        abort_job(EXIT_STALL)
 
     def _report(self, states: dict[int, np.ndarray], silent: list[int]) -> str:
         def key(s: np.ndarray) -> tuple:

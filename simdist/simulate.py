@@ -357,12 +357,19 @@ class Simulation:
             one = 0.0
         return _Kernel(prefix + k.name, k.count * one, k.flops, k.bytes, k.kind, k.count, k.done)
 
-    def _vector(self, name: str, flops: float, nbytes: float) -> None:
+    def _vector(self, name: str, flops: float, nbytes: float, dtype: str | None = None) -> None:
         """One elementwise pass of the step (optimizer, accumulation, norm, scaling)."""
         try:
-            self.clock.compute(name, flops, nbytes, "vector", self.dtype)
+            self.clock.compute(name, flops, nbytes, "vector", dtype or self.dtype)
         except ProfileError as err:
             self._note(f"compute not modelled: {err}")
+
+    def _sum_of_squares(self) -> None:
+        """This rank's share of the gradient norm: accumulated in float64 (costed at the
+        device's fp64 vector rate where its profile publishes one)."""
+        own = self.partition[1] - self.partition[0]
+        dtype = "fp64" if self.profile.has_peak("vector", "fp64") else None
+        self._vector("grad.sum_of_squares", 2.0 * own, 4.0 * own, dtype)
 
     def _run_kernels(self, kernels: list[_Kernel], detail: bool) -> list[float]:
         """Advance the clock by ``kernels``; returns the clock time after each ``done``."""
@@ -532,12 +539,10 @@ class Simulation:
                 else:
                     self._vector("grad.accumulate.add", n, 12.0 * n)
             elif kind == "sync" and info.get("sumsq"):  # the DP sync's share of the norm
-                own = self.partition[1] - self.partition[0]
-                self._vector("grad.sum_of_squares", 2.0 * own, 4.0 * own)
+                self._sum_of_squares()
             elif kind == "clip":
                 if info.get("norm"):
-                    own = self.partition[1] - self.partition[0]
-                    self._vector("grad.sum_of_squares", 2.0 * own, 4.0 * own)
+                    self._sum_of_squares()
                 if info.get("scaled"):
                     self._vector("grad.clip.scale", info["scaled"], 8.0 * info["scaled"])
             elif kind == "optimizer":

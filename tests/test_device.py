@@ -552,6 +552,22 @@ def test_shm_schedule_runs_on_the_links_direct_peer_access(tmp_path):
     )
 
 
+def test_fp64_vector_rate_is_optional_and_costs_the_gradient_norm(tmp_path):
+    """vector_tflops.fp64 (calibrated for host: the float64 sum-of-squares kernel) is
+    optional: profiles without it load as before, with it the norm is costed at that rate."""
+    host = load_profile("host")
+    assert host.has_peak("vector", "fp64") and host.peak("vector", "fp64") > 1e8
+    assert "compute.vector_tflops.fp64" not in host.unknown
+    gpu = load_profile("a100-80gb")
+    assert not gpu.has_peak("vector", "fp64")
+    assert all("fp64" not in u for u in gpu.unknown)
+    text = (PROFILE_DIR / "host.yaml").read_text().replace("    fp64:", "    fp8:", 1)
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(ProfileError, match="unknown dtypes"):
+        load_profile(path)
+
+
 def test_calibrate_under_mpi_measures_the_link_and_direct_peer_access(tmp_path):
     from mpi_launch import run_mpi
 

@@ -8,6 +8,7 @@ mpirun ends every rank and exits non-zero.
 from __future__ import annotations
 
 import sys
+import time
 import traceback
 
 from mpi4py import MPI
@@ -24,8 +25,16 @@ def abort(exc: BaseException, code: int = 1) -> None:
     sys.stderr.write(f"[simdist rank {comm.Get_rank()}/{comm.Get_size()}] {text}")
     sys.stderr.flush()
     if comm.Get_size() > 1:
-        comm.Abort(code)
+        abort_job(code)
     sys.exit(code)
+
+
+def abort_job(code: int) -> None:
+    """MPI_Abort of the whole job, after a short pause: the launcher forwards a rank's
+    stderr through a pipe, and an abort that tears the job down at once can drop the
+    message this rank has just written (seen with MPICH's hydra on a loaded machine)."""
+    time.sleep(0.3)
+    MPI.COMM_WORLD.Abort(code)
 
 
 def wtime() -> float:

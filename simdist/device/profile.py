@@ -24,6 +24,8 @@ import yaml
 
 PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
 DTYPES = ("fp32", "tf32", "bf16", "fp16")
+# Published where known, never required: fp64 costs the float64 gradient-norm reduction.
+OPTIONAL_DTYPES = ("fp64",)
 
 
 class ProfileError(ValueError):
@@ -259,9 +261,14 @@ def _dtype_table(raw: Mapping[str, Any] | None, where: str, unknown: list[str]) 
             continue
         out[dtype] = float(value) * 1e12
     if raw is not None:
-        extra = set(raw) - set(DTYPES)
+        for dtype in OPTIONAL_DTYPES:
+            if raw.get(dtype) is not None:
+                out[dtype] = float(raw[dtype]) * 1e12
+        extra = set(raw) - set(DTYPES) - set(OPTIONAL_DTYPES)
         if extra:
-            raise ProfileError(f"{where}: unknown dtypes {sorted(extra)}; use {DTYPES}")
+            raise ProfileError(
+                f"{where}: unknown dtypes {sorted(extra)}; use {DTYPES + OPTIONAL_DTYPES}"
+            )
     return out
 
 
