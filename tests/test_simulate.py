@@ -242,6 +242,9 @@ def test_compute_estimate_is_the_sum_of_roofline_kernel_times(tmp_path):
     total = sum(e["dur"] for e in kernels) * 1e-6
     assert p["est_step_time_breakdown_s"]["compute"] == pytest.approx(total, rel=1e-9)
     assert {"fwd fc1.matmul", "bwd fc1.dweight", "optimizer.adamw"} <= {e["name"] for e in kernels}
+    # the per-step check's gradient sum of squares, taken inside the DP sync, is device work
+    norm = [e for e in kernels if e["name"] == "grad.sum_of_squares"]
+    assert len(norm) == 1 and norm[0]["args"]["flops"] == 2 * p["parameters_padded"]
     assert p["est_step_time_breakdown_s"]["exposed_comm"] == 0.0  # one rank: no traffic
 
 
