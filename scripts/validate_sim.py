@@ -67,6 +67,7 @@ import dataclasses
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -455,17 +456,27 @@ def collectives_worker(out: str) -> int:
     return 0
 
 
-def measured_collectives(nps: list[int], work: Path) -> list[dict]:
-    """Collectives of 1-16 MiB: measured (``collectives_worker``) vs the schedule model on
-    the host profile's intra link, as the training runs cost them."""
+def measured_collectives(nps: list[int], repeats: int, work: Path) -> list[dict]:
+    """Collectives of 1-16 MiB: measured (``collectives_worker``, launched ``repeats`` times:
+    the best call over all launches, the median of the launches' medians) vs the schedule
+    model on the host profile's intra link, as the training runs cost them."""
     cores = os.cpu_count() or 1
     prof = load_profile("host")
     rows = []
     for np_ in [n for n in nps if n > 1]:
-        out = work / f"collectives-np{np_}.json"
-        _launch(np_, [str(Path(__file__).resolve()), "--collectives-worker", str(out)], 1800)
+        launches = []
+        for k in range(max(1, repeats)):
+            out = work / f"collectives-np{np_}-{k}.json"
+            _launch(np_, [str(Path(__file__).resolve()), "--collectives-worker", str(out)], 1800)
+            launches.append(json.loads(out.read_text()))
         link = CostModel(prof).link("intra", np_)
-        for r in json.loads(out.read_text()):
+        for i, r in enumerate(launches[0]):
+            same = [launch[i] for launch in launches]
+            r = {
+                **r,
+                "best_us": min(x["best_us"] for x in same),
+                "median_us": statistics.median(x["median_us"] for x in same),
+            }
             n = r["bytes"]
             bounds = partition(n // 4, np_)
             blocks = [4 * int(x) for x in bounds[1:] - bounds[:-1]]
@@ -605,7 +616,7 @@ def main(argv: list[str] | None = None) -> int:
                 if group:
                     rows += measured_training(group, args.repeats, work)
                     if not args.no_collectives:
-                        rows += measured_collectives(group, work)
+                        rows += measured_collectives(group, args.repeats, work)
         print(
             f"# measured part took {time.time() - t0:.0f} s; load average "
             f"{os.getloadavg()[0]:.2f} at the end",
