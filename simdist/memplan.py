@@ -140,7 +140,8 @@ def setup_for(run: Any) -> RankSetup:
     algorithm = r.collective_algorithm
     if algorithm == "auto":  # what GradientSync will resolve it to
         padded = Layout(model.parameter_specs(), run.world).padded
-        algorithm = run.coll.choose("reduce_scatter", 4 * padded, run.coll.shared)
+        shared = getattr(run, "shared_buffers", False)
+        algorithm = run.coll.choose("reduce_scatter", 4 * padded, shared)
     return RankSetup(
         numel_specs=tuple((s.name, s.numel) for s in model.parameter_specs()),
         groups=tuple((tuple(g.names), g.held) for g in model.gradient_groups()),

@@ -27,16 +27,18 @@ from .models.base import GradientGroup, GradientViews
 
 
 class GradientSync:
-    def __init__(self, coll: Collectives, layout: Layout, level: int, algorithm: str):
+    def __init__(
+        self, coll: Collectives, layout: Layout, level: int, algorithm: str, shared: bool = False
+    ):
         self.coll, self.layout, self.level = coll, layout, level
         self.partition = layout.shard(coll.rank)  # this rank's ZeRO slice / all-reduce chunk
         # the flat range this rank's optimizer updates
         self.update_range = self.partition if level > 0 else (0, layout.padded)
         # One algorithm for every gradient collective: "auto" picks by message size, and a
-        # per-group reduce-scatter must sum in the same order as the whole-buffer one. The
-        # run allocates their buffers with coll.buffer (shared memory on one node).
+        # per-group reduce-scatter must sum in the same order as the whole-buffer one.
+        # ``shared``: the run allocates their buffers with coll.buffer (shared memory).
         if algorithm == "auto":
-            algorithm = coll.choose("reduce_scatter", 4 * layout.padded, coll.shared)
+            algorithm = coll.choose("reduce_scatter", 4 * layout.padded, shared)
         self.algorithm = algorithm
         # the all-reduce's blocks (default partition) are the ZeRO slices: its per-block sum
         # of squares is this rank's share of the global norm

@@ -24,6 +24,7 @@ import numpy as np
 from simdist import checkpoint, simulate
 from simdist.arena import Layout
 from simdist.comm import Collectives
+from simdist.comm.shm import window_room_error
 from simdist.comm.topology import Placement, placement
 from simdist.comm.world import world
 from simdist.config import ConfigError, Params, batch_sizes, dump_yaml, load_params
@@ -108,6 +109,7 @@ class Run:
         p, r = self.params, self.params.runconfig
         self.model = build_model(p.model)
         self.data = build_dataset(p, self.micro_batch)
+        self._choose_shared_buffers()
         check_device_memory(self)  # simulated OOM now, before any buffer exists
         self.log(
             f"simdist: {self.world} replica(s), model {self.model.name}, micro-batch "
@@ -129,7 +131,9 @@ class Run:
         self.params_flat = self.memory.alloc("parameters", "params", layout.padded, shared=True)
         self.pviews = layout.views(self.params_flat)
         accum = p.optimizer.grad_accum_steps
-        self.sync = GradientSync(self.coll, layout, r.zero_opt_level, r.collective_algorithm)
+        self.sync = GradientSync(
+            self.coll, layout, r.zero_opt_level, r.collective_algorithm, self.shared_buffers
+        )
         place = self.placement
         self.log(
             f"placement: {place.num_nodes} node(s), ranks per node "
@@ -192,6 +196,21 @@ class Run:
                     "choose another runconfig.model_dir or fix its permissions"
                 )
         agree(self.comm, error)
+
+    def _choose_shared_buffers(self) -> None:
+        """Parameters and gradients (or ZeRO-2's bucket) in shared-memory windows, for the
+        "shm" collectives, where the ranks share a node and its shared memory has room."""
+        padded = Layout(self.model.parameter_specs(), self.world).padded
+        self.shared_buffers = self.coll.can_share(8 * padded)  # collective
+        if not self.shared_buffers:
+            self.memory.coll = None  # alloc(shared=True) gives plain arrays
+        if self.coll.shared and not self.shared_buffers:
+            room = window_room_error(8 * padded * self.world)
+            if self.params.runconfig.collective_algorithm == "shm":
+                raise ConfigError(
+                    f"runconfig.collective_algorithm=shm: {room}, or choose auto, ring or rhd"
+                )
+            self.log(f"shared memory: {room}; the gradients use message-passing collectives")
 
     def _resume(self) -> None:
         r = self.params.runconfig

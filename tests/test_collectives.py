@@ -103,3 +103,18 @@ def test_auto_rule() -> None:
     assert two_level_time("hierarchical", big, 2, 2) < 0.75 * two_level_time("rhd", big, 2, 2)
     assert predicted_time("allreduce", "ring", 0, 4) == 0.0
     assert predicted_time("allreduce", "ring", 1 << 20, 1) == 0.0
+
+
+def test_shared_windows_are_only_made_where_they_fit(monkeypatch):
+    """A window larger than the free shared memory is refused with the numbers and the fix
+    (instead of a SIGBUS when its pages are touched); unknown filesystem: no check."""
+    from simdist.comm import shm
+
+    monkeypatch.setattr(shm, "shared_memory_free", lambda: 64 << 20)
+    msg = shm.window_room_error(100 << 20)
+    assert msg is not None and "100.0 MiB" in msg and "64.0 MiB free" in msg
+    assert "--shm-size" in msg
+    assert shm.window_room_error(8 << 20) is None
+    assert shm.window_room_error((64 << 20) - shm.SHM_MARGIN + 1) is not None
+    monkeypatch.setattr(shm, "shared_memory_free", lambda: None)
+    assert shm.window_room_error(1 << 40) is None

@@ -5,13 +5,17 @@ cores. Parameters are compared from the final HDF5 checkpoints.
 """
 
 import json
+import os
+import shlex
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import h5py
 import numpy as np
 import pytest
-from mpi_launch import run_mpi
+from mpi_launch import REPO, mpiexec, run_mpi
 
 SMALL = [
     "--model.hidden_sizes=[64, 32]",
@@ -209,6 +213,34 @@ def test_config_error_exits_2_and_writes_nothing(tmp_path):
     assert out.returncode == 2, (out.returncode, out.stdout)
     assert out.stdout.count("shm needs every rank on one node") == 1, out.stdout
     assert sorted(p.name for p in d.iterdir()) == ["keep.txt"]
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare"
+)
+def test_small_dev_shm_falls_back_to_message_passing(tmp_path):
+    """In a 64 MB /dev/shm (Docker's default; a private mount namespace here) the windows of
+    a 20M-parameter model do not fit: "auto" trains with plain buffers and rhd (touching
+    window pages past the tmpfs would be SIGBUS), and an explicit shm is exit 2."""
+    big = ["--model.hidden_sizes=[4096,4096]", "--runconfig.max_steps=2", "--runconfig.mode=train"]
+
+    def run(d: Path, *args: str) -> subprocess.CompletedProcess:
+        cmd = [mpiexec(), "-n", "2", sys.executable, "-m", "simdist.train", *big, *args,
+               f"--runconfig.model_dir={d}", "--runconfig.progress_bar=false"]  # fmt: skip
+        script = "mount -t tmpfs -o size=64m tmpfs /dev/shm && exec " + shlex.join(cmd)
+        return subprocess.run(
+            ["unshare", "-m", "sh", "-c", script], cwd=REPO, capture_output=True, text=True,
+            timeout=180,
+        )  # fmt: skip
+
+    out = run(tmp_path / "auto")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "does not fit in /dev/shm" in out.stdout, out.stdout
+    assert "gradient collectives: rhd" in out.stdout, out.stdout
+    out = run(tmp_path / "shm", "--runconfig.collective_algorithm=shm")
+    assert out.returncode == 2, out.stdout + out.stderr
+    text = out.stdout + out.stderr
+    assert text.count("runconfig.collective_algorithm=shm: a shared-memory window") == 1, text
 
 
 def test_eval_mode_uses_latest_checkpoint(tmp_path):

@@ -110,6 +110,15 @@ class Collectives:
         """Whether ``buffer`` hands out shared memory here (world > 1, all on one node)."""
         return self.world > 1 and self.placement.num_nodes == 1
 
+    def can_share(self, nbytes: int) -> bool:
+        """Collective: whether buffers of ``nbytes`` in all per rank can be shared memory
+        here (``shared``, and the node's shared-memory filesystem has room for every rank's
+        share); the same answer on every rank."""
+        if not self.shared:
+            return False
+        ok = shm.window_room_error(int(nbytes) * self.world) is None
+        return bool(self._comm.allreduce(ok, op=MPI.LAND))
+
     def buffer(self, n: int) -> np.ndarray:
         """Collective: a zeroed float32 buffer of ``n`` elements that the "shm" algorithm
         reduces in place, without staging (a shared-memory window segment, as NCCL's

@@ -35,6 +35,8 @@ one layout.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 from mpi4py import MPI
 
@@ -44,6 +46,33 @@ from simdist.kernels.reduce import add_divide
 from .algorithm import Algorithm, register_algorithm
 from .p2p import Exchanger
 from .topology import Placement
+
+# Where MPICH (and Open MPI's session directory, when it can) back shared windows: a tmpfs
+# whose size is often capped (Docker: 64 MB). Touching window pages beyond it is SIGBUS, so
+# windows are only created when they fit.
+SHM_DIR = "/dev/shm"
+SHM_MARGIN = 16 << 20  # bytes left free for MPI's own shared segments
+
+
+def shared_memory_free() -> int | None:
+    """Bytes free in ``SHM_DIR`` (None: no such filesystem here, nothing to check)."""
+    try:
+        st = os.statvfs(SHM_DIR)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def window_room_error(nbytes: int) -> str | None:
+    """Why a window of ``nbytes`` in all (every rank's segment) cannot be created, or None."""
+    free = shared_memory_free()
+    if free is None or nbytes + SHM_MARGIN <= free:
+        return None
+    return (
+        f"a shared-memory window of {nbytes / 2**20:.1f} MiB does not fit in {SHM_DIR} "
+        f"({free / 2**20:.1f} MiB free); enlarge it (docker run --shm-size=..., or "
+        f"mount -o remount,size=... {SHM_DIR})"
+    )
 
 
 def check_single_node(place: Placement | None) -> None:
@@ -56,10 +85,19 @@ def check_single_node(place: Placement | None) -> None:
         )
 
 
+class SharedMemoryFullError(MemoryError):
+    """The shared-memory filesystem has no room for a window (raised on every rank)."""
+
+
 class _Window:
     """One shared window of ``n`` float32 per rank, with every rank's segment mapped here."""
 
     def __init__(self, comm: MPI.Comm, n: int):
+        # every rank sees the same filesystem (one node), so all raise alike before the
+        # collective allocation instead of one rank dying of SIGBUS on a page it touches
+        error = window_room_error(4 * max(n, 1) * comm.Get_size())
+        if error:
+            raise SharedMemoryFullError(f"{error}, or use the ring or rhd algorithm")
         self.n = n
         self.win = MPI.Win.Allocate_shared(4 * max(n, 1), 4, comm=comm)
         self.win.Lock_all(MPI.MODE_NOCHECK)  # a passive epoch, so Win_sync may be called
