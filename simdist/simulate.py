@@ -351,7 +351,7 @@ class Simulation:
     def _timed(self, k: KernelCost) -> _Kernel:
         prefix = "fwd " if k.phase == "forward" else "bwd "
         try:
-            one = self.cost.compute_time(k.flops, k.bytes, k.kind, self.dtype, k.min_dim)
+            one = self.cost.compute_time(k.flops, k.bytes, k.kind, self.dtype, k.shape)
         except ProfileError as err:
             self._note(f"compute not modelled: {err}")
             one = 0.0

@@ -476,14 +476,15 @@ def _plain_host(tmp_path: Path) -> tuple[str, Path]:
     """The shipped host profile without its optional size- and shape-keyed tables (the text
     and a file of it), so the tests below can add tables of their own."""
     text = re.sub(
-        r"\n *(size_efficiency|reduce_efficiency|matrix_min_dim_efficiency):[^\n]*(\n +- [^\n]*)*",
+        r"\n *(size_efficiency|reduce_efficiency):[^\n]*(\n +- [^\n]*)*",
         "",
         (PROFILE_DIR / "host.yaml").read_text(),
     )
+    text = re.sub(r"\n  matrix_shape_efficiency:[^\n]*(\n    [^\n]*)*", "", text)
     path = tmp_path / "host-plain.yaml"
     path.write_text(text)
     prof = load_profile(path)
-    assert not (prof.intra.size_efficiency or prof.matrix_min_dim_efficiency)
+    assert not (prof.intra.size_efficiency or prof.matrix_shape_efficiency)
     return text, path
 
 
@@ -514,10 +515,13 @@ def test_size_keyed_link_tables(tmp_path):
     assert link.beta_at(4096) == pytest.approx(4 * plain.beta)
     assert link.gamma_at(32 << 20) == pytest.approx(2 * plain.gamma)
     assert link.gamma_at(1 << 20) == pytest.approx(plain.gamma)
+    # a 64 KiB block: one message, then its addition; a 32 MiB one arrives in 32 segments
+    # of 1 MiB (beta and gamma at the segment's size), each added while the next arrives
     small, big = 65536.0, 32.0 * 2**20
     step = [(1, small, small, small), (1, big, big, big)]
+    x, a = big * plain.beta, big * plain.gamma
     want = max(link.latency + small * 4 * plain.beta + small * plain.gamma,
-               link.latency + big * plain.beta + big * 2 * plain.gamma)  # fmt: skip
+               link.latency + max(x, a) + min(x, a) / 32)  # fmt: skip
     assert step_time(step, link) == pytest.approx(want)
     bad = text.replace("[0, 0.25]", "[0, 1.5]")
     path.write_text(bad)
@@ -581,25 +585,54 @@ def test_calibrate_under_mpi_measures_the_link_and_direct_peer_access(tmp_path):
     assert "direct_copy_us" in out.read_text()
 
 
-def test_gemm_efficiency_by_smallest_dimension(tmp_path):
+def test_gemm_efficiency_by_shape_and_layout(tmp_path):
+    from simdist.device.cost import gemm_efficiency
     from simdist.models.base import gemm
 
-    k = gemm("fc1", 32, 784, 512, "forward")
-    assert k.min_dim == 32 and k.flops == 2 * 32 * 784 * 512
+    k = gemm("fc2.dinput", 32, 512, 512, "backward", layout="nt")
+    assert k.shape == (32, 512, 512, "nt") and k.flops == 2 * 32 * 512 * 512
     text, plain_path = _plain_host(tmp_path)
-    table = "  matrix_min_dim_efficiency: [[512, 1.0], [64, 0.9], [0, 0.5]]\n"
+    big = "[[512, 1.0], [0, 1.0]]"
+    table = (
+        "  matrix_shape_efficiency:\n"
+        f"    nn: {{m: [[512, 1.0], [64, 0.8], [0, 0.5]], k: [[512, 1.0], [0, 0.9]], n: {big}}}\n"
+        "    nt: {m: [[512, 0.9], [0, 0.45]], k: [[512, 0.9], [0, 0.9]],"
+        " n: [[512, 0.9], [0, 0.9]]}\n"
+    )
     text = text.replace("  vector_efficiency:", table + "  vector_efficiency:", 1)
     path = tmp_path / "host-shapes.yaml"
     path.write_text(text)
     shaped, plain = CostModel(load_profile(path)), CostModel(load_profile(plain_path))
+    tables = shaped.profile.matrix_shape_efficiency
     peak = shaped.profile.peak("matmul", "fp32")
-    t_c, _ = shaped.kernel_terms(k.flops, k.bytes, "matmul", min_dim=k.min_dim)
-    assert t_c == pytest.approx(k.flops / (0.5 * peak))
-    t_c, _ = shaped.kernel_terms(k.flops, k.bytes, "matmul", min_dim=128)
-    assert t_c == pytest.approx(k.flops / (0.9 * peak))
-    # without a shape (or without the table) the FLOP-keyed table applies, as before
+    # the small axis picks the table; a second small axis multiplies its ratio in
+    assert gemm_efficiency(tables, 32, 512, 512, "nn") == pytest.approx(0.5)
+    assert gemm_efficiency(tables, 128, 512, 512, "nn") == pytest.approx(0.8)
+    assert gemm_efficiency(tables, 512, 16, 512, "nn") == pytest.approx(0.9)
+    assert gemm_efficiency(tables, 32, 16, 512, "nn") == pytest.approx(0.45)
+    assert gemm_efficiency(tables, 1024, 1024, 1024, "nn") == pytest.approx(1.0)
+    # a measured layout uses its own tables (ratios to its own reference); an unmeasured
+    # one falls back to "nn"
+    assert gemm_efficiency(tables, 32, 512, 512, "nt") == pytest.approx(0.45)
+    assert gemm_efficiency(tables, 32, 512, 512, "tn") == pytest.approx(0.5)
+    t_c, _ = shaped.kernel_terms(k.flops, k.bytes, "matmul", shape=k.shape)
+    assert t_c == pytest.approx(k.flops / (0.45 * peak))
+    # without a shape (or without the tables) the FLOP-keyed table applies, as before
     assert shaped.kernel_terms(k.flops, k.bytes) == plain.kernel_terms(k.flops, k.bytes)
-    assert plain.kernel_terms(k.flops, k.bytes, min_dim=32) == plain.kernel_terms(k.flops, k.bytes)
+    assert plain.kernel_terms(k.flops, k.bytes, shape=k.shape) == plain.kernel_terms(
+        k.flops, k.bytes
+    )
+    # malformed tables and the older format are errors that say what to do
+    path.write_text(text.replace("    nt: {m:", "    tt: {m:"))
+    with pytest.raises(ProfileError, match="matrix_shape_efficiency"):
+        load_profile(path)
+    path.write_text(text.replace(", n: " + big, ""))
+    with pytest.raises(ProfileError, match="one table for each axis"):
+        load_profile(path)
+    old = text.replace(table, "  matrix_min_dim_efficiency: [[512, 1.0], [0, 0.5]]\n")
+    path.write_text(old)
+    with pytest.raises(ProfileError, match="re-run"):
+        load_profile(path)
 
 
 def test_calibrate_writes_a_loadable_host_profile(tmp_path):

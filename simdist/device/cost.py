@@ -87,6 +87,21 @@ def efficiency(table: tuple[tuple[float, float], ...], size: float) -> float:
     return table[-1][1]
 
 
+def gemm_efficiency(tables, m: int, k: int, n: int, layout: str = "nn") -> float:
+    """Fraction of the matrix peak for an (m, k) @ (k, n) GEMM in ``layout`` from a profile's
+    ``matrix_shape_efficiency``: each table holds GEMMs with one axis small and the other
+    two at the sweep's large size, whose efficiency (the first row) is the reference; every
+    axis below it scales the reference by its own table's ratio, so a GEMM small on two
+    axes (an attention head's 128 x 64 x 128) pays both. Layouts the profile does not
+    measure use "nn"."""
+    axes = tables.get(layout) or tables["nn"]
+    ref = sum(axes[a][0][1] for a in "mkn") / 3  # all three axes large: the same GEMM
+    eff = ref
+    for axis, dim in zip("mkn", (m, k, n), strict=True):
+        eff *= min(1.0, efficiency(axes[axis], dim) / ref)
+    return eff
+
+
 def _pow2_floor(p: int) -> int:
     return 1 << (p.bit_length() - 1)
 
@@ -238,13 +253,14 @@ class CostModel:
         bytes_moved: float,
         kind: str = "matmul",
         dtype: str | None = None,
-        min_dim: int = 0,
+        shape: tuple = (),
     ) -> tuple[float, float]:
         """(compute seconds, memory seconds) before combining and launch overhead.
 
-        ``min_dim``: a GEMM's smallest dimension, where known; profiles with a
-        ``matrix_min_dim_efficiency`` table then take the efficiency from it (a GEMM with a
-        dimension of 32 runs well below one of the same FLOPs with all dimensions large)."""
+        ``shape``: a GEMM's (m, k, n, layout), where known; profiles with a
+        ``matrix_shape_efficiency`` table then take the efficiency from it
+        (``gemm_efficiency``: a GEMM of 32 rows runs at half the rate of one of the same
+        FLOPs with all dimensions large, one with k = 32 at four fifths)."""
         if kind not in ("matmul", "vector"):
             raise ValueError(f"kind must be 'matmul' or 'vector', got {kind!r}")
         if flops < 0 or bytes_moved < 0:
@@ -255,8 +271,8 @@ class CostModel:
         if flops > 0:
             if kind == "matmul":
                 peak = prof.peak("matmul", dtype)
-                if min_dim > 0 and prof.matrix_min_dim_efficiency:
-                    eff = efficiency(prof.matrix_min_dim_efficiency, min_dim)
+                if shape and prof.matrix_shape_efficiency:
+                    eff = gemm_efficiency(prof.matrix_shape_efficiency, *shape)
                 else:
                     eff = efficiency(prof.matrix_efficiency, flops)
                 t_c = flops / (peak * eff)
@@ -281,10 +297,10 @@ class CostModel:
         bytes_moved: float,
         kind: str = "matmul",
         dtype: str | None = None,
-        min_dim: int = 0,
+        shape: tuple = (),
     ) -> float:
         """Simulated seconds of one kernel doing ``flops`` and moving ``bytes_moved``."""
-        t_c, t_m = self.kernel_terms(flops, bytes_moved, kind, dtype, min_dim)
+        t_c, t_m = self.kernel_terms(flops, bytes_moved, kind, dtype, shape)
         t = max(t_c, t_m) if self.profile.combine == "roofline" else t_c + t_m
         if self.profile.launch_mode == "serial":
             return t + self.profile.kernel_launch

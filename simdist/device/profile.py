@@ -126,9 +126,13 @@ class DeviceProfile:
     unknown: tuple[str, ...] = ()  # fields the profile leaves null (not published)
     path: str = ""
     sha256: str = ""
-    # Optional: GEMM efficiency by the smallest of m, k, n ((min dim, fraction), descending),
-    # used instead of the FLOP-keyed table for GEMMs whose shape is known.
-    matrix_min_dim_efficiency: tuple[tuple[float, float], ...] = ()
+    # Optional: GEMM efficiency by shape, used instead of the FLOP-keyed table for GEMMs
+    # whose shape is known: {layout: {axis: ((dim, fraction), ...)}}, layout "nn" | "nt" |
+    # "tn" (which operand BLAS reads transposed), axis "m" | "k" | "n", each table the
+    # GEMMs with that one dimension small and the other two large (descending dims).
+    matrix_shape_efficiency: Mapping[str, Mapping[str, tuple[tuple[float, float], ...]]] = field(
+        default_factory=dict
+    )
 
     def peak(self, kind: str, dtype: str) -> float:
         """Peak FLOP/s for ``kind`` ("matmul" or "vector") and ``dtype``; error if unpublished."""
@@ -244,6 +248,33 @@ def _optional_table(raw: Mapping[str, Any], key: str, where: str) -> tuple:
     return _table(raw[key], f"{where}.{key}", 1.0)
 
 
+GEMM_LAYOUTS = ("nn", "nt", "tn")
+GEMM_AXES = ("m", "k", "n")
+
+
+def _shape_tables(compute: Mapping[str, Any]) -> dict:
+    """``compute.matrix_shape_efficiency``: {layout: {axis: table}}, or {} if absent."""
+    raw = compute.get("matrix_shape_efficiency")
+    if raw is None:
+        if compute.get("matrix_min_dim_efficiency") is not None:
+            raise ProfileError(
+                "compute.matrix_min_dim_efficiency is the format of an older simdist: re-run "
+                "`mpiexec -n 2 python -m simdist.calibrate` to write matrix_shape_efficiency"
+            )
+        return {}
+    where = "compute.matrix_shape_efficiency"
+    if not isinstance(raw, Mapping) or not raw or set(raw) - set(GEMM_LAYOUTS):
+        raise ProfileError(f"{where}: a mapping with keys among {GEMM_LAYOUTS}")
+    out = {}
+    for layout, axes in raw.items():
+        if not isinstance(axes, Mapping) or set(axes) != set(GEMM_AXES):
+            raise ProfileError(f"{where}.{layout}: give one table for each axis {GEMM_AXES}")
+        out[layout] = {a: _table(axes[a], f"{where}.{layout}.{a}", 1.0) for a in GEMM_AXES}
+    if "nn" not in out:
+        raise ProfileError(f"{where}: the 'nn' layout is required (the others default to it)")
+    return out
+
+
 def _capacity(section: Mapping[str, Any], where: str) -> int:
     if section.get("capacity_gib") is not None:
         return int(round(float(section["capacity_gib"]) * 2**30))
@@ -324,7 +355,7 @@ def load_profile(name_or_path: str | Path) -> DeviceProfile:
         launch_mode=launch_mode,
         combine=combine,
         matrix_efficiency=_table(compute.get("matrix_efficiency"), "matrix_efficiency", 1e9),
-        matrix_min_dim_efficiency=_optional_table(compute, "matrix_min_dim_efficiency", "compute"),
+        matrix_shape_efficiency=_shape_tables(compute),
         vector_efficiency=_table(compute.get("vector_efficiency"), "vector_efficiency", 1e9),
         memory_efficiency=_table(memory.get("efficiency"), "memory.efficiency", 1e6),
         devices_per_node=int(links.get("devices_per_node") or 1),

@@ -59,13 +59,17 @@ class KernelCost(NamedTuple):
     phase: str  # "forward" | "backward"
     count: int = 1
     done: tuple[str, ...] = ()
-    min_dim: int = 0  # GEMMs: the smallest of m, k, n (BLAS efficiency depends on it)
+    shape: tuple = ()  # GEMMs: (m, k, n, layout); BLAS efficiency depends on all four
 
 
-def gemm(name: str, m: int, k: int, n: int, phase: str, count: int = 1) -> KernelCost:
-    """C[m, n] = A[m, k] @ B[k, n] in float32: 2mkn FLOPs, each operand moved once."""
+def gemm(
+    name: str, m: int, k: int, n: int, phase: str, count: int = 1, layout: str = "nn"
+) -> KernelCost:
+    """C[m, n] = A[m, k] @ B[k, n] in float32: 2mkn FLOPs, each operand moved once.
+    ``layout``: "nn", or "nt" / "tn" where the kernel passes B / A as a transposed view
+    (``np.dot(a, b.T, c)``: BLAS reads it with a transpose flag)."""
     flops, nbytes = 2.0 * m * k * n, 4.0 * (m * k + k * n + m * n)
-    return KernelCost(name, flops, nbytes, "matmul", phase, count, min_dim=min(m, k, n))
+    return KernelCost(name, flops, nbytes, "matmul", phase, count, shape=(m, k, n, layout))
 
 
 def vector(

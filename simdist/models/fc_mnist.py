@@ -141,8 +141,8 @@ class FCMNIST:
             n_in, n_out = sizes[i], sizes[i + 1]
             names = (f"fc{i + 1}.weight", f"fc{i + 1}.bias")
             if i > 0:  # the first layer's input needs no gradient
-                out.append(gemm(f"fc{i + 1}.dinput", B, n_out, n_in, "backward"))
-            out.append(gemm(f"fc{i + 1}.dweight", n_in, B, n_out, "backward"))
+                out.append(gemm(f"fc{i + 1}.dinput", B, n_out, n_in, "backward", layout="nt"))
+            out.append(gemm(f"fc{i + 1}.dweight", n_in, B, n_out, "backward", layout="tn"))
             dbias = vector(f"fc{i + 1}.dbias", B * n_out, B * n_out + n_out, "backward")
             out.append(dbias._replace(done=names))
             if i > 0:

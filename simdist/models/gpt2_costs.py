@@ -34,8 +34,8 @@ def _linear(name: str, N: int, c_in: int, c_out: int, phase: str) -> list[Kernel
             vector(name + ".bias", N * c_out, 2 * N * c_out + c_out, phase),
         ]
     return [
-        gemm(name + ".dinput", N, c_out, c_in, phase),
-        gemm(name + ".dweight", c_in, N, c_out, phase),
+        gemm(name + ".dinput", N, c_out, c_in, phase, layout="nt"),
+        gemm(name + ".dweight", c_in, N, c_out, phase, layout="tn"),
         vector(name + ".dbias", N * c_out, N * c_out + c_out, phase),
     ]
 
@@ -57,7 +57,7 @@ def _attention(name: str, B: int, T: int, NH: int, hs: int, phase: str) -> list[
     if phase == "forward":
         return [
             vector(name + ".gather", T * hs, 6 * T * hs, phase, calls),
-            gemm(name + ".qk", T, hs, T, phase, calls),
+            gemm(name + ".qk", T, hs, T, phase, calls, "nt"),
             # max, exp, sum, scale per visible score; the masked half is only zero-filled
             vector(name + ".softmax", (EXP + 3) * visible, 2 * T * T, phase, calls),
             gemm(name + ".pv", T, T, hs, phase, calls),
@@ -65,11 +65,11 @@ def _attention(name: str, B: int, T: int, NH: int, hs: int, phase: str) -> list[
         ]
     return [
         vector(name + ".gather", T * hs, 8 * T * hs, phase, calls),
-        gemm(name + ".dp", T, hs, T, phase, calls),
-        gemm(name + ".dv", T, T, hs, phase, calls),
+        gemm(name + ".dp", T, hs, T, phase, calls, "nt"),
+        gemm(name + ".dv", T, T, hs, phase, calls, "tn"),
         vector(name + ".softmax.bwd", 4 * visible, 3 * T * T, phase, calls),
         gemm(name + ".dq", T, T, hs, phase, calls),
-        gemm(name + ".dk", T, T, hs, phase, calls),
+        gemm(name + ".dk", T, T, hs, phase, calls, "tn"),
         vector(name + ".scatter", T * hs, 6 * T * hs, phase, calls),
     ]
 
@@ -95,12 +95,12 @@ def kernel_costs(cfg, B: int, T: int) -> list[KernelCost]:
         out += _linear(h + "mlp.c_proj", N, 4 * C, C, f)
         nxt = f"h.{i + 1}.ln_1" if i + 1 < L else "ln_f"
         out.append(_layernorm(nxt, N, C, f, fused_add=True))
-    out.append(gemm("lm_head", N, C, V, f))
+    out.append(gemm("lm_head", N, C, V, f, layout="nt"))
     out.append(vector("softmax_ce", (EXP + 4) * N * V, 2 * N * V + 2 * N, f))
 
     out.append(vector("softmax_ce.bwd", N * V, 2 * N * V + N, b))
     out.append(gemm("lm_head.dinput", N, V, C, b))
-    out.append(gemm("lm_head.dwte", V, N, C, b))
+    out.append(gemm("lm_head.dwte", V, N, C, b, layout="tn"))
     out.append(_layernorm("ln_f.bwd", N, C, b)._replace(done=("ln_f.weight", "ln_f.bias")))
     for i in range(L - 1, -1, -1):
         h = f"h.{i}."
