@@ -116,10 +116,29 @@ def test_schedule_matches_the_closed_forms_and_charges_unequal_blocks():
     assert schedule_time("allreduce", "rhd", blocks, link) == pytest.approx(by_hand)
 
 
+def test_segmented_reduce_overlaps_transfer_and_addition():
+    """p2p's reduce sends a block of more than one segment in pieces and adds each while
+    the next arrives: the schedule charges max(X, A) + min(X, A) / k, not X + A."""
+    from simdist.comm.p2p import SEGMENT
+    from simdist.device.schedule import SEGMENT_BYTES
+
+    assert SEGMENT_BYTES == 4 * SEGMENT
+    link = Link("x", 1e9, 5e-6, 1.0, 1 / 4e9)
+    a, b, g = link.latency, link.beta, link.gamma
+    for k in (1, 2, 4, 16):
+        block = k * SEGMENT_BYTES
+        x, add = block * b, block * g
+        want = a + max(x, add) + min(x, add) / k
+        assert schedule_time("reduce_scatter", "ring", [block, block], link) == pytest.approx(want)
+    # a copy is one message whatever its size
+    block = 4 * SEGMENT_BYTES
+    assert schedule_time("allgather", "ring", [block, block], link) == pytest.approx(a + block * b)
+
+
 def test_hierarchical_schedule_matches_the_closed_form():
     intra = Link("nvlink", 100e9, 3e-6, 1.0, 1 / 400e9)
     rail = Link("rail", 12e9, 8e-6, 1.0, 1 / 400e9)
-    n = 24 * 2**17  # divisible by every p below
+    n = 24 * 2**15  # divisible by every p below; messages within one p2p segment
     for nodes, per_node in ((2, 2), (2, 4), (4, 2), (3, 2)):
         p = nodes * per_node
         grid = [tuple(range(m * per_node, (m + 1) * per_node)) for m in range(nodes)]

@@ -151,19 +151,29 @@ def schedule(op: str, algorithm: str, blocks: Sequence[float]) -> list[Step]:
     return SCHEDULES[algorithm](op, blocks)
 
 
+# ``simdist.comm.p2p``: a message the receiver adds travels in segments of this many bytes
+# (SEGMENT float32), each added while the next one arrives (tests check the two agree).
+SEGMENT_BYTES = 4 * (1 << 18)
+
+
+def _rank_time(m: int, out: float, inc: float, add: float, link: Link) -> float:
+    """One rank's part of a step. A received block that is added arrives in segments,
+    and the addition of each overlaps the transfer of the next: with k segments, transfer
+    X and addition A, the pipeline takes max(X, A) + min(X, A) / k (X + A for one)."""
+    size = max(out, inc)
+    if not add:
+        return m * link.latency + size * link.beta_at(size)
+    segments = max(1, -(-int(max(out, inc)) // SEGMENT_BYTES))
+    piece = size / segments
+    x = size * link.beta_at(piece)
+    a = add * link.gamma_at(add / segments)
+    return m * link.latency + max(x, a) + min(x, a) / segments
+
+
 def step_time(step: Step, link: Link) -> float:
-    """Seconds of one step: its busiest rank (β and γ at the step's message and block size
-    where the link has size-keyed tables)."""
-    a = link.latency
-    if not (link.size_efficiency or link.reduce_efficiency):
-        b, g = link.beta, link.gamma
-        return max(m * a + max(out, inc) * b + add * g for m, out, inc, add in step)
-    worst = 0.0
-    for m, out, inc, add in step:
-        size = max(out, inc)
-        t = m * a + size * link.beta_at(size) + (add * link.gamma_at(add) if add else 0.0)
-        worst = max(worst, t)
-    return worst
+    """Seconds of one step: its busiest rank (β and γ at the step's message and segment
+    size where the link has size-keyed tables)."""
+    return max(_rank_time(m, out, inc, add, link) for m, out, inc, add in step)
 
 
 def schedule_time(op: str, algorithm: str, blocks: Sequence[float], link: Link) -> float:
