@@ -74,14 +74,15 @@ def best_time(fn: Callable[[], Any], repeats: int, min_time: float = 0.02) -> fl
 
 
 def measure_gemm(sizes: list[int], repeats: int) -> dict[int, float]:
-    """FLOP/s of float32 n x n x n GEMM per size."""
+    """FLOP/s of float32 n x n x n GEMM per size (numba's ``np.dot``, the kernels' call)."""
+    nn = _gemm_kernels()["nn"]
     rng = np.random.default_rng(0)
     out = {}
     for n in sizes:
         a = rng.standard_normal((n, n), dtype=np.float32)
         b = rng.standard_normal((n, n), dtype=np.float32)
         c = np.empty((n, n), np.float32)
-        t = best_time(lambda a=a, b=b, c=c: np.dot(a, b, out=c), repeats)
+        t = best_time(lambda a=a, b=b, c=c: nn(a, b, c), repeats)
         out[n] = 2.0 * n**3 / t
     return out
 
@@ -89,22 +90,47 @@ def measure_gemm(sizes: list[int], repeats: int) -> dict[int, float]:
 SHAPE_BIG = 512  # the other two dimensions of the shape sweep
 
 
-def measure_gemm_shapes(smalls: list[int], repeats: int) -> dict[int, float]:
-    """FLOP/s of float32 GEMMs with one dimension ``s`` and the other two ``SHAPE_BIG``,
-    averaged over the three positions of the small one (m: few rows, as a micro-batch's
-    forward; k: a weight gradient's inner dimension; n: few output columns)."""
+def _gemm_kernels() -> dict[str, Callable]:
+    """``np.dot(a, b, c)`` inside numba, as simdist's kernels call BLAS, per layout."""
+    from numba import njit
+
+    jit = njit(cache=False, nogil=True, error_model="numpy", boundscheck=False)
+
+    @jit
+    def nn(a, b, c):  # pragma: no cover - compiled
+        np.dot(a, b, c)
+
+    @jit
+    def nt(a, b, c):  # pragma: no cover - compiled
+        np.dot(a, b.T, c)
+
+    @jit
+    def tn(a, b, c):  # pragma: no cover - compiled
+        np.dot(a.T, b, c)
+
+    return {"nn": nn, "nt": nt, "tn": tn}
+
+
+def measure_gemm_shapes(smalls: list[int], repeats: int) -> dict[str, dict[str, dict]]:
+    """FLOP/s of float32 GEMMs with one dimension ``s`` and the other two ``SHAPE_BIG``, per
+    layout (nn: a @ b; nt: a @ b.T; tn: a.T @ b, the transposed operand an F-contiguous
+    view, as the kernels pass it) and per axis of the small one (m: a micro-batch's rows;
+    k: a weight gradient's inner dimension; n: few output columns)."""
     rng = np.random.default_rng(1)
     big = SHAPE_BIG
-    out = {}
-    for s in smalls:
-        rates = []
-        for m, k, n in ((s, big, big), (big, s, big), (big, big, s)):
-            a = rng.standard_normal((m, k), dtype=np.float32)
-            b = rng.standard_normal((k, n), dtype=np.float32)
-            c = np.empty((m, n), np.float32)
-            t = best_time(lambda a=a, b=b, c=c: np.dot(a, b, out=c), repeats)
-            rates.append(2.0 * m * k * n / t)
-        out[s] = float(np.mean(rates))
+    out: dict[str, dict[str, dict]] = {}
+    for layout, fn in _gemm_kernels().items():
+        out[layout] = {"m": {}, "k": {}, "n": {}}
+        for s in smalls:
+            shapes = ((s, big, big), (big, s, big), (big, big, s))
+            for axis, (m, k, n) in zip("mkn", shapes, strict=True):
+                a_shape = (k, m) if layout == "tn" else (m, k)
+                b_shape = (n, k) if layout == "nt" else (k, n)
+                a = rng.standard_normal(a_shape, dtype=np.float32)
+                b = rng.standard_normal(b_shape, dtype=np.float32)
+                c = np.empty((m, n), np.float32)
+                t = best_time(lambda a=a, b=b, c=c, fn=fn: fn(a, b, c), repeats)
+                out[layout][axis][s] = 2.0 * m * k * n / t
     return out
 
 
@@ -172,6 +198,8 @@ def fit_alpha_beta(sizes: list[int], times: list[float]) -> tuple[float, float]:
 
 def measure_mpi(comm: Any, repeats: int) -> dict[str, Any]:
     """Ping-pong and Sendrecv sweeps between ranks 0 and 1 (others wait)."""
+    from mpi4py import MPI
+
     rank = comm.Get_rank()
     sizes = [8 * 4**k for k in range(12)]  # 8 B .. 32 MiB
     sizes = [s for s in sizes if s <= 16 * 2**20]
@@ -194,12 +222,19 @@ def measure_mpi(comm: Any, repeats: int) -> dict[str, Any]:
                         comm.Recv(rbuf, source=0)
                         comm.Send(sbuf, dest=0)
                 best_pp = min(best_pp, (time.perf_counter() - t0) / reps / 2)
+        # Sendrecv as a collective's step runs it: the send buffer freshly written (as
+        # backward leaves the gradients: the peer then reads lines dirty in this core's
+        # cache, which on some machines costs half again a loop's rate), both ranks
+        # starting together, the slower rank's time
+        for i in range(3 + 10 * repeats):
+            sbuf.fill(i)
             comm.Barrier()
+            t0 = time.perf_counter()
             if rank < 2:
-                t0 = time.perf_counter()
-                for _ in range(reps):
-                    comm.Sendrecv(sbuf, dest=peer, recvbuf=rbuf, source=peer)
-                best_sr = min(best_sr, (time.perf_counter() - t0) / reps)
+                comm.Sendrecv(sbuf, dest=peer, recvbuf=rbuf, source=peer)
+            dt_ = comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
+            if i >= 3:
+                best_sr = min(best_sr, dt_)
         result["pingpong"].append(best_pp)
         result["sendrecv"].append(best_sr)
     result["pingpong_fit"] = fit_alpha_beta(sizes, result["pingpong"])
@@ -235,6 +270,23 @@ def measure_direct(comm: Any, repeats: int) -> dict[str, Any]:
         t0 = time.perf_counter()
         fence()
         result["fence"] = min(result["fence"], time.perf_counter() - t0)
+    # a step's latency as the algorithm pays it: simdist's shm reduce-scatter of 16 floats
+    # on a registered buffer is two fences plus the call's own Python (buffer lookup,
+    # slicing), half of it per fence
+    from simdist.comm import Collectives
+
+    coll = Collectives(pair)
+    tiny = coll.buffer(16)
+    result["step"] = float("inf")
+    for i in range(3 + 100 * repeats):
+        tiny.fill(i)
+        fence()
+        t0 = time.perf_counter()
+        coll.reduce_scatter(tiny, algorithm="shm")
+        dt_ = pair.allreduce(time.perf_counter() - t0, op=MPI.MAX)
+        if i >= 3:
+            result["step"] = min(result["step"], dt_ / 2)
+    coll.free()
     for nbytes in sizes:
         best = float("inf")
         for i in range(3 + 3 * repeats):
@@ -327,16 +379,19 @@ def render(m: dict[str, Any], previous: dict[str, Any] | None) -> str:
     shapes = m.get("gemm_shapes") or {}
     if shapes:
         lines.append(
-            f"  matrix_min_dim_efficiency:  # [smallest of m, k, n; fraction of peak] GEMMs with "
-            f"one dimension s, two of {SHAPE_BIG}"
+            "  matrix_shape_efficiency:  # [dim, fraction of peak] per layout (nn a @ b, nt a @ "
+            f"b.T, tn a.T @ b) and small axis, the other two dims {SHAPE_BIG}"
         )
-        for s in sorted(shapes, reverse=True):
-            key = 0 if s == min(shapes) else s
-            eff = min(1.0, shapes[s] / peak_gemm)
-            lines.append(
-                f"    - [{key}, {eff:.4f}]  # [calibrate] s={s}: {shapes[s] / 1e9:.1f} GFLOP/s "
-                "(mean over the three positions)"
-            )
+        for layout, axes in shapes.items():
+            lines.append(f"    {layout}:")
+            for axis, points in axes.items():
+                dims = sorted(points, reverse=True)
+                rows = ", ".join(
+                    f"[{0 if s == dims[-1] else s}, {min(1.0, points[s] / peak_gemm):.4f}]"
+                    for s in dims
+                )
+                rates = ", ".join(f"{s}: {points[s] / 1e9:.0f}" for s in dims)
+                lines.append(f"      {axis}: [{rows}]  # [calibrate] GFLOP/s {rates}")
     lines += [
         "  vector_efficiency: null  # elementwise kernels are memory-bound here",
         "memory:",
@@ -384,8 +439,9 @@ def render(m: dict[str, Any], previous: dict[str, Any] | None) -> str:
                 "    direct:              # peer load/store in a shared-memory window (shm)",
                 f"      bandwidth_gbs: {dbw / 1e9:.4f}  # [calibrate] best copy rate from the "
                 "peer's freshly written segment",
-                f"      latency_us: {direct['fence'] * 1e6:.3f}  # [calibrate] fence: Win_sync, "
-                "barrier, Win_sync",
+                f"      latency_us: {direct['step'] * 1e6:.3f}  # [calibrate] per fence of "
+                "simdist's shm reduce-scatter of 16 floats (the fence alone: "
+                f"{direct['fence'] * 1e6:.2f} us)",
                 "      efficiency: 1.0",
                 "      size_efficiency:   # [min bytes, fraction of bandwidth] copy sweep",
             ]
@@ -427,9 +483,6 @@ def render(m: dict[str, Any], previous: dict[str, Any] | None) -> str:
         f"  command: {m['command']!r}",
         f"  loadavg: {m['loadavg']!r}",
         "  gemm_gflops: {" + ", ".join(f"{n}: {r / 1e9:.2f}" for n, r in gemm.items()) + "}",
-        "  gemm_shape_gflops: {"
-        + ", ".join(f"{n}: {r / 1e9:.2f}" for n, r in shapes.items())
-        + "}",
         "  copy_gbs: {" + ", ".join(f"{s}: {r / 1e9:.2f}" for s, r in mem["copy"].items()) + "}",
         "  add_gbs: {" + ", ".join(f"{s}: {r / 1e9:.2f}" for s, r in mem["add"].items()) + "}",
         f"  large_array_bytes: {big}",
@@ -508,13 +561,16 @@ def main(argv: list[str] | None = None) -> int:
     # then spoils one round of one size instead of the whole point
     shape_sizes = [32, 128] if args.quick else [16, 32, 64, 128, 256, 512]
     gemm: dict[int, float] = {}
-    shapes: dict[int, float] = {}
+    shapes: dict[str, dict[str, dict[int, float]]] = {}
     memory: dict[str, dict[int, float]] = {"copy": {}, "add": {}}
     for _ in range(args.rounds):
         for n, rate in measure_gemm(gemm_sizes, args.repeats).items():
             gemm[n] = max(gemm.get(n, 0.0), rate)
-        for n, rate in measure_gemm_shapes(shape_sizes, args.repeats).items():
-            shapes[n] = max(shapes.get(n, 0.0), rate)
+        for layout, axes in measure_gemm_shapes(shape_sizes, args.repeats).items():
+            for axis, points in axes.items():
+                best = shapes.setdefault(layout, {}).setdefault(axis, {})
+                for n, rate in points.items():
+                    best[n] = max(best.get(n, 0.0), rate)
         for kind, points in measure_memory(mem_sizes, args.repeats).items():
             for size, rate in points.items():
                 memory[kind][size] = max(memory[kind].get(size, 0.0), rate)
