@@ -286,6 +286,7 @@ MODELS_MEASURED = {  # case label -> (params preset, steps per run)
     "gpt2-mini": ("gpt2_mini", 12),
 }
 COMPUTE_PHASES = ("forward", "backward", "optimizer")
+HOST_PROFILE = "host"  # --profile / --calibrate: the profile the measured part predicts with
 
 
 def _mpiexec() -> str:
@@ -311,7 +312,7 @@ def _train(preset: str, np_: int, steps: int, model_dir: Path) -> dict:
         "simdist.train",
         "--params",
         preset,
-        "--runconfig.device_profile=host",
+        f"--runconfig.device_profile={HOST_PROFILE}",
         "--runconfig.mode=train",
         f"--runconfig.max_steps={steps}",
         f"--runconfig.save_summary_steps={steps}",
@@ -461,7 +462,7 @@ def measured_collectives(nps: list[int], repeats: int, work: Path) -> list[dict]
     the best call over all launches, the median of the launches' medians) vs the schedule
     model on the host profile's intra link, as the training runs cost them."""
     cores = os.cpu_count() or 1
-    prof = load_profile("host")
+    prof = load_profile(HOST_PROFILE)
     rows = []
     for np_ in [n for n in nps if n > 1]:
         launches = []
@@ -496,6 +497,21 @@ def measured_collectives(nps: list[int], repeats: int, work: Path) -> list[dict]
                 )
             )
     return rows
+
+
+def calibrate_now(json_path: Path | None) -> str:
+    """Calibrate this machine now (``simdist.calibrate`` under ``mpiexec -n 2``) and return
+    the profile's path: beside ``json_path`` when given, else in a temporary directory."""
+    out = (
+        json_path.with_suffix(".host.yaml")
+        if json_path
+        else Path(tempfile.mkdtemp(prefix="validate_sim-")) / "host.yaml"
+    )
+    print(f"# calibrating this machine into {out} ...", flush=True)
+    t0 = time.time()
+    _launch(2, ["-m", "simdist.calibrate", "--repeats", "7", "--out", str(out.resolve())], 1800)
+    print(f"# calibrated in {time.time() - t0:.0f} s", flush=True)
+    return str(out.resolve())
 
 
 def _plots(rows: list[dict], directory: Path) -> list[Path]:
@@ -583,6 +599,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--nps", default="1,2,4", help="world sizes of the measured part")
     ap.add_argument("--repeats", type=int, default=2, help="runs per training case (best kept)")
     ap.add_argument("--no-collectives", action="store_true", help="skip the collective rows")
+    ap.add_argument(
+        "--profile",
+        metavar="NAME|YAML",
+        help="profile of the measured part (default: host, the shipped calibration)",
+    )
+    ap.add_argument(
+        "--calibrate",
+        action="store_true",
+        help="first run `mpiexec -n 2 python -m simdist.calibrate` and predict with that "
+        "profile (this machine as it is now; written next to --json as *.host.yaml)",
+    )
     ap.add_argument("--collectives-worker", metavar="OUT", help=argparse.SUPPRESS)
     ap.add_argument(
         "--combine",
@@ -600,7 +627,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.part in ("measured", "all"):
         nps = [int(x) for x in args.nps.split(",") if x]
         env = {k: os.environ.get(k, "(unset)") for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")}
-        prof = load_profile("host")
+        global HOST_PROFILE
+        if args.calibrate:
+            HOST_PROFILE = calibrate_now(Path(args.json) if args.json else None)
+        elif args.profile:
+            HOST_PROFILE = args.profile
+        prof = load_profile(HOST_PROFILE)
         print(
             f"# measured part: host profile {prof.sha256[:12]} ({prof.path}), {os.cpu_count()} "
             f"cores, load average {os.getloadavg()[0]:.2f} at start, {env}",
