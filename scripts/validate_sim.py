@@ -422,7 +422,10 @@ def collectives_worker(out: str) -> int:
     comm = world()
     coll = Collectives(comm)
     keys = [(op, alg, n) for op in COLL_OPS for alg in COLL_ALGS for n in COLL_SIZES]
-    bufs = {n: np.empty(n // 4, np.float32) for n in COLL_SIZES}
+    # plain buffers are slices of one large array, as a model's gradients are of its flat
+    # gradient buffer (numpy backs it with huge pages where the kernel allows it)
+    pool = np.zeros(max(COLL_SIZES) // 4, np.float32)
+    bufs = {n: pool[: n // 4] for n in COLL_SIZES}
     # shm runs, as in training, on buffers registered with the collectives (shared memory)
     shared = {n: coll.buffer(n // 4) for n in COLL_SIZES}
 

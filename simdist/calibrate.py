@@ -5,29 +5,36 @@
 
 What is measured (one thread, as each simdist rank runs):
 
-* GEMM: float32 ``np.dot(a, b, out=c)`` through BLAS for n = 64 … 1024, best of N; the best
-  rate is the matrix peak and each size's fraction of it forms the size-keyed efficiency
-  table (so the host profile's table, unlike the GPU ones, is fitted to whole-kernel times
-  and is used with the roofline max). A second sweep times GEMMs with one small dimension
-  s = 16 … 512 (the other two 512, each position, averaged): ``matrix_min_dim_efficiency``,
-  used for the model's GEMMs, whose shapes are known (a micro-batch of 32 runs a GEMM well
-  below a square one of the same FLOPs).
-* Elementwise: a numba loop ``c = a * b + c`` on a cache-resident array (vector peak) and the
-  Python-to-kernel call overhead (``kernel_launch_us``, added per call: ``launch_mode:
-  serial``); the float64 reduction kernel of the gradient norm (``vector_tflops.fp64``).
+* GEMM: float32 ``np.dot(a, b, c)`` inside numba (the kernels' call) for n = 64 … 1024, best
+  of N; the best rate is the matrix peak and each size's fraction of it forms the size-keyed
+  efficiency table (so the host profile's table, unlike the GPU ones, is fitted to
+  whole-kernel times and is used with the roofline max). A second sweep times GEMMs with one
+  small dimension s = 16 … 512 (the other two 512) for each axis (m, k, n) and each layout
+  the kernels use (a @ b, a @ b.T, a.T @ b): ``matrix_shape_efficiency``, used for the
+  models' GEMMs, whose shapes are known (32 rows run at about half the rate of 32 inner
+  dimensions).
+* Elementwise: a numba degree-8 polynomial per element on a cache-resident array (the SIMD
+  peak, ``vector_tflops``) and the Python-to-kernel call overhead (``kernel_launch_us``,
+  added per call: ``launch_mode: serial``); reductions, which stay scalar without fastmath
+  (``scalar_tflops``): ``rowops.row_sum`` for fp32, the gradient norm's float64
+  ``sum_of_squares`` for fp64.
 * Memory: ``np.copyto`` and ``np.add`` from cache-sized to 64 MiB arrays, bytes read plus
   written per second; the best rate is the bandwidth, each size's fraction its efficiency.
-* MPI (only under ``mpiexec -n 2``): ping-pong (one-way = half the round trip) and
-  bidirectional ``Sendrecv`` sweeps from 8 B to 16 MiB, best of N per size, then α and β by
-  least squares on t = α + n·β weighted by 1/t (relative error, so the small messages pin α
-  and the large ones β). The Sendrecv fit is the ``intra`` link, because simdist's ring and
-  halving-doubling steps are Sendrecv exchanges. Run serially, the previous profile's link
-  figures are kept (or left null if there is none) and the file says so. The sweep's
-  rates after the latency become the link's ``size_efficiency`` table, and the add sweep's
-  rates its ``reduce_efficiency`` table (used per message by the schedule model).
+* MPI (only under ``mpiexec -n 2``): ping-pong (one-way = half the round trip, in a loop)
+  and bidirectional ``Sendrecv`` sweeps from 8 B to 16 MiB, best of N per size, then α and β
+  by least squares on t = α + n·β weighted by 1/t (relative error, so the small messages pin
+  α and the large ones β). Each Sendrecv is timed as a collective's step runs: its send
+  buffer just written, both ranks starting together, the slower rank's time, the messages
+  slices of one large buffer (as blocks are of the gradient buffer). The Sendrecv fit is the
+  ``intra`` link, because simdist's ring and halving-doubling steps are Sendrecv exchanges.
+  Run serially, the previous profile's link figures are kept (or left null if there is
+  none) and the file says so. The sweep's rates after the latency become the link's
+  ``size_efficiency`` table, and the add sweep's rates its ``reduce_efficiency`` table
+  (used per message by the schedule model).
 * Shared memory (only under ``mpiexec -n 2``): copying the peer's freshly written segment of
-  an MPI-3 shared-memory window, 128 KiB to 8 MiB, and the fence between such steps: the
-  ``intra`` link's ``direct`` figures, which cost the "shm" collectives.
+  an MPI-3 shared-memory window, 128 KiB to 8 MiB, and the latency per fence of simdist's own
+  shm reduce-scatter of 16 floats (fence plus the call's Python): the ``intra`` link's
+  ``direct`` figures, which cost the "shm" collectives.
 
 Shared machines are noisy (research/simulators.md saw 10x swings in BLAS throughput): the
 1-minute load average is recorded and a warning printed when it exceeds the core count.
@@ -149,39 +156,65 @@ def measure_memory(sizes: list[int], repeats: int) -> dict[str, dict[int, float]
     return res
 
 
-def measure_fp64_reduction(repeats: int) -> float:
-    """FLOP/s of the float64 reduction kernel (``kernels.optim.sum_of_squares``, 2 flops per
-    element) on cached data: a dependency chain, far below the float32 SIMD rate."""
-    from simdist.kernels.optim import sum_of_squares
+def measure_scalar(repeats: int) -> dict[str, float]:
+    """FLOP/s of reductions, which the kernels compile without fastmath and LLVM therefore
+    leaves scalar (a loop-carried dependency): fp32, ``kernels.rowops.row_sum`` (eight
+    partial sums, 1 flop per element) on rows of 256 as layernorm and softmax run it; fp64,
+    the gradient norm's ``kernels.optim.sum_of_squares`` (2 flops per element). On cached
+    data, so the rate is the core's, not memory's."""
+    from numba import njit
 
-    x = np.full(1 << 16, 1.0000001, np.float32)  # 256 KiB: in L2
-    t = best_time(lambda: sum_of_squares(x), repeats)
-    return 2.0 * x.size / t
+    from simdist.kernels.optim import sum_of_squares
+    from simdist.kernels.rowops import row_sum
+
+    @njit(cache=False, nogil=True, error_model="numpy", boundscheck=False)
+    def rows(x, reps):  # pragma: no cover - compiled
+        total = np.float32(0.0)
+        for _ in range(reps):
+            for r in range(x.shape[0]):
+                total += row_sum(x[r], x.shape[1])
+        return total
+
+    x32 = np.full((64, 256), 1.0000001, np.float32)  # 64 KiB
+    rows(x32, 1)
+    t32 = best_time(lambda: rows(x32, 100), repeats)
+    x64 = np.full(1 << 16, 1.0000001, np.float32)  # 256 KiB: in L2
+    t64 = best_time(lambda: sum_of_squares(x64), repeats)
+    return {"fp32": 100.0 * x32.size / t32, "fp64": 2.0 * x64.size / t64}
 
 
 def measure_vector(repeats: int) -> tuple[float, float]:
-    """(elementwise FLOP/s of a numba loop on cached data, per-call overhead in seconds)."""
+    """(FLOP/s of vectorised elementwise arithmetic, per-call overhead in seconds).
+
+    The rate is the core's SIMD arithmetic: a degree-8 polynomial per element (Horner: 16
+    flops, multiplies and adds, as numba emits them without fastmath) on a 16 KiB array,
+    enough work per element that loads and stores do not bound it, as in the kernels'
+    exp and tanh polynomials. Memory-bound kernels are bounded by the memory rate instead.
+    """
     from numba import njit
 
     @njit(cache=False, nogil=True, fastmath=False, error_model="numpy", boundscheck=False)
-    def fma_loop(a, b, c, reps):  # pragma: no cover - compiled
+    def poly_loop(a, c, reps):  # pragma: no cover - compiled
         for _ in range(reps):
             for i in range(a.size):
-                c[i] = a[i] * b[i] + c[i]
+                x = a[i]
+                r = np.float32(0.1)
+                for _ in range(8):
+                    r = r * x + np.float32(0.5)
+                c[i] = r
 
     @njit(cache=False, nogil=True, error_model="numpy")
     def nothing(a):  # pragma: no cover - compiled
         a[0] = a[0]
 
-    n, reps = 4096, 2000  # 16 KiB per array: stays in L1/L2
-    a = np.full(n, 1.0000001, np.float32)
-    b = np.full(n, 0.9999999, np.float32)
+    n, reps = 4096, 500  # 16 KiB per array: stays in L1/L2
+    a = np.full(n, 0.9999999, np.float32)
     c = np.zeros(n, np.float32)
-    fma_loop(a, b, c, 1)
+    poly_loop(a, c, 1)
     nothing(a)
-    t = best_time(lambda: fma_loop(a, b, c, reps), repeats)
+    t = best_time(lambda: poly_loop(a, c, reps), repeats)
     overhead = best_time(lambda: nothing(a), repeats, min_time=0.01)
-    return 2.0 * n * reps / t, overhead
+    return 16.0 * n * reps / t, overhead
 
 
 def fit_alpha_beta(sizes: list[int], times: list[float]) -> tuple[float, float]:
@@ -205,9 +238,14 @@ def measure_mpi(comm: Any, repeats: int) -> dict[str, Any]:
     sizes = [s for s in sizes if s <= 16 * 2**20]
     result: dict[str, Any] = {"sizes": sizes, "pingpong": [], "sendrecv": []}
     peer = 1 - rank
+    # Messages are slices of one large buffer, as a collective's blocks are slices of the
+    # gradient buffer: numpy backs allocations of 4 MiB and more with transparent huge
+    # pages (where the kernel allows it), and MPI's copies between the processes run up to
+    # 1.5x faster on them than on a separate 2 MiB array.
+    pool = np.ones(2 * max(sizes) + 4096, np.uint8)
     for nbytes in sizes:
-        sbuf = np.ones(nbytes, np.uint8)
-        rbuf = np.empty(nbytes, np.uint8)
+        sbuf = pool[:nbytes]
+        rbuf = pool[max(sizes) + 4096 : max(sizes) + 4096 + nbytes]
         reps = max(3, min(200, (1 << 24) // max(nbytes, 1)))
         best_pp = best_sr = float("inf")
         for _ in range(repeats):
@@ -356,18 +394,23 @@ def render(m: dict[str, Any], previous: dict[str, Any] | None) -> str:
         "    bf16: null          # numpy/BLAS has no bf16 GEMM; kernels run float32",
         "    fp16: null          # numpy/BLAS has no fast fp16 GEMM",
         "  vector_tflops:",
-        f"    fp32: {m['vector_flops'] / 1e12:.6f}  # [calibrate] numba c = a*b + c on "
-        f"16 KiB arrays: {m['vector_flops'] / 1e9:.1f} GFLOP/s",
+        f"    fp32: {m['vector_flops'] / 1e12:.6f}  # [calibrate] numba degree-8 polynomial "
+        f"per element, 16 KiB arrays: {m['vector_flops'] / 1e9:.1f} GFLOP/s",
         "    tf32: null          # not applicable",
         "    bf16: null          # not applicable",
         "    fp16: null          # not applicable",
-        f"    fp64: {m['fp64_reduction_flops'] / 1e12:.6f}  # [calibrate] float64 sum of "
-        f"squares (the gradient-norm kernel), 256 KiB: {m['fp64_reduction_flops'] / 1e9:.1f} "
+        "  scalar_tflops:        # reductions: no fastmath, so LLVM leaves them scalar",
+        f"    fp32: {m['scalar_flops']['fp32'] / 1e12:.6f}  # [calibrate] rowops.row_sum on "
+        f"rows of 256: {m['scalar_flops']['fp32'] / 1e9:.2f} GFLOP/s",
+        f"    fp64: {m['scalar_flops']['fp64'] / 1e12:.6f}  # [calibrate] float64 sum of "
+        f"squares (the gradient-norm kernel), 256 KiB: {m['scalar_flops']['fp64'] / 1e9:.2f} "
         "GFLOP/s",
         f"  kernel_launch_us: {m['overhead'] * 1e6:.3f}  # [calibrate] Python -> numba call "
         "of an empty kernel",
         "  launch_mode: serial   # the host runs Python and kernel back to back",
-        "  combine: roofline     # table below fitted to whole-kernel times",
+        "  combine:              # per kind, as the ECM model has it for a CPU core",
+        "    matmul: sum         # BLAS packs its operands first: their traffic adds",
+        "    vector: roofline    # streaming loops: the prefetcher hides the traffic",
         "  matrix_efficiency:    # [min op GFLOP, fraction of peak] from the GEMM sweep",
     ]
     for n in sorted(gemm, reverse=True):  # the smallest size stands for everything below
@@ -399,6 +442,8 @@ def render(m: dict[str, Any], previous: dict[str, Any] | None) -> str:
         f"{m['mem_total'] / 2**30:.2f} GiB / {cores} cores (one rank per core)",
         f"  bandwidth_gbs: {mem_peak / 1e9:.3f}  # [calibrate] best of copy/add over sizes "
         "(read + write bytes)",
+        "  efficiency_key: working_set  # a kernel's operands are as far away as the step's "
+        "resident bytes reach",
         "  efficiency:           # [min MB moved, fraction of bandwidth] copy/add sweep",
     ]
     for size in sorted(mem_pts, reverse=True):
@@ -575,7 +620,7 @@ def main(argv: list[str] | None = None) -> int:
             for size, rate in points.items():
                 memory[kind][size] = max(memory[kind].get(size, 0.0), rate)
     vector, overhead = measure_vector(args.repeats)
-    fp64_reduction = measure_fp64_reduction(args.repeats)
+    scalar = measure_scalar(args.repeats)
     out = Path(args.out)
     previous = None
     if out.is_file():
@@ -599,7 +644,7 @@ def main(argv: list[str] | None = None) -> int:
         "gemm_shapes": shapes,
         "memory": memory,
         "vector_flops": vector,
-        "fp64_reduction_flops": fp64_reduction,
+        "scalar_flops": scalar,
         "overhead": overhead,
         "mem_total": _mem_total(),
         "mpi": mpi,

@@ -443,6 +443,8 @@ class Planner:
         params_dev = math.ceil(params / (c.tp * c.pp))
         mem = dict.fromkeys(CATEGORIES, 0)
         states = model_state_bytes(params_dev, dp, c.zero, c.precision, c.optimizer)
+        # profiles keyed by the working set (a CPU's caches): the model states at least
+        self.cost.working_set = float(sum(states.values()))
         breakdown: dict[str, float] = {}
         step: float | None = None
         model_flops: float | None = None

@@ -351,25 +351,36 @@ class Simulation:
     def _timed(self, k: KernelCost) -> _Kernel:
         prefix = "fwd " if k.phase == "forward" else "bwd "
         try:
-            one = self.cost.compute_time(k.flops, k.bytes, k.kind, self.dtype, k.shape)
+            one = self.cost.compute_time(
+                k.flops, k.bytes, k.kind, self.dtype, k.shape, k.serial_flops
+            )
         except ProfileError as err:
             self._note(f"compute not modelled: {err}")
             one = 0.0
         return _Kernel(prefix + k.name, k.count * one, k.flops, k.bytes, k.kind, k.count, k.done)
 
-    def _vector(self, name: str, flops: float, nbytes: float, dtype: str | None = None) -> None:
+    def _vector(
+        self,
+        name: str,
+        flops: float,
+        nbytes: float,
+        dtype: str | None = None,
+        serial_flops: float = 0.0,
+    ) -> None:
         """One elementwise pass of the step (optimizer, accumulation, norm, scaling)."""
         try:
-            self.clock.compute(name, flops, nbytes, "vector", dtype or self.dtype)
+            self.clock.compute(
+                name, flops, nbytes, "vector", dtype or self.dtype, serial_flops=serial_flops
+            )
         except ProfileError as err:
             self._note(f"compute not modelled: {err}")
 
     def _sum_of_squares(self) -> None:
-        """This rank's share of the gradient norm: accumulated in float64 (costed at the
-        device's fp64 vector rate where its profile publishes one)."""
+        """This rank's share of the gradient norm: a float64 reduction (at the device's
+        fp64 scalar rate where its profile publishes one)."""
         own = self.partition[1] - self.partition[0]
-        dtype = "fp64" if self.profile.has_peak("vector", "fp64") else None
-        self._vector("grad.sum_of_squares", 2.0 * own, 4.0 * own, dtype)
+        dtype = "fp64" if "fp64" in self.profile.scalar_flops else None
+        self._vector("grad.sum_of_squares", 2.0 * own, 4.0 * own, dtype, serial_flops=2.0 * own)
 
     def _run_kernels(self, kernels: list[_Kernel], detail: bool) -> list[float]:
         """Advance the clock by ``kernels``; returns the clock time after each ``done``."""
@@ -753,6 +764,9 @@ def attach(run: Any) -> Simulation:
         run.coll.reserve_scratch(scratch)
         run.memory.reserve("workspace", "collectives.scratch", scratch)
 
+    # what the step keeps resident: on profiles whose memory efficiency is keyed by it (a
+    # CPU's caches), a kernel's operands come from as far away as this many bytes reach
+    sim.cost.working_set = float(run.memory.device_memory.total)
     coll = RecordingCollectives(run.coll, sim, sim.staged, run.layout.padded)
     run.coll = coll
     run.sync.coll = coll

@@ -415,7 +415,9 @@ def stage_compute_times(model, stages: list[Stage], cost: CostModel, batch: int)
                 k = 0
             else:
                 k = nst - 1
-            secs = kc.count * cost.compute_time(kc.flops, kc.bytes, kc.kind, shape=kc.shape)
+            secs = kc.count * cost.compute_time(
+                kc.flops, kc.bytes, kc.kind, shape=kc.shape, serial_flops=kc.serial_flops
+            )
             (fwd if kc.phase == "forward" else bwd)[k] += secs
         return fwd, bwd, "compute: the model's kernel costs on the profile"
     specs = {s.name: s for s in model.parameter_specs()}

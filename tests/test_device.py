@@ -556,19 +556,65 @@ def test_shm_schedule_runs_on_the_links_direct_peer_access(tmp_path):
     )
 
 
-def test_fp64_vector_rate_is_optional_and_costs_the_gradient_norm(tmp_path):
-    """vector_tflops.fp64 (calibrated for host: the float64 sum-of-squares kernel) is
-    optional: profiles without it load as before, with it the norm is costed at that rate."""
+def test_scalar_rates_cost_the_serial_part_of_vector_kernels(tmp_path):
+    """compute.scalar_tflops (calibrated for host: rowops.row_sum, the float64 norm) costs
+    the FLOPs a kernel cannot vectorise; profiles without it (GPUs) cost them as vector
+    FLOPs. Older profiles with vector_tflops.fp64 are an error that says to recalibrate."""
     host = load_profile("host")
-    assert host.has_peak("vector", "fp64") and host.peak("vector", "fp64") > 1e8
-    assert "compute.vector_tflops.fp64" not in host.unknown
-    gpu = load_profile("a100-80gb")
-    assert not gpu.has_peak("vector", "fp64")
-    assert all("fp64" not in u for u in gpu.unknown)
-    text = (PROFILE_DIR / "host.yaml").read_text().replace("    fp64:", "    fp8:", 1)
+    assert set(host.scalar_flops) == {"fp32", "fp64"}
+    assert all(0 < r < host.peak("vector", "fp32") for r in host.scalar_flops.values())
+    cm = CostModel(host)
+    flops, serial = 8e6, 4e6
+    t_c, _ = cm.kernel_terms(flops, 0.0, "vector", serial_flops=serial)
+    assert t_c == pytest.approx(
+        serial / host.scalar_flops["fp32"] + (flops - serial) / host.peak("vector", "fp32")
+    )
+    t64, _ = cm.kernel_terms(2e6, 0.0, "vector", "fp64", serial_flops=2e6)
+    assert t64 == pytest.approx(2e6 / host.scalar_flops["fp64"])
+    gpu = CostModel(load_profile("a100-80gb"))
+    assert not gpu.profile.scalar_flops
+    assert gpu.kernel_terms(flops, 0.0, "vector", "bf16", serial_flops=serial) == (
+        gpu.kernel_terms(flops, 0.0, "vector", "bf16")
+    )
+    text = (PROFILE_DIR / "host.yaml").read_text()
     path = tmp_path / "bad.yaml"
-    path.write_text(text)
-    with pytest.raises(ProfileError, match="unknown dtypes"):
+    path.write_text(text.replace("  scalar_tflops:", "  scalar_tflops:\n    fp8: 1.0", 1))
+    with pytest.raises(ProfileError, match="scalar_tflops"):
+        load_profile(path)
+    old = text.replace("    fp16: null          # not applicable\n", "    fp64: 0.007\n", 1)
+    path.write_text(old)
+    with pytest.raises(ProfileError, match="re-run"):
+        load_profile(path)
+
+
+def test_combine_per_kind_and_memory_keyed_by_working_set(tmp_path):
+    """Host: GEMMs add their operand traffic (sum), streaming loops hide it (roofline), and
+    the memory rate is the one for arrays of the step's resident bytes."""
+    host = load_profile("host")
+    assert host.combine_for("matmul") == "sum" and host.combine_for("vector") == "roofline"
+    assert host.memory_efficiency_key == "working_set"
+    cold, warm = CostModel(host, working_set=64e6), CostModel(host)
+    flops, nbytes = 2 * 32 * 784 * 512, 4 * (32 * 784 + 784 * 512 + 32 * 512)
+    tc, tm = cold.kernel_terms(flops, nbytes, "matmul")
+    _, tm_warm = warm.kernel_terms(flops, nbytes, "matmul")
+    assert tm > 2 * tm_warm  # 64 MB resident: DRAM's rate, not the cache's
+    launch = host.kernel_launch
+    assert cold.compute_time(flops, nbytes, "matmul") == pytest.approx(tc + tm + launch)
+    vc, vm = cold.kernel_terms(1e6, nbytes, "vector")
+    assert cold.compute_time(1e6, nbytes, "vector") == pytest.approx(max(vc, vm) + launch)
+    # GPU profiles key by the kernel's own bytes: the working set changes nothing
+    gpu = load_profile("a100-80gb")
+    assert gpu.memory_efficiency_key == "kernel"
+    assert CostModel(gpu, working_set=1e12).kernel_terms(1e9, 1e6) == CostModel(gpu).kernel_terms(
+        1e9, 1e6
+    )
+    text = (PROFILE_DIR / "host.yaml").read_text()
+    path = tmp_path / "bad.yaml"
+    path.write_text(text.replace("    vector: roofline", "    vector: overlap", 1))
+    with pytest.raises(ProfileError, match="combine"):
+        load_profile(path)
+    path.write_text(text.replace("efficiency_key: working_set", "efficiency_key: cache", 1))
+    with pytest.raises(ProfileError, match="efficiency_key"):
         load_profile(path)
 
 
@@ -664,3 +710,20 @@ def test_device_bundle_summary():
     assert s["est_samples_per_sec"] == pytest.approx(8 / dev.clock.steps[0].total_s)
     with pytest.raises(SimulatedOutOfMemoryError, match="hint: try zero_opt_level 2"):
         dev.memory.reserve("activations", "huge", 81 * 2**30)
+
+
+def test_model_kernel_costs_mark_their_serial_flops():
+    """The models' cost lists: serial FLOPs only on vector kernels and never more than the
+    kernel's FLOPs; the row reductions (layernorm, softmax) and the loss carry some."""
+    from simdist.config import FCMNISTConfig
+    from simdist.models.fc_mnist import FCMNIST
+    from simdist.models.gpt2 import GPT2, resolve_config
+
+    gpt2 = GPT2(resolve_config("gpt2-mini")).kernel_costs(2, 16)
+    fc = FCMNIST(FCMNISTConfig()).kernel_costs(8)
+    for k in gpt2 + fc:
+        assert 0 <= k.serial_flops <= k.flops, k.name
+        assert k.kind == "vector" or k.serial_flops == 0, k.name
+    serial = {k.name.split(".")[-1] for k in gpt2 if k.serial_flops}
+    assert {"ln_1", "ln_2", "softmax", "bwd", "softmax_ce"} <= serial
+    assert any(k.serial_flops for k in fc if k.name == "softmax_ce")

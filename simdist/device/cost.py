@@ -16,7 +16,14 @@ Efficiency tables capture what the max leaves out (tails, small tiles, wave quan
 so a table must be used with the rule it was fitted under: the GPU profiles borrow
 Calculon's published tables (Isaev et al. SC'23), which Calculon fitted and validated with
 its additive ``no_overlap`` mode, so those profiles say ``combine: sum``; the host profile's
-table is fitted here by ``simdist.calibrate`` from whole-kernel timings and uses the max.
+table is fitted here by ``simdist.calibrate`` from whole-kernel timings.
+
+On a CPU (the host profile) the rule is per kind, as in the ECM model (Hager, Treibig,
+Wellein): BLAS GEMMs pack their operands into cache before the arithmetic, so the operand
+traffic is not overlapped (``sum``), while streaming loops are hidden behind the hardware
+prefetcher (``roofline``); and a kernel's operands are only in cache when the whole step's
+working set fits, so the memory efficiency is keyed by the step's resident bytes
+(``memory.efficiency_key: working_set``), not the kernel's.
 
 Collectives use α–β (Hockney) formulas per algorithm; n is the per-rank buffer for
 all-reduce and broadcast, and the *total* (gathered / scattered) size for reduce-scatter
@@ -242,9 +249,12 @@ def elementwise_cost(
 class CostModel:
     """Times for one device profile: kernels (roofline) and collectives (α–β)."""
 
-    def __init__(self, profile: DeviceProfile, dtype: str = "fp32"):
+    def __init__(self, profile: DeviceProfile, dtype: str = "fp32", working_set: float = 0.0):
         self.profile = profile
         self.dtype = dtype
+        # bytes the step keeps resident on the device; keys the memory efficiency on
+        # profiles with ``memory.efficiency_key: working_set`` (set by the simulation)
+        self.working_set = working_set
 
     # -- kernels ---------------------------------------------------------------------
     def kernel_terms(
@@ -254,13 +264,17 @@ class CostModel:
         kind: str = "matmul",
         dtype: str | None = None,
         shape: tuple = (),
+        serial_flops: float = 0.0,
     ) -> tuple[float, float]:
         """(compute seconds, memory seconds) before combining and launch overhead.
 
         ``shape``: a GEMM's (m, k, n, layout), where known; profiles with a
         ``matrix_shape_efficiency`` table then take the efficiency from it
         (``gemm_efficiency``: a GEMM of 32 rows runs at half the rate of one of the same
-        FLOPs with all dimensions large, one with k = 32 at four fifths)."""
+        FLOPs with all dimensions large, one with k = 32 at four fifths).
+        ``serial_flops``: the part of a vector kernel's ``flops`` in code that does not
+        vectorise (loop-carried reductions, scalar libm calls), at the profile's
+        ``scalar_tflops`` where it publishes them (CPUs), else with the rest."""
         if kind not in ("matmul", "vector"):
             raise ValueError(f"kind must be 'matmul' or 'vector', got {kind!r}")
         if flops < 0 or bytes_moved < 0:
@@ -280,14 +294,22 @@ class CostModel:
                 # Elementwise math on half types runs in fp32 registers where no separate
                 # vector peak is published; with no vector peak at all the op is taken as
                 # memory-bound (its compute term is left out).
+                simd = flops
+                scalar = prof.scalar_flops.get(dtype) or prof.scalar_flops.get("fp32")
+                if scalar and serial_flops > 0:
+                    simd = max(0.0, flops - serial_flops)
+                    t_c = serial_flops / scalar
                 for dt in (dtype, "fp32"):
                     if prof.has_peak("vector", dt):
                         peak = prof.peak("vector", dt)
-                        t_c = flops / (peak * efficiency(prof.vector_efficiency, flops))
+                        t_c += simd / (peak * efficiency(prof.vector_efficiency, flops))
                         break
         t_m = 0.0
         if bytes_moved > 0 and prof.memory_bandwidth:
-            eff = efficiency(prof.memory_efficiency, bytes_moved)
+            size = bytes_moved
+            if prof.memory_efficiency_key == "working_set":
+                size = max(size, self.working_set)
+            eff = efficiency(prof.memory_efficiency, size)
             t_m = bytes_moved / (prof.memory_bandwidth * eff)
         return t_c, t_m
 
@@ -298,10 +320,11 @@ class CostModel:
         kind: str = "matmul",
         dtype: str | None = None,
         shape: tuple = (),
+        serial_flops: float = 0.0,
     ) -> float:
         """Simulated seconds of one kernel doing ``flops`` and moving ``bytes_moved``."""
-        t_c, t_m = self.kernel_terms(flops, bytes_moved, kind, dtype, shape)
-        t = max(t_c, t_m) if self.profile.combine == "roofline" else t_c + t_m
+        t_c, t_m = self.kernel_terms(flops, bytes_moved, kind, dtype, shape, serial_flops)
+        t = max(t_c, t_m) if self.profile.combine_for(kind) == "roofline" else t_c + t_m
         if self.profile.launch_mode == "serial":
             return t + self.profile.kernel_launch
         return max(t, self.profile.kernel_launch)
@@ -465,6 +488,7 @@ class VirtualClock:
         dtype: str | None = None,
         count: int = 1,
         seconds: float | None = None,
+        serial_flops: float = 0.0,
     ) -> float:
         """Advance by ``count`` identical kernels of ``flops`` and ``bytes_moved`` each (one
         event); returns the time. Efficiency is keyed by one kernel's size, not the sum.
@@ -473,7 +497,9 @@ class VirtualClock:
         if count < 1:
             raise ValueError(f"count must be >= 1, got {count}")
         if seconds is None:
-            dur = count * self.cost.compute_time(flops, bytes_moved, kind, dtype)
+            dur = count * self.cost.compute_time(
+                flops, bytes_moved, kind, dtype, serial_flops=serial_flops
+            )
         elif seconds < 0:
             raise ValueError("seconds must be >= 0")
         else:

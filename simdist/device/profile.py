@@ -24,8 +24,9 @@ import yaml
 
 PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
 DTYPES = ("fp32", "tf32", "bf16", "fp16")
-# Published where known, never required: fp64 costs the float64 gradient-norm reduction.
-OPTIONAL_DTYPES = ("fp64",)
+# Scalar rates (``compute.scalar_tflops``, optional): fp32 for the kernels' reductions,
+# fp64 for the float64 gradient-norm reduction.
+SCALAR_DTYPES = ("fp32", "fp64")
 
 
 class ProfileError(ValueError):
@@ -107,11 +108,16 @@ class DeviceProfile:
     confidence: str
     matrix_flops: Mapping[str, float]  # dtype -> dense peak FLOP/s of the matrix engine
     vector_flops: Mapping[str, float]  # dtype -> peak FLOP/s of the vector engine
+    # dtype -> FLOP/s of code that does not vectorise (loop-carried reductions, scalar libm
+    # calls); optional: where absent (GPUs reduce in parallel) such FLOPs are vector FLOPs
+    scalar_flops: Mapping[str, float]
     memory_bytes: int
     memory_bandwidth: float | None  # B/s
     kernel_launch: float  # s
     launch_mode: str  # "hidden": async launch, bounds tiny kernels; "serial": adds per call
-    combine: str  # "roofline" (max of compute and memory time) or "sum"
+    # "roofline" (max of compute and memory time) or "sum", or one per kernel kind:
+    # {"matmul": rule, "vector": rule}
+    combine: str | Mapping[str, str]
     matrix_efficiency: tuple[tuple[float, float], ...]
     vector_efficiency: tuple[tuple[float, float], ...]
     memory_efficiency: tuple[tuple[float, float], ...]
@@ -126,6 +132,10 @@ class DeviceProfile:
     unknown: tuple[str, ...] = ()  # fields the profile leaves null (not published)
     path: str = ""
     sha256: str = ""
+    # which size keys the memory efficiency: "kernel" (its own bytes: GPUs, where small
+    # transfers are inefficient) or "working_set" (the bytes the step keeps resident: a CPU,
+    # whose caches hold a kernel's operands only when the whole step fits in them)
+    memory_efficiency_key: str = "kernel"
     # Optional: GEMM efficiency by shape, used instead of the FLOP-keyed table for GEMMs
     # whose shape is known: {layout: {axis: ((dim, fraction), ...)}}, layout "nn" | "nt" |
     # "tn" (which operand BLAS reads transposed), axis "m" | "k" | "n", each table the
@@ -145,6 +155,10 @@ class DeviceProfile:
                 f"(published: {have})"
             )
         return value
+
+    def combine_for(self, kind: str) -> str:
+        """The kernel-time rule ("roofline" | "sum") for ``kind`` ("matmul" | "vector")."""
+        return self.combine if isinstance(self.combine, str) else self.combine[kind]
 
     def has_peak(self, kind: str, dtype: str) -> bool:
         table = self.matrix_flops if kind == "matmul" else self.vector_flops
@@ -275,6 +289,23 @@ def _shape_tables(compute: Mapping[str, Any]) -> dict:
     return out
 
 
+def _scalar_table(compute: Mapping[str, Any]) -> dict:
+    """``compute.scalar_tflops`` ({fp32, fp64} -> TFLOP/s, each optional) in FLOP/s."""
+    raw = compute.get("scalar_tflops")
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping) or set(raw) - set(SCALAR_DTYPES):
+        raise ProfileError(f"compute.scalar_tflops: a mapping with keys among {SCALAR_DTYPES}")
+    out = {}
+    for dtype, value in raw.items():
+        if value is None:
+            continue
+        if float(value) <= 0:
+            raise ProfileError(f"compute.scalar_tflops.{dtype}: must be > 0, got {value}")
+        out[dtype] = float(value) * 1e12
+    return out
+
+
 def _capacity(section: Mapping[str, Any], where: str) -> int:
     if section.get("capacity_gib") is not None:
         return int(round(float(section["capacity_gib"]) * 2**30))
@@ -292,14 +323,15 @@ def _dtype_table(raw: Mapping[str, Any] | None, where: str, unknown: list[str]) 
             continue
         out[dtype] = float(value) * 1e12
     if raw is not None:
-        for dtype in OPTIONAL_DTYPES:
-            if raw.get(dtype) is not None:
-                out[dtype] = float(raw[dtype]) * 1e12
-        extra = set(raw) - set(DTYPES) - set(OPTIONAL_DTYPES)
-        if extra:
+        if raw.get("fp64") is not None and where == "compute.vector_tflops":
             raise ProfileError(
-                f"{where}: unknown dtypes {sorted(extra)}; use {DTYPES + OPTIONAL_DTYPES}"
+                "compute.vector_tflops.fp64 is the format of an older simdist (the gradient "
+                "norm's rate is now compute.scalar_tflops.fp64): re-run `mpiexec -n 2 python "
+                "-m simdist.calibrate`"
             )
+        extra = set(raw) - set(DTYPES)
+        if extra:
+            raise ProfileError(f"{where}: unknown dtypes {sorted(extra)}; use {DTYPES}")
     return out
 
 
@@ -322,8 +354,21 @@ def load_profile(name_or_path: str | Path) -> DeviceProfile:
         raise ProfileError(f"{path}: missing section {exc}") from exc
 
     combine = compute.get("combine", "roofline")
-    if combine not in ("roofline", "sum"):
+    rules = ("roofline", "sum")
+    if isinstance(combine, Mapping):  # per kernel kind: {matmul: sum, vector: roofline}
+        if set(combine) != {"matmul", "vector"} or set(combine.values()) - set(rules):
+            raise ProfileError(
+                f"{path}: compute.combine per kind is {{matmul: RULE, vector: RULE}}, RULE "
+                f"roofline or sum; got {dict(combine)!r}"
+            )
+        combine = dict(combine)
+    elif combine not in rules:
         raise ProfileError(f"{path}: compute.combine must be roofline or sum, got {combine!r}")
+    keyed = memory.get("efficiency_key", "kernel")
+    if keyed not in ("kernel", "working_set"):
+        raise ProfileError(
+            f"{path}: memory.efficiency_key must be kernel or working_set, got {keyed!r}"
+        )
     launch_mode = compute.get("launch_mode", "hidden")
     if launch_mode not in ("hidden", "serial"):
         raise ProfileError(f"{path}: compute.launch_mode must be hidden or serial")
@@ -349,6 +394,7 @@ def load_profile(name_or_path: str | Path) -> DeviceProfile:
         confidence=str(doc.get("confidence", "unknown")),
         matrix_flops=_dtype_table(compute.get("matrix_tflops"), "compute.matrix_tflops", unknown),
         vector_flops=_dtype_table(compute.get("vector_tflops"), "compute.vector_tflops", unknown),
+        scalar_flops=_scalar_table(compute),
         memory_bytes=_capacity(memory, "memory"),
         memory_bandwidth=None if mem_bw is None else mem_bw * 1e9,
         kernel_launch=0.0 if launch is None else launch * 1e-6,
@@ -358,6 +404,7 @@ def load_profile(name_or_path: str | Path) -> DeviceProfile:
         matrix_shape_efficiency=_shape_tables(compute),
         vector_efficiency=_table(compute.get("vector_efficiency"), "vector_efficiency", 1e9),
         memory_efficiency=_table(memory.get("efficiency"), "memory.efficiency", 1e6),
+        memory_efficiency_key=keyed,
         devices_per_node=int(links.get("devices_per_node") or 1),
         nics_per_node=int((links.get("inter") or {}).get("nics_per_node") or 1),
         intra=_link(links.get("intra"), "intra", unknown),

@@ -60,6 +60,7 @@ class KernelCost(NamedTuple):
     count: int = 1
     done: tuple[str, ...] = ()
     shape: tuple = ()  # GEMMs: (m, k, n, layout); BLAS efficiency depends on all four
+    serial_flops: float = 0.0  # vector kernels: the part of flops that does not vectorise
 
 
 def gemm(
@@ -73,10 +74,20 @@ def gemm(
 
 
 def vector(
-    name: str, flops: float, elements_moved: float, phase: str, count: int = 1
+    name: str,
+    flops: float,
+    elements_moved: float,
+    phase: str,
+    count: int = 1,
+    serial: float = 0.0,
 ) -> KernelCost:
-    """An elementwise / row-wise float32 kernel moving ``elements_moved`` 4-byte elements."""
-    return KernelCost(name, float(flops), 4.0 * elements_moved, "vector", phase, count)
+    """An elementwise / row-wise float32 kernel moving ``elements_moved`` 4-byte elements.
+    ``serial``: how many of its ``flops`` are in code LLVM cannot vectorise without
+    fastmath: loop-carried reductions (``rowops``' partial sums, a running max) and scalar
+    libm calls (``np.exp``, ``np.log``)."""
+    return KernelCost(
+        name, float(flops), 4.0 * elements_moved, "vector", phase, count, serial_flops=serial
+    )
 
 
 class GradientViews(dict):

@@ -135,7 +135,8 @@ class FCMNIST:
             if i < L - 1:
                 out.append(vector(f"fc{i + 1}.relu", B * n_out, 2 * B * n_out, "forward"))
         K = sizes[-1]
-        out.append(vector("softmax_ce", 28 * B * K, 2 * B * K + 2 * B, "forward"))
+        # all but the division loop is scalar: running max, libm expf, running sum
+        out.append(vector("softmax_ce", 28 * B * K, 2 * B * K + 2 * B, "forward", 1, 27 * B * K))
         out.append(vector("softmax_ce.bwd", B * K, 2 * B * K + B, "backward"))
         for i in range(L - 1, -1, -1):
             n_in, n_out = sizes[i], sizes[i + 1]

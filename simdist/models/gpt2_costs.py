@@ -13,7 +13,9 @@ ran. Counting rules are those of ``simdist.models.base.KernelCost``; per kernel:
 * layernorm: mean, two-pass variance, normalise (8 FLOPs per element), fused with the
   residual add where the model fuses it; backward 18 per element (+1 accumulating);
 * exp (``rowops.exp_f32``): 24 FLOPs (range reduction and a degree-7 polynomial), GELU's
-  tanh (``gelu.tanh_f32``) 23, so GELU is 31 forward and 40 backward per element.
+  tanh (``gelu.tanh_f32``) 23, so GELU is 31 forward and 40 backward per element;
+* ``serial``: the FLOPs LLVM cannot vectorise without fastmath (``rowops``' row reductions,
+  the loss's running max and sum and its libm ``expf``), costed at the device's scalar rate.
 """
 
 from __future__ import annotations
@@ -25,6 +27,10 @@ GELU_FWD = 31
 GELU_BWD = 40
 LN_FWD = 8
 LN_BWD = 18
+# of which in rowops' reductions (partial sums: not vectorised without fastmath): forward
+# row_sum (1) and row_sq_dev (3); backward row_dot (2) and row_dot_dev (4)
+LN_FWD_SERIAL = 4
+LN_BWD_SERIAL = 6
 
 
 def _linear(name: str, N: int, c_in: int, c_out: int, phase: str) -> list[KernelCost]:
@@ -44,11 +50,11 @@ def _layernorm(name: str, N: int, C: int, phase: str, fused_add: bool = False) -
     if phase == "forward":
         flops = (LN_FWD + fused_add) * N * C
         moved = (2 + 2 * fused_add) * N * C + 2 * C + 2 * N
-        return vector(name, flops, moved, phase)
+        return vector(name, flops, moved, phase, serial=LN_FWD_SERIAL * N * C)
     # backward, accumulating into the residual gradient when fused_add
     flops = (LN_BWD + fused_add) * N * C
     moved = (3 + fused_add) * N * C + 2 * N + 3 * C
-    return vector(name, flops, moved, phase)
+    return vector(name, flops, moved, phase, serial=LN_BWD_SERIAL * N * C)
 
 
 def _attention(name: str, B: int, T: int, NH: int, hs: int, phase: str) -> list[KernelCost]:
@@ -59,7 +65,7 @@ def _attention(name: str, B: int, T: int, NH: int, hs: int, phase: str) -> list[
             vector(name + ".gather", T * hs, 6 * T * hs, phase, calls),
             gemm(name + ".qk", T, hs, T, phase, calls, "nt"),
             # max, exp, sum, scale per visible score; the masked half is only zero-filled
-            vector(name + ".softmax", (EXP + 3) * visible, 2 * T * T, phase, calls),
+            vector(name + ".softmax", (EXP + 3) * visible, 2 * T * T, phase, calls, 2 * visible),
             gemm(name + ".pv", T, T, hs, phase, calls),
             vector(name + ".scatter", 0, 2 * T * hs, phase, calls),
         ]
@@ -67,7 +73,7 @@ def _attention(name: str, B: int, T: int, NH: int, hs: int, phase: str) -> list[
         vector(name + ".gather", T * hs, 8 * T * hs, phase, calls),
         gemm(name + ".dp", T, hs, T, phase, calls, "nt"),
         gemm(name + ".dv", T, T, hs, phase, calls, "tn"),
-        vector(name + ".softmax.bwd", 4 * visible, 3 * T * T, phase, calls),
+        vector(name + ".softmax.bwd", 4 * visible, 3 * T * T, phase, calls, 2 * visible),
         gemm(name + ".dq", T, T, hs, phase, calls),
         gemm(name + ".dk", T, T, hs, phase, calls, "tn"),
         vector(name + ".scatter", T * hs, 6 * T * hs, phase, calls),
@@ -96,7 +102,8 @@ def kernel_costs(cfg, B: int, T: int) -> list[KernelCost]:
         nxt = f"h.{i + 1}.ln_1" if i + 1 < L else "ln_f"
         out.append(_layernorm(nxt, N, C, f, fused_add=True))
     out.append(gemm("lm_head", N, C, V, f, layout="nt"))
-    out.append(vector("softmax_ce", (EXP + 4) * N * V, 2 * N * V + 2 * N, f))
+    ce_serial = (EXP + 3) * N * V  # max, then libm's scalar expf and the running sum
+    out.append(vector("softmax_ce", (EXP + 4) * N * V, 2 * N * V + 2 * N, f, serial=ce_serial))
 
     out.append(vector("softmax_ce.bwd", N * V, 2 * N * V + N, b))
     out.append(gemm("lm_head.dinput", N, V, C, b))
