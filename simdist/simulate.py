@@ -765,8 +765,10 @@ def attach(run: Any) -> Simulation:
         run.memory.reserve("workspace", "collectives.scratch", scratch)
 
     # what the step keeps resident: on profiles whose memory efficiency is keyed by it (a
-    # CPU's caches), a kernel's operands come from as far away as this many bytes reach
-    sim.cost.working_set = float(run.memory.device_memory.total)
+    # CPU's caches, which the ranks of a node share), a kernel's operands come from as far
+    # away as this many bytes reach
+    place = rdev.placement
+    sim.cost.working_set = float(run.memory.device_memory.total) * len(place.members(place.node))
     coll = RecordingCollectives(run.coll, sim, sim.staged, run.layout.padded)
     run.coll = coll
     run.sync.coll = coll
