@@ -31,9 +31,17 @@ measured one (first input fetch to the end of the parameter gather, slowest rank
 
 Which measurement. The profile is best-of-N (calibrate keeps each rate's best sample, so
 that other processes on a shared machine do not lower it): it describes the machine when
-nothing else runs. The measured side uses the same estimator: the best step (and the best
-collective call), over ``--repeats`` interleaved runs. The median is printed beside it: on
-a loaded machine the gap between the two is the load, not the model. Nothing is rescaled.
+nothing else runs. The measured side uses the same estimator: the best step over
+``--repeats`` interleaved runs; for collectives each launch's best call, the median over
+the ``--repeats`` launches. The median is printed beside it: on a loaded machine the gap
+between the two is the load, not the model. Nothing is rescaled.
+
+Which profile. ``--profile`` (default: the shipped ``host``) or ``--calibrate``: calibrate
+this machine first (written beside ``--json``) and, before each collectives launch,
+re-measure its link (``calibrate --link-only``). A virtual machine's MPI and shared-memory
+rates move by tens of percent from one minute to the next (its cores and their caches are
+the hypervisor's to place), so only a calibration of the same minutes describes the machine
+the measurement ran on.
 
 The profile models one core per rank. Runs with more ranks than cores (np 4 on a 2-core
 machine) time-share the cores: they are run and reported, flagged ``oversubscribed``, and
@@ -287,6 +295,7 @@ MODELS_MEASURED = {  # case label -> (params preset, steps per run)
 }
 COMPUTE_PHASES = ("forward", "backward", "optimizer")
 HOST_PROFILE = "host"  # --profile / --calibrate: the profile the measured part predicts with
+RECALIBRATE_LINKS = False  # --calibrate: re-measure the link before each collectives launch
 
 
 def _mpiexec() -> str:
@@ -461,42 +470,47 @@ def collectives_worker(out: str) -> int:
 
 
 def measured_collectives(nps: list[int], repeats: int, work: Path) -> list[dict]:
-    """Collectives of 1-16 MiB: measured (``collectives_worker``, launched ``repeats`` times:
-    the best call over all launches, the median of the launches' medians) vs the schedule
-    model on the host profile's intra link, as the training runs cost them."""
+    """Collectives of 1-16 MiB: measured (``collectives_worker``, launched ``repeats`` times)
+    vs the schedule model on the profile's intra link, as the training runs cost them.
+
+    With ``--calibrate`` the link is re-measured (``simdist.calibrate --link-only``, about
+    15 s) right before each launch, and that launch is predicted with it: this machine's
+    MPI and shared-memory rates drift by tens of percent over minutes, so a calibration
+    taken a minute earlier can describe another machine. Each launch gives its best call
+    (and its median); a row is the median over the launches of each side."""
     cores = os.cpu_count() or 1
-    prof = load_profile(HOST_PROFILE)
     rows = []
     for np_ in [n for n in nps if n > 1]:
         launches = []
         for k in range(max(1, repeats)):
+            profile = HOST_PROFILE
+            if RECALIBRATE_LINKS:
+                profile = str(work / f"link-np{np_}-{k}.yaml")
+                args = ["-m", "simdist.calibrate", "--repeats", "7", "--link-only", HOST_PROFILE]
+                _launch(2, [*args, "--out", profile], 1800)
             out = work / f"collectives-np{np_}-{k}.json"
             _launch(np_, [str(Path(__file__).resolve()), "--collectives-worker", str(out)], 1800)
-            launches.append(json.loads(out.read_text()))
-        link = CostModel(prof).link("intra", np_)
-        for i, r in enumerate(launches[0]):
-            same = [launch[i] for launch in launches]
-            r = {
-                **r,
-                "best_us": min(x["best_us"] for x in same),
-                "median_us": statistics.median(x["median_us"] for x in same),
-            }
+            link = CostModel(load_profile(profile)).link("intra", np_)
+            launches.append((json.loads(out.read_text()), link))
+        for i, r in enumerate(launches[0][0]):
             n = r["bytes"]
             bounds = partition(n // 4, np_)
             blocks = [4 * int(x) for x in bounds[1:] - bounds[:-1]]
-            pred = schedule_time(r["op"], r["algorithm"], blocks, link)
+            preds = [schedule_time(r["op"], r["algorithm"], blocks, lk) for _, lk in launches]
             rows.append(
                 _row(
                     f"{r['op']} {r['algorithm']} {n >> 20} MiB np {np_}",
                     "collective",
-                    pred * 1e6,
-                    r["best_us"],
-                    r["median_us"],
+                    statistics.median(preds) * 1e6,
+                    statistics.median(x[i]["best_us"] for x, _ in launches),
+                    statistics.median(x[i]["median_us"] for x, _ in launches),
                     "us",
                     target=0.10,
                     oversubscribed=np_ > cores,
                     cores=cores,
                     np=np_,
+                    launches=len(launches),
+                    link_recalibrated=RECALIBRATE_LINKS,
                 )
             )
     return rows
@@ -630,9 +644,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.part in ("measured", "all"):
         nps = [int(x) for x in args.nps.split(",") if x]
         env = {k: os.environ.get(k, "(unset)") for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")}
-        global HOST_PROFILE
+        global HOST_PROFILE, RECALIBRATE_LINKS
         if args.calibrate:
             HOST_PROFILE = calibrate_now(Path(args.json) if args.json else None)
+            RECALIBRATE_LINKS = True
         elif args.profile:
             HOST_PROFILE = args.profile
         prof = load_profile(HOST_PROFILE)

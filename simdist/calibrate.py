@@ -570,6 +570,19 @@ def _rate_rows(
     return rows
 
 
+def _compute_section(text: str) -> str:
+    """The ``compute:`` block of a profile's text (up to the ``memory:`` line)."""
+    start = text.index("\ncompute:\n") + 1
+    return text[start : text.index("\nmemory:\n", start) + 1]
+
+
+def _resolve(name_or_path: str) -> Path:
+    path = Path(name_or_path)
+    if path.suffix in (".yaml", ".yml"):
+        return path
+    return PROFILE_DIR / f"{name_or_path}.yaml"
+
+
 def _mpi_comm() -> Any | None:
     """The world communicator when launched by mpiexec with >= 2 ranks, else None."""
     launched = any(k in os.environ for k in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK"))
@@ -587,9 +600,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=5, help="best-of-N samples per point")
     ap.add_argument("--rounds", type=int, default=3, help="sweeps over all sizes (best kept)")
     ap.add_argument("--quick", action="store_true", help="fewer sizes and rounds (for tests)")
+    ap.add_argument(
+        "--link-only",
+        metavar="BASE",
+        help="re-measure only the links and memory (seconds, under mpiexec -n 2) and keep the "
+        "compute section of the profile BASE (a name or YAML)",
+    )
     args = ap.parse_args(argv)
 
     comm = _mpi_comm()
+    base_compute = None
+    if args.link_only:
+        if comm is None:
+            raise SystemExit("--link-only measures the MPI link: run under `mpiexec -n 2`")
+        base_compute = _compute_section(_resolve(args.link_only).read_text())
     rank = comm.Get_rank() if comm is not None else 0
     mpi = measure_mpi(comm, args.repeats) if comm is not None else None
     direct = measure_direct(comm, args.repeats) if comm is not None else None
@@ -610,6 +634,8 @@ def main(argv: list[str] | None = None) -> int:
     gemm: dict[int, float] = {}
     shapes: dict[str, dict[str, dict[int, float]]] = {}
     memory: dict[str, dict[int, float]] = {"copy": {}, "add": {}}
+    if base_compute is not None:  # compute comes from the base profile: skip its sweeps
+        gemm_sizes, shape_sizes = [64], []
     for _ in range(args.rounds):
         for n, rate in measure_gemm(gemm_sizes, args.repeats).items():
             gemm[n] = max(gemm.get(n, 0.0), rate)
@@ -653,11 +679,21 @@ def main(argv: list[str] | None = None) -> int:
         "direct": direct,
     }
     text = render(measured, previous)
+    if base_compute is not None:
+        ours = _compute_section(text)
+        text = text.replace(ours, base_compute)
+        text = text.replace(
+            "\nname: host\n",
+            f"\n# --link-only: the compute section is {args.link_only}'s\nname: host\n",
+            1,
+        )
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".tmp")
     tmp.write_text(text)
     tmp.replace(out)
     print(f"wrote {out}")
+    if base_compute is not None:
+        print(f"  compute kept from {args.link_only}")
     print(
         f"  GEMM {max(gemm.values()) / 1e9:.1f} GFLOP/s, memory "
         f"{max(max(v.values()) for v in memory.values()) / 1e9:.1f} GB/s, vector "
