@@ -32,16 +32,16 @@ measured one (first input fetch to the end of the parameter gather, slowest rank
 Which measurement. The profile is best-of-N (calibrate keeps each rate's best sample, so
 that other processes on a shared machine do not lower it): it describes the machine when
 nothing else runs. The measured side uses the same estimator: the best step over
-``--repeats`` interleaved runs; for collectives each launch's best call, the median over
-the ``--repeats`` launches. The median is printed beside it: on a loaded machine the gap
-between the two is the load, not the model. Nothing is rescaled.
+``--repeats`` interleaved runs; for collectives each launch's best call, and of the
+``--repeats`` launches the one with the median error. The median is printed beside it: on
+a loaded machine the gap between the two is the load, not the model. Nothing is rescaled.
 
 Which profile. ``--profile`` (default: the shipped ``host``) or ``--calibrate``: calibrate
 this machine first (written beside ``--json``) and, before each collectives launch,
-re-measure its link (``calibrate --link-only``). A virtual machine's MPI and shared-memory
-rates move by tens of percent from one minute to the next (its cores and their caches are
-the hypervisor's to place), so only a calibration of the same minutes describes the machine
-the measurement ran on.
+re-measure its link inside each collectives launch (``calibrate --link-only``). A virtual
+machine's MPI and shared-memory rates move by tens of percent from one launch to the next
+(its cores, caches and pages are the hypervisor's to place), so only a calibration in the
+same processes describes the machine the measurement ran on.
 
 The profile models one core per rank. Runs with more ranks than cores (np 4 on a 2-core
 machine) time-share the cores: they are run and reported, flagged ``oversubscribed``, and
@@ -75,7 +75,6 @@ import dataclasses
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -295,7 +294,8 @@ MODELS_MEASURED = {  # case label -> (params preset, steps per run)
 }
 COMPUTE_PHASES = ("forward", "backward", "optimizer")
 HOST_PROFILE = "host"  # --profile / --calibrate: the profile the measured part predicts with
-RECALIBRATE_LINKS = False  # --calibrate: re-measure the link before each collectives launch
+RECALIBRATE_LINKS = False  # --calibrate: re-measure the link inside each collectives launch
+KEEP_DIR: Path | None = None  # --calibrate --json F: the launches' link calibrations go to F.links/
 
 
 def _mpiexec() -> str:
@@ -418,10 +418,19 @@ COLL_CALLS = 15
 COLL_ALGS = ("ring", "rhd", "shm")
 
 
-def collectives_worker(out: str) -> int:
+def collectives_worker(out: str, link_profile: str | None = None, base: str = "host") -> int:
     """Under mpiexec: time simdist's collectives as the training loop runs them: the buffer
     has just been written (as backward writes the gradients), the ranks start together, one
-    call is timed, its time is the slowest rank's. Best and median of N calls per case."""
+    call is timed, its time is the slowest rank's. Best and median of N calls per case.
+
+    ``link_profile``: first calibrate the link in these same processes
+    (``simdist.calibrate --link-only base``): on a virtual machine the rates change from one
+    launch to the next (where the hypervisor puts the processes and their pages), so a
+    calibration from another launch can describe another machine."""
+    if link_profile:
+        from simdist.calibrate import main as calibrate
+
+        calibrate(["--repeats", "7", "--link-only", base, "--out", link_profile])
     import numpy as np
 
     import simdist  # noqa: F401  (pins one thread per rank)
@@ -432,7 +441,7 @@ def collectives_worker(out: str) -> int:
     coll = Collectives(comm)
     keys = [(op, alg, n) for op in COLL_OPS for alg in COLL_ALGS for n in COLL_SIZES]
     # plain buffers are slices of one large array, as a model's gradients are of its flat
-    # gradient buffer (numpy backs it with huge pages where the kernel allows it)
+    # gradient buffer
     pool = np.zeros(max(COLL_SIZES) // 4, np.float32)
     bufs = {n: pool[: n // 4] for n in COLL_SIZES}
     # shm runs, as in training, on buffers registered with the collectives (shared memory)
@@ -473,43 +482,59 @@ def measured_collectives(nps: list[int], repeats: int, work: Path) -> list[dict]
     """Collectives of 1-16 MiB: measured (``collectives_worker``, launched ``repeats`` times)
     vs the schedule model on the profile's intra link, as the training runs cost them.
 
-    With ``--calibrate`` the link is re-measured (``simdist.calibrate --link-only``, about
-    15 s) right before each launch, and that launch is predicted with it: this machine's
-    MPI and shared-memory rates drift by tens of percent over minutes, so a calibration
-    taken a minute earlier can describe another machine. Each launch gives its best call
-    (and its median); a row is the median over the launches of each side."""
+    With ``--calibrate`` each launch first re-measures the link in its own processes
+    (``simdist.calibrate --link-only``, about 15 s) and is predicted with it: on this
+    virtual machine the MPI and shared-memory rates differ by tens of percent (up to 3x for
+    an shm all-reduce) from one launch to the next, so a calibration from another launch
+    can describe another machine. Each launch gives its best call (and its median) and its
+    own prediction; a row is the launch with the median relative error, and lists all."""
     cores = os.cpu_count() or 1
     rows = []
     for np_ in [n for n in nps if n > 1]:
         launches = []
         for k in range(max(1, repeats)):
             profile = HOST_PROFILE
-            if RECALIBRATE_LINKS:
-                profile = str(work / f"link-np{np_}-{k}.yaml")
-                args = ["-m", "simdist.calibrate", "--repeats", "7", "--link-only", HOST_PROFILE]
-                _launch(2, [*args, "--out", profile], 1800)
             out = work / f"collectives-np{np_}-{k}.json"
-            _launch(np_, [str(Path(__file__).resolve()), "--collectives-worker", str(out)], 1800)
+            args = [str(Path(__file__).resolve()), "--collectives-worker", str(out)]
+            if RECALIBRATE_LINKS:  # the link measured in the same launch, first
+                profile = str(work / f"link-np{np_}-{k}.yaml")
+                args += ["--worker-link", profile, "--profile", HOST_PROFILE]
+            _launch(np_, args, 1800)
             link = CostModel(load_profile(profile)).link("intra", np_)
             launches.append((json.loads(out.read_text()), link))
+            if RECALIBRATE_LINKS and KEEP_DIR is not None:  # the calibrations, for the record
+                KEEP_DIR.mkdir(parents=True, exist_ok=True)
+                shutil.copy(profile, KEEP_DIR / Path(profile).name)
+                shutil.copy(out, KEEP_DIR / out.name)
         for i, r in enumerate(launches[0][0]):
             n = r["bytes"]
             bounds = partition(n // 4, np_)
             blocks = [4 * int(x) for x in bounds[1:] - bounds[:-1]]
-            preds = [schedule_time(r["op"], r["algorithm"], blocks, lk) for _, lk in launches]
+            # per launch: its prediction (its own link calibration) against its best call;
+            # the row is the launch with the median error (each side from one launch)
+            pairs = [
+                (
+                    schedule_time(r["op"], r["algorithm"], blocks, lk) * 1e6,
+                    x[i]["best_us"],
+                    x[i]["median_us"],
+                )
+                for x, lk in launches
+            ]
+            pairs.sort(key=lambda t: (t[0] - t[1]) / t[1])
+            pred, best, median = pairs[len(pairs) // 2]
             rows.append(
                 _row(
                     f"{r['op']} {r['algorithm']} {n >> 20} MiB np {np_}",
                     "collective",
-                    statistics.median(preds) * 1e6,
-                    statistics.median(x[i]["best_us"] for x, _ in launches),
-                    statistics.median(x[i]["median_us"] for x, _ in launches),
+                    pred,
+                    best,
+                    median,
                     "us",
                     target=0.10,
                     oversubscribed=np_ > cores,
                     cores=cores,
                     np=np_,
-                    launches=len(launches),
+                    launches=[[round(v, 2) for v in t] for t in pairs],
                     link_recalibrated=RECALIBRATE_LINKS,
                 )
             )
@@ -628,6 +653,7 @@ def main(argv: list[str] | None = None) -> int:
         "profile (this machine as it is now; written next to --json as *.host.yaml)",
     )
     ap.add_argument("--collectives-worker", metavar="OUT", help=argparse.SUPPRESS)
+    ap.add_argument("--worker-link", metavar="YAML", help=argparse.SUPPRESS)
     ap.add_argument(
         "--combine",
         choices=("roofline", "sum"),
@@ -635,7 +661,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
     if args.collectives_worker:  # internal: run under mpiexec by measured_collectives
-        return collectives_worker(args.collectives_worker)
+        return collectives_worker(args.collectives_worker, args.worker_link, args.profile or "host")
     global COMBINE
     COMBINE = args.combine
     rows: list[dict] = []
@@ -644,10 +670,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.part in ("measured", "all"):
         nps = [int(x) for x in args.nps.split(",") if x]
         env = {k: os.environ.get(k, "(unset)") for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")}
-        global HOST_PROFILE, RECALIBRATE_LINKS
+        global HOST_PROFILE, RECALIBRATE_LINKS, KEEP_DIR
         if args.calibrate:
             HOST_PROFILE = calibrate_now(Path(args.json) if args.json else None)
             RECALIBRATE_LINKS = True
+            if args.json:
+                KEEP_DIR = Path(args.json).with_suffix(".links")
         elif args.profile:
             HOST_PROFILE = args.profile
         prof = load_profile(HOST_PROFILE)

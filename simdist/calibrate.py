@@ -144,8 +144,8 @@ def measure_gemm_shapes(smalls: list[int], repeats: int) -> dict[str, dict[str, 
 def measure_memory(sizes: list[int], repeats: int) -> dict[str, dict[int, float]]:
     """Bytes moved per second (read + write) for copy and add, per array size in bytes."""
     res: dict[str, dict[int, float]] = {"copy": {}, "add": {}}
-    # views of one large array (huge pages where the kernel allows it), as the kernels'
-    # operands are views of the flat buffers and the activation arena
+    # views of one large array, as the kernels' operands are views of the flat buffers and
+    # the activation arena
     big = max(sizes) // 4 + 1024
     pool = np.ones(3 * big, np.float32)
     for nbytes in sizes:
@@ -240,14 +240,13 @@ def measure_mpi(comm: Any, repeats: int) -> dict[str, Any]:
     sizes = [s for s in sizes if s <= 16 * 2**20]
     result: dict[str, Any] = {"sizes": sizes, "pingpong": [], "sendrecv": []}
     peer = 1 - rank
-    # Messages are slices of one large buffer, as a collective's blocks are slices of the
-    # gradient buffer: numpy backs allocations of 4 MiB and more with transparent huge
-    # pages (where the kernel allows it), and MPI's copies between the processes run up to
-    # 1.5x faster on them than on a separate 2 MiB array.
-    pool = np.ones(2 * max(sizes) + 4096, np.uint8)
+    # Each message is one half of a buffer and lands in the other half, as a 2-rank ring
+    # step sends its block of the gradient buffer and receives the neighbouring one (the
+    # layout matters: the same exchange between halves 16 MiB apart ran up to 1.4x slower).
+    pool = np.ones(2 * max(sizes), np.uint8)
     for nbytes in sizes:
-        sbuf = pool[:nbytes]
-        rbuf = pool[max(sizes) + 4096 : max(sizes) + 4096 + nbytes]
+        halves = (pool[:nbytes], pool[nbytes : 2 * nbytes])
+        sbuf, rbuf = halves if rank == 0 else halves[::-1]
         reps = max(3, min(200, (1 << 24) // max(nbytes, 1)))
         best_pp = best_sr = float("inf")
         for _ in range(repeats):
@@ -262,12 +261,13 @@ def measure_mpi(comm: Any, repeats: int) -> dict[str, Any]:
                         comm.Recv(rbuf, source=0)
                         comm.Send(sbuf, dest=0)
                 best_pp = min(best_pp, (time.perf_counter() - t0) / reps / 2)
-        # Sendrecv as a collective's step runs it: the send buffer freshly written (as
-        # backward leaves the gradients: the peer then reads lines dirty in this core's
-        # cache, which on some machines costs half again a loop's rate), both ranks
-        # starting together, the slower rank's time
+        # Sendrecv as a collective's step runs it: send and receive blocks freshly written
+        # (as backward leaves the whole gradient buffer: the peer then reads lines dirty in
+        # this core's cache, which on some machines costs half again a loop's rate), both
+        # ranks starting together, the slower rank's time
         for i in range(3 + 10 * repeats):
             sbuf.fill(i)
+            rbuf.fill(i)
             comm.Barrier()
             t0 = time.perf_counter()
             if rank < 2:

@@ -116,22 +116,26 @@ def test_schedule_matches_the_closed_forms_and_charges_unequal_blocks():
     assert schedule_time("allreduce", "rhd", blocks, link) == pytest.approx(by_hand)
 
 
-def test_segmented_reduce_overlaps_transfer_and_addition():
-    """p2p's reduce sends a block of more than one segment in pieces and adds each while
-    the next arrives: the schedule charges max(X, A) + min(X, A) / k, not X + A."""
+def test_segmented_reduce_is_costed_at_the_segment_size():
+    """p2p's reduce sends a block of more than one segment in pieces and adds each as it
+    arrives: β and γ at the segment's size (the add runs in cache), copy plus add."""
     from simdist.comm.p2p import SEGMENT
     from simdist.device.schedule import SEGMENT_BYTES
 
     assert SEGMENT_BYTES == 4 * SEGMENT
-    link = Link("x", 1e9, 5e-6, 1.0, 1 / 4e9)
+    seg = float(SEGMENT_BYTES)
+    link = Link(
+        "x", 1e9, 5e-6, 1.0, 1 / 4e9,
+        size_efficiency=((2 * seg, 1.0), (0.0, 0.5)),
+        reduce_efficiency=((2 * seg, 0.25), (0.0, 1.0)),
+    )  # fmt: skip
     a, b, g = link.latency, link.beta, link.gamma
     for k in (1, 2, 4, 16):
-        block = k * SEGMENT_BYTES
-        x, add = block * b, block * g
-        want = a + max(x, add) + min(x, add) / k
+        block = k * seg
+        want = a + block * (2 * b) + block * g  # segment-sized: half the rate, full γ
         assert schedule_time("reduce_scatter", "ring", [block, block], link) == pytest.approx(want)
-    # a copy is one message whatever its size
-    block = 4 * SEGMENT_BYTES
+    # a copy is one message whatever its size: β at the whole message
+    block = 4 * seg
     assert schedule_time("allgather", "ring", [block, block], link) == pytest.approx(a + block * b)
 
 
