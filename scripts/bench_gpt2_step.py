@@ -6,7 +6,9 @@
 Prints tokens/s, the achieved GFLOP/s (``GPT2.flops_per_sample``: matrix products only,
 nanoGPT's 6N + 12LCT convention) and, measured in the same run, the single-core float32
 GEMM rate of NumPy and of numba's ``np.dot(a, b, out)`` (SciPy's OpenBLAS, which the
-kernels use) on a 256x768 @ 768x3072 product. ``--profile`` adds time per kernel;
+kernels use) on a 256x768 @ 768x3072 product. ``--profile`` adds time per kernel, next to
+what the simulated device of ``--device-profile`` (default ``host``) predicts for it
+(``GPT2.kernel_costs`` on the cost model: which kernels the host model gets wrong);
 ``--torch`` times the PyTorch eager twin of tests/test_gpt2_parity.py on the same shapes,
 its steps interleaved with simdist's.
 OpenBLAS picks its kernel from OPENBLAS_CORETYPE: compare runs with the same environment.
@@ -81,6 +83,49 @@ def instrument(names: list[str]) -> dict[str, list[float]]:
     return times
 
 
+def kernel_of(name: str, phase: str) -> str:
+    """The kernels/ function that runs a ``gpt2_costs`` entry (its name and phase)."""
+    fwd = phase == "forward"
+    side = "forward" if fwd else "backward"
+    if name == "h.0.ln_1":  # the only layernorm without a residual add in front
+        return "layernorm_forward"
+    if ".ln_" in name or name.startswith("ln_f"):
+        if fwd:
+            return "residual_layernorm_forward"
+        return "layernorm_backward" if name == "ln_f.bwd" else "layernorm_backward_accumulate"
+    if any(p in name for p in ("c_attn", "c_proj", "c_fc")):
+        return f"linear_{side}"
+    if ".attn." in name:
+        return f"attention_{side}"
+    for stem, kernel in (
+        ("gelu", "gelu"),
+        ("lm_head", "lm_head"),
+        ("softmax_ce", "softmax_cross_entropy"),
+    ):
+        if name.startswith(stem) or f".{stem}" in name:
+            return f"{kernel}_{side}"
+    if name == "embedding":
+        return "embedding_forward"
+    if name == "embedding.bwd":
+        return "embedding_backward_accumulate"
+    return f"({name})"  # not a kernel call: batch copy, zeroing
+
+
+def predicted_per_kernel(model, cfg, B: int, T: int, profile: str) -> dict[str, float]:
+    """Seconds per step of each kernel function on ``profile``, from ``model.kernel_costs``;
+    the working set is the step's resident bytes (parameters, gradients, AdamW's two
+    moments, activations), as the training run's simulation keys it."""
+    from simdist.device import CostModel, load_profile
+
+    n = model.num_parameters()
+    cost = CostModel(load_profile(profile), working_set=16.0 * n + model.activation_bytes(B))
+    out: dict[str, float] = defaultdict(float)
+    for k in model.kernel_costs(B, T):
+        t = cost.compute_time(k.flops, k.bytes, k.kind, "fp32", k.shape, k.serial_flops)
+        out[kernel_of(k.name, k.phase)] += k.count * t
+    return out
+
+
 def torch_step_fn(cfg, B: int, T: int):
     """One PyTorch eager training step (the parity test's model, AdamW), as a closure."""
     import torch
@@ -113,6 +158,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--torch", action="store_true")
+    ap.add_argument("--device-profile", default="host", help="profile of --profile's predictions")
     args = ap.parse_args()
 
     cfg = resolve_config(args.preset)
@@ -179,10 +225,19 @@ def main() -> None:
     if args.profile:
         n_steps = len(measured)
         total = sum(sum(v) for v in times.values()) / n_steps
-        print(f"  per step, by kernel (sum {total * 1e3:.1f} ms, + AdamW {opt_s * 1e3:.1f} ms):")
+        pred = predicted_per_kernel(model, cfg, B, T, args.device_profile)
+        print(
+            f"  per step, by kernel (sum {total * 1e3:.1f} ms, + AdamW {opt_s * 1e3:.1f} ms), "
+            f"and predicted on {args.device_profile} (sum {sum(pred.values()) * 1e3:.1f} ms):"
+        )
         for name, v in sorted(times.items(), key=lambda kv: -sum(kv[1])):
             ms = sum(v) / n_steps * 1e3
-            print(f"    {name:34s} {ms:7.2f} ms  {len(v) // n_steps:3d} calls")
+            p = pred.pop(name, 0.0) * 1e3
+            err = f"{100 * (p - ms) / ms:+5.0f} %" if ms else ""
+            calls = len(v) // n_steps
+            print(f"    {name:34s} {ms:7.2f} ms  {calls:3d} calls   predicted {p:7.2f} ms {err}")
+        for name, t in pred.items():  # costed work outside the timed kernel calls
+            print(f"    {name:34s}       -              predicted {t * 1e3:7.2f} ms")
 
 
 if __name__ == "__main__":
