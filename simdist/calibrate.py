@@ -236,8 +236,9 @@ def measure_mpi(comm: Any, repeats: int) -> dict[str, Any]:
     from mpi4py import MPI
 
     rank = comm.Get_rank()
-    sizes = [8 * 4**k for k in range(12)]  # 8 B .. 32 MiB
-    sizes = [s for s in sizes if s <= 16 * 2**20]
+    # 8 B .. 8 KiB in steps of 4x (latency), then every power of 2 to 16 MiB: the schedule
+    # model reads the rate at each message's size (p2p's 1 MiB segments included)
+    sizes = [8 * 4**k for k in range(6)] + [2**k for k in range(15, 25)]
     result: dict[str, Any] = {"sizes": sizes, "pingpong": [], "sendrecv": []}
     peer = 1 - rank
     # Each message is one half of a buffer and lands in the other half, as a 2-rank ring
@@ -291,7 +292,7 @@ def measure_direct(comm: Any, repeats: int) -> dict[str, Any]:
 
     rank = comm.Get_rank()
     pair = comm.Split(0 if rank < 2 else MPI.UNDEFINED, rank)
-    sizes = [2**17, 2**19, 2**21, 2**23]
+    sizes = [2**k for k in range(17, 24)]  # 128 KiB .. 8 MiB
     result: dict[str, Any] = {"sizes": sizes, "copy": [], "fence": float("inf")}
     if pair == MPI.COMM_NULL:
         return result
@@ -317,15 +318,30 @@ def measure_direct(comm: Any, repeats: int) -> dict[str, Any]:
 
     coll = Collectives(pair)
     tiny = coll.buffer(16)
-    result["step"] = float("inf")
+    result["step"] = result["call"] = float("inf")
+    raw = float("inf")
     for i in range(3 + 100 * repeats):
         tiny.fill(i)
         fence()
         t0 = time.perf_counter()
         coll.reduce_scatter(tiny, algorithm="shm")
         dt_ = pair.allreduce(time.perf_counter() - t0, op=MPI.MAX)
+        # simdist's own call around one message: a 2-rank ring all-gather of 16 floats
+        # (one Sendrecv of 32 B) against the bare Sendrecv; the difference is the call's
+        # Python (checks, dispatch), paid once per collective
+        pair.Barrier()
+        t0 = time.perf_counter()
+        coll.allgather(tiny, algorithm="ring")
+        t_ring = pair.allreduce(time.perf_counter() - t0, op=MPI.MAX)
+        pair.Barrier()
+        t0 = time.perf_counter()
+        pair.Sendrecv(tiny[:8], dest=1 - rank, recvbuf=tiny[8:], source=1 - rank)
+        t_raw = pair.allreduce(time.perf_counter() - t0, op=MPI.MAX)
         if i >= 3:
             result["step"] = min(result["step"], dt_ / 2)
+            result["call"] = min(result["call"], t_ring)
+            raw = min(raw, t_raw)
+    result["call"] = max(0.0, result["call"] - raw)
     coll.free()
     for nbytes in sizes:
         best = float("inf")
@@ -473,12 +489,19 @@ def render(m: dict[str, Any], previous: dict[str, Any] | None) -> str:
             f"{a_pp * 1e6:.2f} us",
             "    efficiency: 1.0     # the rates are achieved rates",
             f"    reduce_gbs: {reduce_gbs:.3f}  # [calibrate] np.add in place: add rate / 3",
+        ]
+        direct = m.get("direct")
+        if direct and direct.get("call") is not None:
+            lines.append(
+                f"    call_overhead_us: {direct['call'] * 1e6:.3f}  # [calibrate] simdist's ring "
+                "all-gather of 16 floats minus the bare Sendrecv"
+            )
+        lines += [
             "    size_efficiency:     # [min message bytes, fraction of bandwidth] Sendrecv sweep",
         ]
         lines += _rate_rows(
             rates, bw, 6, lambda s, r: f"{s} B: {r / 1e9:.2f} GB/s after the latency"
         )
-        direct = m.get("direct")
         if direct and direct["copy"]:
             drates = {n: n / t for n, t in zip(direct["sizes"], direct["copy"], strict=True)}
             dbw = max(drates.values())

@@ -318,3 +318,25 @@ def test_two_ranks_reports_trace_and_host_staging(tmp_path):
         measured = {e["name"] for e in t["traceEvents"] if e["ph"] == "X" and e["tid"] == 1}
         assert {"forward", "backward", "sync", "optimizer"} <= measured
         assert t["otherData"]["steps_traced"] == 3
+
+
+def test_call_overhead_is_paid_once_per_collective():
+    """A host link's call_overhead (simdist's Python per call) is added once per ring / rhd
+    / native / hierarchical collective; shm's fence latency already includes it."""
+    import dataclasses
+
+    base = Link("x", 1e9, 5e-6, 1.0, 1 / 4e9)
+    slow = dataclasses.replace(base, call_overhead=4e-6)
+    blocks = [2**20] * 4
+    for alg in ("ring", "rhd", "native"):
+        for op in ("allreduce", "reduce_scatter", "allgather"):
+            got = schedule_time(op, alg, blocks, slow) - schedule_time(op, alg, blocks, base)
+            assert got == pytest.approx(4e-6), (alg, op)
+    assert schedule_time("allreduce", "shm", blocks, slow) == schedule_time(
+        "allreduce", "shm", blocks, base
+    )
+    grid = [(0, 1), (2, 3)]
+    extra = hierarchical_time("allreduce", blocks, grid, slow, base) - hierarchical_time(
+        "allreduce", blocks, grid, base, base
+    )
+    assert extra == pytest.approx(4e-6)

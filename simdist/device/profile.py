@@ -56,6 +56,9 @@ class Link:
     # Direct peer load/store (the "shm" collectives: shared memory, GPU peer-to-peer): its
     # own rate, fence latency and size table where measured; None: the link's own figures.
     direct: Link | None = None
+    # Seconds of the caller's own work per collective call (simdist's Python on a CPU host:
+    # argument checks, the algorithm's dispatch), on top of its steps' α.
+    call_overhead: float = 0.0
 
     @property
     def peer_access(self) -> Link:
@@ -241,6 +244,9 @@ def _link(raw: Mapping[str, Any] | None, name: str, unknown: list[str]) -> Link:
     lat = _num(raw, "latency_us", where, unknown)
     eff = _num(raw, "efficiency", where, unknown)
     gamma = raw.get("reduce_gbs")  # optional: reduction throughput for CPU-side reductions
+    call = raw.get("call_overhead_us")  # optional: per collective call
+    if call is not None and float(call) < 0:
+        raise ProfileError(f"{where}.call_overhead_us: must be >= 0, got {call}")
     return Link(
         name=name,
         bandwidth=None if bw is None else bw * 1e9,
@@ -252,6 +258,7 @@ def _link(raw: Mapping[str, Any] | None, name: str, unknown: list[str]) -> Link:
         direct=None
         if raw.get("direct") is None
         else _link(raw["direct"], f"{name}.direct", unknown),
+        call_overhead=0.0 if call is None else float(call) * 1e-6,
     )
 
 

@@ -21,6 +21,7 @@ Pure Python on lists of ``world`` ints: microseconds per call, no MPI.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 from .cost import canonical_op, collective_time
@@ -190,10 +191,11 @@ def schedule_time(op: str, algorithm: str, blocks: Sequence[float], link: Link) 
     if p <= 1 or total == 0:
         return 0.0
     if algorithm == "native":
-        return collective_time(op, "native", total, p, link)
-    if algorithm == "shm":
+        return link.call_overhead + collective_time(op, "native", total, p, link)
+    if algorithm == "shm":  # its fence latency was measured through the call itself
         link = link.peer_access
-    return sum(step_time(s, link) for s in schedule(op, algorithm, blocks))
+        return sum(step_time(s, link) for s in schedule(op, algorithm, blocks))
+    return link.call_overhead + sum(step_time(s, link) for s in schedule(op, algorithm, blocks))
 
 
 def hierarchical_time(
@@ -215,7 +217,9 @@ def hierarchical_time(
         raise ValueError("hierarchical needs the same number of ranks on every node")
     cross = [[float(blocks[m[j]]) for m in nodes] for j in range(per_node)]
     chunks = [sum(c) for c in cross]
-    t = 0.0
+    # one call: its overhead once, not per phase
+    t, intra = intra.call_overhead, dataclasses.replace(intra, call_overhead=0.0)
+    inter = dataclasses.replace(inter, call_overhead=0.0)
     for half in ("reduce_scatter", "allgather"):
         if op in (half, "allreduce"):
             t += schedule_time(half, "ring", chunks, intra)
