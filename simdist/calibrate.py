@@ -599,13 +599,6 @@ def _compute_section(text: str) -> str:
     return text[start : text.index("\nmemory:\n", start) + 1]
 
 
-def _resolve(name_or_path: str) -> Path:
-    path = Path(name_or_path)
-    if path.suffix in (".yaml", ".yml"):
-        return path
-    return PROFILE_DIR / f"{name_or_path}.yaml"
-
-
 def _mpi_comm() -> Any | None:
     """The world communicator when launched by mpiexec with >= 2 ranks, else None."""
     launched = any(k in os.environ for k in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK"))
@@ -636,7 +629,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.link_only:
         if comm is None:
             raise SystemExit("--link-only measures the MPI link: run under `mpiexec -n 2`")
-        base_compute = _compute_section(_resolve(args.link_only).read_text())
+        from simdist.device.profile import ProfileError, load_profile, profile_path
+
+        try:  # a clear error before any measuring
+            base = profile_path(args.link_only)
+            load_profile(base)
+        except ProfileError as err:
+            raise SystemExit(f"--link-only: {err}") from None
+        base_compute = _compute_section(base.read_text())
     rank = comm.Get_rank() if comm is not None else 0
     mpi = measure_mpi(comm, args.repeats) if comm is not None else None
     direct = measure_direct(comm, args.repeats) if comm is not None else None

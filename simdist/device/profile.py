@@ -178,7 +178,8 @@ def list_profiles() -> list[str]:
     return sorted(p.stem for p in PROFILE_DIR.glob("*.yaml"))
 
 
-def _resolve(name_or_path: str | Path) -> Path:
+def profile_path(name_or_path: str | Path) -> Path:
+    """The YAML file of a shipped profile's name or of a path; a clear error if neither."""
     text = str(name_or_path)
     candidate = Path(text)
     if candidate.suffix in (".yaml", ".yml") or "/" in text or "\\" in text:
@@ -344,7 +345,7 @@ def _dtype_table(raw: Mapping[str, Any] | None, where: str, unknown: list[str]) 
 
 def load_profile(name_or_path: str | Path) -> DeviceProfile:
     """Load a shipped profile by name (``"a100-80gb"``) or any profile YAML by path."""
-    path = _resolve(name_or_path)
+    path = profile_path(name_or_path)
     blob = path.read_bytes()
     try:
         doc = yaml.safe_load(blob)
