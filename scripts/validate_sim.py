@@ -639,7 +639,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", metavar="FILE", help="write the rows as JSON")
     ap.add_argument("--plots", metavar="DIR", help="write validate_sim.png there (matplotlib)")
     ap.add_argument("--nps", default="1,2,4", help="world sizes of the measured part")
-    ap.add_argument("--repeats", type=int, default=2, help="runs per training case (best kept)")
+    ap.add_argument(
+        "--repeats",
+        type=int,
+        default=2,
+        help="runs per training case (best kept) and launches of the collectives worker",
+    )
     ap.add_argument("--no-collectives", action="store_true", help="skip the collective rows")
     ap.add_argument(
         "--profile",
@@ -650,7 +655,8 @@ def main(argv: list[str] | None = None) -> int:
         "--calibrate",
         action="store_true",
         help="first run `mpiexec -n 2 python -m simdist.calibrate` and predict with that "
-        "profile (this machine as it is now; written next to --json as *.host.yaml)",
+        "profile (this machine as it is now; written next to --json as *.host.yaml); each "
+        "collectives launch also re-measures its own link first (kept in *.links/)",
     )
     ap.add_argument("--collectives-worker", metavar="OUT", help=argparse.SUPPRESS)
     ap.add_argument("--worker-link", metavar="YAML", help=argparse.SUPPRESS)
