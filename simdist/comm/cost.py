@@ -12,7 +12,7 @@ For a buffer of ``n`` bytes on ``p`` ranks the modelled time of the busiest rank
 | ring broadcast             | 2 (p-1)            | 2 (p-1)/p n             | 0                |
 | rhd (binomial) broadcast   | ceil(log2 p)       | ceil(log2 p) n          | 0                |
 
-| shm all-reduce             | 3 fences           | (p-1)/p n               | (p-1)/p n        |
+| shm all-reduce             | 2 fences           | (p-1)/p n               | (p-1)/p n        |
 | shm broadcast              | 2 fences           | n                       | 0                |
 
 (p' = largest power of two <= p; reduce-scatter and all-gather are each half of the
@@ -76,11 +76,11 @@ def predicted_time(op: str, algorithm: str, nbytes: int, world: int) -> float:
         return 0.0
     if op not in REDUCTIONS and op != "broadcast":
         raise ValueError(f"no cost model for op {op!r}")
-    if algorithm == "shm":  # fences; sum the owned block from the peers; copy their blocks
+    if algorithm == "shm":  # fences; sum the owned block from the peers; store it to theirs
         if op == "broadcast":
             return 2 * ALPHA_FENCE + n * BETA
-        t = 3 * ALPHA_FENCE + (p - 1) / p * n * (BETA + GAMMA)
-        return t if op == "allreduce" else t / 2 + ALPHA_FENCE / 2  # halves: 2 fences each
+        t = 2 * ALPHA_FENCE + (p - 1) / p * n * (BETA + GAMMA)
+        return t if op == "allreduce" else t / 2 + ALPHA_FENCE  # halves: 2 fences each
     if op == "broadcast":
         if algorithm == "ring":
             return 2 * (p - 1) * ALPHA + 2 * (p - 1) / p * n * BETA

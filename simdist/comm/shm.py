@@ -10,7 +10,10 @@ peer-to-peer "two-shot" all-reduce inside an NVLink node:
   into its own buffer; fence (nobody still reads an input);
 - all-gather: fence (every owned block is there); each rank copies the other blocks from
   their owners; fence;
-- all-reduce: fence; sum (and average) the owned block; fence; copy the others; fence.
+- all-reduce: fence; sum (and average) the owned block and write it into the other
+  ranks' buffers (each rank only ever reads its own block's range of the others, so
+  nobody reads what is being written); fence. Two fences, and the result lands in every
+  buffer by stores: nobody reads a block its owner has just written.
 
 A buffer from ``SharedMemory.allocate`` (``Collectives.buffer``: the gradients and
 parameters of a training run) IS a window segment, and the collective works on it in place
@@ -24,9 +27,9 @@ Summation order: block r's elements are ``(..((x[r] + x[r+1]) + x[r+2]) + ..) + 
 all-gather and a reduce-scatter over any sub-range with the same owners give the same bits
 (DP = ZeRO-1 = ZeRO-2), and at p = 2 they are the ring's bits.
 
-``bytes_sent`` counts what the other ranks read from this rank's memory (their parts of
-its input, then its reduced block, p - 1 times): for equal blocks 2 (p-1)/p n per
-all-reduce, as the ring sends.
+``bytes_sent`` counts what crosses between this rank's memory and the others' (their parts
+of its input, read by them; its reduced block, read by them or written by it, p - 1 times):
+for equal blocks 2 (p-1)/p n per all-reduce, as the ring sends.
 
 Needs every rank on one node (shared memory); a buffer passed as "registered" must be the
 same view (same offset into its window) on every rank, which holds for buffers carved from
@@ -229,9 +232,9 @@ class SharedMemory(Algorithm):
     def allreduce(
         self, buf: np.ndarray, bounds: list[int], average: bool, sumsq: bool = False
     ) -> float | None:
-        """Reduce-scatter, average, all-gather with one fence fewer (the same bits).
-        ``sumsq``: also return ``sum_of_squares`` of the owned block of the result, taken
-        while it is still in cache."""
+        """Sum (and average) the owned block, then store it into the other ranks' buffers:
+        two fences, the reduce-scatter's bits. ``sumsq``: also return ``sum_of_squares`` of
+        the owned block of the result, taken while it is still in cache."""
         lo, hi = bounds[self.rank], bounds[self.rank + 1]
         src, w = self._peers(buf)
         staged = w is None
@@ -241,11 +244,15 @@ class SharedMemory(Algorithm):
         owned = buf[lo:hi]
         self._sum_owned(src, owned, lo, hi, average)
         partial = sum_of_squares(owned) if sumsq else None
-        if staged:
-            np.copyto(src[self.rank][lo:hi], owned)
+        if hi > lo:
+            for q in range(self.world):
+                if q != self.rank:
+                    np.copyto(src[q][lo:hi], owned)
         self._fence(w)
-        self._copy_others(src, buf, bounds)
-        self._fence(w)
+        if staged:  # the others' blocks arrived in this rank's staging segment
+            mine = src[self.rank]
+            buf[:lo] = mine[:lo]
+            buf[hi:] = mine[hi:]
         self.p2p.bytes_sent += 4 * (buf.size - (hi - lo) + (self.world - 1) * (hi - lo))
         return partial
 

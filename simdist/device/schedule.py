@@ -120,19 +120,20 @@ def _rhd(op: str, blocks: Sequence[float]) -> list[Step]:
 
 
 def _shm(op: str, blocks: Sequence[float]) -> list[Step]:
-    """``simdist.comm.shm``: peers read each other's memory directly, one step per half
-    (a device's link carries what it pulls and what the others pull from it at once). The
-    "messages" are fences: 2 per half alone, 3 for the all-reduce. The addition reads the
-    peer's data as it adds: counted in the bytes pulled, on the link's ``peer_access``
-    rates (``schedule_time``), not as a separate pass."""
+    """``simdist.comm.shm``: peers read and write each other's memory directly, one step
+    per half (a device's link carries its own loads and stores and the others' at once).
+    The "messages" are fences: 2 per half alone, 2 for the all-reduce (one before the
+    sums, one after the owners have stored their blocks into the others' buffers). The
+    addition reads the peer's data as it adds: counted in the bytes pulled, on the link's
+    ``peer_access`` rates (``schedule_time``), not as a separate pass."""
     p = len(blocks)
     total = float(sum(blocks))
+    alone = 1 if op == "allreduce" else 2
     steps: list[Step] = []
     if op in ("reduce_scatter", "allreduce"):  # pull own block from p-1 peers, adding
-        steps.append([(2, total - b, (p - 1) * b, 0.0) for b in blocks])
-    if op in ("allgather", "allreduce"):  # pull every other block; peers pull own block
-        fences = 1 if op == "allreduce" else 2
-        steps.append([(fences, (p - 1) * b, total - b, 0.0) for b in blocks])
+        steps.append([(alone, total - b, (p - 1) * b, 0.0) for b in blocks])
+    if op in ("allgather", "allreduce"):  # own block to p-1 peers, every other block in
+        steps.append([(alone, (p - 1) * b, total - b, 0.0) for b in blocks])
     return steps
 
 
