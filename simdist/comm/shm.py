@@ -18,9 +18,10 @@ peer-to-peer "two-shot" all-reduce inside an NVLink node:
 A buffer from ``SharedMemory.allocate`` (``Collectives.buffer``: the gradients and
 parameters of a training run) IS a window segment, and the collective works on it in place
 ("zero-copy": per rank and all-reduce, one pass over the owned block of every rank's input
-and one copy of the other blocks, against the ring's 2 (p-1)/p n of messages, each copied
-into and out of MPI's own shared buffers). Any other buffer is staged through a reused
-window first: what the peers need is copied in, the owned result copied out.
+and one store of the result into each other rank's buffer, against the ring's 2 (p-1)/p n
+of messages, each copied into and out of MPI's own shared buffers). Any other buffer is
+staged through a reused window first: what the peers need is copied in, the owned result
+copied out.
 
 Summation order: block r's elements are ``(..((x[r] + x[r+1]) + x[r+2]) + ..) + x[r-1]``
 (rank indices mod p): it depends only on the owner r, so an all-reduce, a reduce-scatter +
