@@ -86,6 +86,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from simdist.comm.partition import partition  # noqa: E402
 from simdist.device import CostModel, load_profile  # noqa: E402
+from simdist.device.profile import Link, parse_link  # noqa: E402
 from simdist.device.schedule import schedule_time  # noqa: E402
 from simdist.plan import (  # noqa: E402
     MODELS,
@@ -294,8 +295,8 @@ MODELS_MEASURED = {  # case label -> (params preset, steps per run)
 }
 COMPUTE_PHASES = ("forward", "backward", "optimizer")
 HOST_PROFILE = "host"  # --profile / --calibrate: the profile the measured part predicts with
-RECALIBRATE_LINKS = False  # --calibrate: re-measure the link inside each collectives launch
-KEEP_DIR: Path | None = None  # --calibrate --json F: the launches' link calibrations go to F.links/
+PROBE_LINKS = False  # --calibrate: probe the link on each collective's buffer, between calls
+KEEP_DIR: Path | None = None  # --calibrate --json F: the collectives launches go to F.links/
 
 
 def _mpiexec() -> str:
@@ -414,26 +415,32 @@ def measured_training(nps: list[int], repeats: int, work: Path) -> list[dict]:
 
 COLL_OPS = ("allreduce", "reduce_scatter", "allgather")
 COLL_SIZES = (1 << 20, 4 << 20, 16 << 20)
-COLL_CALLS = 15
+COLL_CALLS = 40
 COLL_ALGS = ("ring", "rhd", "shm")
 
 
-def collectives_worker(out: str, link_profile: str | None = None, base: str = "host") -> int:
+def collectives_worker(out: str, probe_links: bool = False) -> int:
     """Under mpiexec: time simdist's collectives as the training loop runs them: the buffer
     has just been written (as backward writes the gradients), the ranks start together, one
     call is timed, its time is the slowest rank's. Best and median of N calls per case.
 
-    ``link_profile``: first calibrate the link in these same processes
-    (``simdist.calibrate --link-only base``): on a virtual machine the rates change from one
-    launch to the next (where the hypervisor puts the processes and their pages), so a
-    calibration from another launch can describe another machine."""
-    if link_profile:
-        from simdist.calibrate import main as calibrate
-
-        calibrate(["--repeats", "7", "--link-only", base, "--out", link_profile])
+    ``probe_links``: also calibrate the link on each case's own buffer, interleaved with
+    its calls (``simdist.calibrate.LinkProbe``: one round of the Sendrecv and reduce
+    exchanges, or of the shm loads, at every calibrate size that fits, before each call;
+    the latencies in a tight loop first), best per size: the case's link, written with it.
+    On a virtual machine a buffer's rates depend on the pages under it and on the
+    neighbours' load, both of which change within one launch, so only a calibration on the
+    same memory at the same time describes the machine the call ran on."""
     import numpy as np
 
     import simdist  # noqa: F401  (pins one thread per rank)
+    from simdist.calibrate import (
+        DIRECT_SIZES,
+        MESSAGE_SIZES,
+        REDUCE_SIZES,
+        LinkProbe,
+        fit_alpha_beta,
+    )
     from simdist.comm import Collectives
     from simdist.comm.world import world
 
@@ -446,80 +453,136 @@ def collectives_worker(out: str, link_profile: str | None = None, base: str = "h
     bufs = {n: pool[: n // 4] for n in COLL_SIZES}
     # shm runs, as in training, on buffers registered with the collectives (shared memory)
     shared = {n: coll.buffer(n // 4) for n in COLL_SIZES}
-
-    def call(op: str, alg: str, buf) -> None:
-        getattr(coll, op)(buf, algorithm=alg)
-
-    windows: dict[tuple, list[float]] = {k: [] for k in keys}
+    probe = LinkProbe(comm) if probe_links else None
+    tiny = coll.buffer(16) if probe_links else None
+    rows = []
     for op, alg, n in keys:  # one case at a time, as calibrate sweeps one size at a time
         buf = shared[n] if alg == "shm" else bufs[n]
+        link: dict = {}
+        best: dict = {}
+        if probe is not None:
+            # latencies as calibrate takes them: best of a tight loop (interleaved with the
+            # large transfers, the shm fence came out 1.5-4x what it costs inside the calls)
+            lat = probe.latencies(coll, tiny, 50)
+            fits = [s for s in MESSAGE_SIZES if 2 * s <= n]
+            if alg == "shm":
+                views, fence = coll.peer_views(buf)
+                kinds = {"copy": DIRECT_SIZES, "add": DIRECT_SIZES}
+            else:
+                kinds = {"sendrecv": MESSAGE_SIZES, "reduce": REDUCE_SIZES}
+            best = {k: {s: float("inf") for s in sizes if 2 * s <= n} for k, sizes in kinds.items()}
+        window = []
         for i in range(3 + COLL_CALLS):  # 3 warm-up calls: scratch, rendezvous, first touch
-            buf.fill(0.0)  # freshly written, as gradients are after backward
+            if probe is not None:  # the link on this buffer, just before the call
+                for kind, sizes in best.items():
+                    for s in sizes:
+                        if kind == "sendrecv":
+                            t = probe.exchange(buf, s)
+                        elif kind == "reduce":
+                            t = probe.reduce(buf, s)
+                        else:
+                            t = probe.direct(views, fence, s, add=kind == "add")
+                        if i >= 3:
+                            sizes[s] = min(sizes[s], t)
+            # freshly written, as gradients are after backward: by ordinary stores (numpy
+            # fills zeros with memset, whose large stores can bypass the caches; the
+            # probes write the same way)
+            buf.fill(1.0)
             coll.barrier(algorithm="native")
             t0 = time.perf_counter()
-            call(op, alg, buf)
+            getattr(coll, op)(buf, algorithm=alg)
             dt = time.perf_counter() - t0
             if i >= 3:
-                windows[(op, alg, n)].append(max(comm.allgather(dt)))
-    if comm.Get_rank() == 0:
-        rows = [
+                window.append(max(comm.allgather(dt)))
+        if best:
+            link["latency"] = lat
+            if alg == "shm":
+                link["direct"] = {
+                    "sizes": list(best["copy"]),
+                    "copy": list(best["copy"].values()),
+                    "add": list(best["add"].values()),
+                    "step": link["latency"]["step"],
+                }
+            else:
+                times = [best["sendrecv"][s] for s in fits]
+                link["mpi"] = {
+                    "sizes": fits,
+                    "sendrecv": times,
+                    "sendrecv_fit": fit_alpha_beta(fits, times),
+                    "reduce_sizes": list(best["reduce"]),
+                    "reduce": list(best["reduce"].values()),
+                    "call": link["latency"]["call"],
+                }
+        rows.append(
             {
                 "op": op,
                 "algorithm": alg,
                 "np": comm.Get_size(),
                 "bytes": n,
-                "best_us": 1e6 * min(w),
-                "median_us": 1e6 * float(np.median(w)),
+                "best_us": 1e6 * min(window),
+                "median_us": 1e6 * float(np.median(window)),
+                "link": link,
             }
-            for (op, alg, n), w in windows.items()
-        ]
+        )
+    if comm.Get_rank() == 0:
         Path(out).write_text(json.dumps(rows, indent=1))
+    if probe is not None:
+        probe.free()
     coll.free()
     return 0
 
 
+def case_link(row: dict, base: Link) -> Link:
+    """The link a collectives case is predicted on: the profile's, or, where the worker
+    probed the case's own buffer, the one calibrate's rules make of those probes (its
+    direct part for shm; the profile's add rate as the reference of the reduce tables)."""
+    from simdist.calibrate import direct_link, mpi_link
+
+    probed = row.get("link") or {}
+    reduce_bw = 1.0 / base.gamma if base.gamma else 1e12
+    if "mpi" in probed:
+        return parse_link(mpi_link(probed["mpi"], reduce_bw), "intra")
+    if "direct" in probed:
+        return dataclasses.replace(
+            base, direct=parse_link(direct_link(probed["direct"], reduce_bw), "intra.direct")
+        )
+    return base
+
+
 def measured_collectives(nps: list[int], repeats: int, work: Path) -> list[dict]:
     """Collectives of 1-16 MiB: measured (``collectives_worker``, launched ``repeats`` times)
-    vs the schedule model on the profile's intra link, as the training runs cost them.
+    vs the schedule model, as the training runs cost them.
 
-    With ``--calibrate`` each launch first re-measures the link in its own processes
-    (``simdist.calibrate --link-only``, about 15 s) and is predicted with it: on this
-    virtual machine the MPI and shared-memory rates differ by tens of percent (up to 3x for
-    an shm all-reduce) from one launch to the next, so a calibration from another launch
-    can describe another machine. Each launch gives its best call (and its median) and its
-    own prediction; a row is the launch with the median relative error, and lists all."""
+    The link: the profile's ``intra`` link, or with ``--calibrate`` the link calibrate's
+    probes measure on each case's own buffer between its calls (``collectives_worker``).
+    Each launch gives its best call (and its median) and its own prediction; a row is the
+    launch with the median relative error, and lists all."""
     cores = os.cpu_count() or 1
+    base = CostModel(load_profile(HOST_PROFILE))
     rows = []
     for np_ in [n for n in nps if n > 1]:
         launches = []
         for k in range(max(1, repeats)):
-            profile = HOST_PROFILE
             out = work / f"collectives-np{np_}-{k}.json"
             args = [str(Path(__file__).resolve()), "--collectives-worker", str(out)]
-            if RECALIBRATE_LINKS:  # the link measured in the same launch, first
-                profile = str(work / f"link-np{np_}-{k}.yaml")
-                args += ["--worker-link", profile, "--profile", HOST_PROFILE]
+            if PROBE_LINKS:
+                args.append("--worker-probe")
             _launch(np_, args, 1800)
-            link = CostModel(load_profile(profile)).link("intra", np_)
-            launches.append((json.loads(out.read_text()), link))
-            if RECALIBRATE_LINKS and KEEP_DIR is not None:  # the calibrations, for the record
+            launches.append(json.loads(out.read_text()))
+            if KEEP_DIR is not None:  # the cases and their probed links, for the record
                 KEEP_DIR.mkdir(parents=True, exist_ok=True)
-                shutil.copy(profile, KEEP_DIR / Path(profile).name)
                 shutil.copy(out, KEEP_DIR / out.name)
-        for i, r in enumerate(launches[0][0]):
+        for i, r in enumerate(launches[0]):
             n = r["bytes"]
             bounds = partition(n // 4, np_)
             blocks = [4 * int(x) for x in bounds[1:] - bounds[:-1]]
-            # per launch: its prediction (its own link calibration) against its best call;
-            # the row is the launch with the median error (each side from one launch)
-            pairs = [
-                (
-                    schedule_time(r["op"], r["algorithm"], blocks, lk) * 1e6,
-                    x[i]["best_us"],
-                    x[i]["median_us"],
-                )
-                for x, lk in launches
-            ]
+            # per launch: its prediction (on its link) against its best call; the row is
+            # the launch with the median error (each side from one launch)
+            pairs = []
+            for x in launches:
+                link = case_link(x[i], base.link("intra", np_))
+                pred = schedule_time(r["op"], r["algorithm"], blocks, link) * 1e6
+                pairs.append((pred, x[i]["best_us"], x[i]["median_us"]))
             pairs.sort(key=lambda t: (t[0] - t[1]) / t[1])
             pred, best, median = pairs[len(pairs) // 2]
             rows.append(
@@ -535,7 +598,7 @@ def measured_collectives(nps: list[int], repeats: int, work: Path) -> list[dict]
                     cores=cores,
                     np=np_,
                     launches=[[round(v, 2) for v in t] for t in pairs],
-                    link_recalibrated=RECALIBRATE_LINKS,
+                    link_probed=PROBE_LINKS,
                 )
             )
     return rows
@@ -659,7 +722,7 @@ def main(argv: list[str] | None = None) -> int:
         "collectives launch also re-measures its own link first (kept in *.links/)",
     )
     ap.add_argument("--collectives-worker", metavar="OUT", help=argparse.SUPPRESS)
-    ap.add_argument("--worker-link", metavar="YAML", help=argparse.SUPPRESS)
+    ap.add_argument("--worker-probe", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument(
         "--combine",
         choices=("roofline", "sum"),
@@ -667,7 +730,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
     if args.collectives_worker:  # internal: run under mpiexec by measured_collectives
-        return collectives_worker(args.collectives_worker, args.worker_link, args.profile or "host")
+        return collectives_worker(args.collectives_worker, args.worker_probe)
     global COMBINE
     COMBINE = args.combine
     rows: list[dict] = []
@@ -676,10 +739,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.part in ("measured", "all"):
         nps = [int(x) for x in args.nps.split(",") if x]
         env = {k: os.environ.get(k, "(unset)") for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")}
-        global HOST_PROFILE, RECALIBRATE_LINKS, KEEP_DIR
+        global HOST_PROFILE, PROBE_LINKS, KEEP_DIR
         if args.calibrate:
             HOST_PROFILE = calibrate_now(Path(args.json) if args.json else None)
-            RECALIBRATE_LINKS = True
+            PROBE_LINKS = True
             if args.json:
                 KEEP_DIR = Path(args.json).with_suffix(".links")
         elif args.profile:

@@ -29,12 +29,19 @@ What is measured (one thread, as each simdist rank runs):
   ``intra`` link, because simdist's ring and halving-doubling steps are Sendrecv exchanges.
   Run serially, the previous profile's link figures are kept (or left null if there is
   none) and the file says so. The sweep's rates after the latency become the link's
-  ``size_efficiency`` table, and the add sweep's rates its ``reduce_efficiency`` table
-  (used per message by the schedule model).
-* Shared memory (only under ``mpiexec -n 2``): copying the peer's freshly written segment of
-  an MPI-3 shared-memory window, 128 KiB to 8 MiB, and the latency per fence of simdist's own
-  shm reduce-scatter of 16 floats (fence plus the call's Python): the ``intra`` link's
-  ``direct`` figures, which cost the "shm" collectives.
+  ``size_efficiency`` table. p2p's pipelined reduce exchange (``Exchanger.reduce``, a ring
+  reduce-scatter's step) is timed at the same sizes: what it adds to the Sendrecv is the
+  addition as the exchange exposes it, the ``reduce_efficiency`` table (the schedule model
+  reads both tables at each message's size).
+* Shared memory (only under ``mpiexec -n 2``): in a buffer of simdist's shm algorithm,
+  copying the peer's freshly written block into this rank's, and adding it into this rank's
+  block, 128 KiB to 8 MiB, and the latency per fence of simdist's own shm reduce-scatter of
+  16 floats (fence plus the call's Python): the ``intra`` link's ``direct`` figures, which
+  cost the "shm" collectives.
+* The probes (``LinkProbe``) run in rounds over all sizes, best per size. On a virtual
+  machine the link's rates change with the pages under a buffer (transparent huge pages or
+  4 KiB ones) and with the neighbours' load; ``scripts/validate_sim.py --calibrate`` runs
+  the same probes on each collective's own buffer, between its calls.
 
 Shared machines are noisy (research/simulators.md saw 10x swings in BLAS throughput): the
 1-minute load average is recorded and a warning printed when it exceeds the core count.
@@ -231,25 +238,153 @@ def fit_alpha_beta(sizes: list[int], times: list[float]) -> tuple[float, float]:
     return float(alpha), float(beta)
 
 
-def measure_mpi(comm: Any, repeats: int) -> dict[str, Any]:
-    """Ping-pong and Sendrecv sweeps between ranks 0 and 1 (others wait)."""
-    from mpi4py import MPI
+# The link sweeps: 8 B .. 8 KiB in steps of 4x (the latency), then every power of 2 to 16 MiB
+# (the schedule model reads the rate at each message's size); p2p's reduce exchange from
+# 32 KiB; direct peer access (shm) 128 KiB .. 8 MiB.
+MESSAGE_SIZES = [8 * 4**k for k in range(6)] + [2**k for k in range(15, 25)]
+REDUCE_SIZES = [2**k for k in range(15, 25)]
+DIRECT_SIZES = [2**k for k in range(17, 24)]
+# An exchange's exposed addition below this fraction of its copy time is noise, not a rate.
+EXPOSED_FLOOR = 0.02
+
+
+class LinkProbe:
+    """The link's primitives, each timed as simdist's collective steps run them: between
+    the first two blocks of one buffer just written (as backward leaves the gradients),
+    both ranks starting together, the slower rank's time. Ranks pair up (r with r ^ 1, every
+    pair at once, as in a collective's step); an unpaired last rank only synchronises.
+
+    ``measure_link`` calibrates the profile with it; ``scripts/validate_sim.py`` re-measures
+    the link with it on a collective's own buffer, between that collective's calls: on a
+    virtual machine a buffer's rates depend on the pages under it (transparent huge pages
+    or 4 KiB ones: 3x for a 2 MiB Sendrecv here; shared-memory windows never get huge
+    pages) and on the neighbours' load, which changes within a minute."""
+
+    def __init__(self, comm: Any):
+        from mpi4py import MPI
+
+        from simdist.comm.p2p import Exchanger
+
+        self.comm = comm.Dup()  # its messages cannot match anyone else's
+        self.rank = comm.Get_rank()
+        peer = self.rank ^ 1
+        self.peer = peer if peer < comm.Get_size() else None
+        self._exchanger = Exchanger(self.comm)
+        self._max, self._float = MPI.MAX, MPI.FLOAT
+
+    def free(self) -> None:
+        self.comm.Free()
+
+    def _slowest(self, dt: float) -> float:
+        return self.comm.allreduce(dt, op=self._max)
+
+    def _timed(self, fn: Callable[[], Any]) -> float:
+        self.comm.Barrier()
+        t0 = time.perf_counter()
+        if self.peer is not None:
+            fn()
+        return self._slowest(time.perf_counter() - t0)
+
+    def _offsets(self, nbytes: int, size: int) -> tuple[int, int, int]:
+        """(elements per block, this rank's block start, the peer's block start)."""
+        n = nbytes // 4
+        if 2 * n > size:
+            raise ValueError(f"a probe of {nbytes} B needs a buffer of {8 * n} B or more")
+        return (n, 0, n) if self.rank % 2 == 0 else (n, n, 0)
+
+    def exchange(self, buf: np.ndarray, nbytes: int) -> float:
+        """A Sendrecv: this rank's block to the peer, the peer's into the other block (the
+        step of a 2-rank ring all-gather)."""
+        n, mine, theirs = self._offsets(nbytes, buf.size)
+        send, recv = buf[mine : mine + n], buf[theirs : theirs + n]
+        buf[: 2 * n].fill(1.0)
+        comm, peer, f = self.comm, self.peer, self._float
+        return self._timed(lambda: comm.Sendrecv([send, f], peer, 0, [recv, f], peer, 0))
+
+    def reduce(self, buf: np.ndarray, nbytes: int) -> float:
+        """p2p's pipelined reduce: send the peer's block, add the peer's values of this
+        rank's block into it (the step of a 2-rank ring reduce-scatter)."""
+        n, mine, theirs = self._offsets(nbytes, buf.size)
+        send, acc = buf[theirs : theirs + n], buf[mine : mine + n]
+        buf[: 2 * n].fill(1.0)
+        x, peer = self._exchanger, self.peer
+        return self._timed(lambda: x.reduce(send, peer, acc, peer))
+
+    def direct(
+        self, views: list[np.ndarray], fence: Callable[[], None], nbytes: int, add: bool = False
+    ) -> float:
+        """A pass over the peer's segment of a shared buffer (``views``: every rank's, with
+        its ``fence``): copy the peer's block into this rank's segment (a 2-rank shm
+        all-gather) or, with ``add``, add the peer's values of this rank's block into it
+        (a 2-rank shm reduce-scatter). The fences around it are not timed."""
+        own = views[self.rank]
+        n, mine, theirs = self._offsets(nbytes, own.size)
+        other = views[self.peer] if self.peer is not None else own
+        lo = mine if add else theirs
+        dst, src = own[lo : lo + n], other[lo : lo + n]
+        own[: 2 * n].fill(1.0)
+        fence()
+        t0 = time.perf_counter()
+        if self.peer is not None:
+            if add:
+                np.add(dst, src, out=dst)
+            else:
+                np.copyto(dst, src)
+        dt = time.perf_counter() - t0
+        fence()
+        return self._slowest(dt)
+
+    def latencies(
+        self, coll: Any, tiny: np.ndarray, repeats: int, warmup: int = 3
+    ) -> dict[str, float]:
+        """Best of ``repeats``: the bare Sendrecv of 32 B (``raw``); simdist's ring
+        all-gather of 16 floats less its p - 1 such steps (``call``: the call's own Python,
+        paid once per collective); where ``coll`` shares memory, half its shm
+        reduce-scatter of 16 floats (``step``: a fence as the algorithm pays it) and the
+        bare fence (``fence``). ``tiny``: 16 floats from ``coll.buffer``; ``warmup`` calls
+        of each first, not counted."""
+        shared = coll.registered(tiny)
+        fence = coll.peer_views(tiny)[1] if shared else None
+        peer = self.peer if self.peer is not None else self.rank
+        steps = self.comm.Get_size() - 1
+        best = {k: float("inf") for k in ("raw", "ring", "step", "fence")}
+        for i in range(warmup + repeats):
+            tiny.fill(i)
+            got = {
+                "raw": self._timed(
+                    lambda: self.comm.Sendrecv(tiny[:8], dest=peer, recvbuf=tiny[8:], source=peer)
+                ),
+                "ring": self._timed(lambda: coll.allgather(tiny, algorithm="ring")),
+            }
+            if fence is not None:
+                got["step"] = self._timed(lambda: coll.reduce_scatter(tiny, algorithm="shm")) / 2
+                got["fence"] = self._timed(fence)
+            if i >= warmup:
+                for k, v in got.items():
+                    best[k] = min(best[k], v)
+        out = {"raw": best["raw"], "call": max(0.0, best["ring"] - steps * best["raw"])}
+        if fence is not None:
+            out.update(step=best["step"], fence=best["fence"])
+        return out
+
+
+def measure_link(comm: Any, repeats: int) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The ``intra`` link between ranks 0 and 1 (and every other pair at once): ping-pong,
+    then ``LinkProbe`` rounds over every size (Sendrecv, reduce exchange; best per size:
+    a burst of load spoils one round's sample, not a whole size), then direct peer access
+    on a shared buffer and the latencies. Returns (mpi, direct); direct is None where the
+    ranks share no memory."""
+    from simdist.comm import Collectives
 
     rank = comm.Get_rank()
-    # 8 B .. 8 KiB in steps of 4x (latency), then every power of 2 to 16 MiB: the schedule
-    # model reads the rate at each message's size (p2p's 1 MiB segments included)
-    sizes = [8 * 4**k for k in range(6)] + [2**k for k in range(15, 25)]
-    result: dict[str, Any] = {"sizes": sizes, "pingpong": [], "sendrecv": []}
-    peer = 1 - rank
-    # Each message is one half of a buffer and lands in the other half, as a 2-rank ring
-    # step sends its block of the gradient buffer and receives the neighbouring one (the
-    # layout matters: the same exchange between halves 16 MiB apart ran up to 1.4x slower).
-    pool = np.ones(2 * max(sizes), np.uint8)
+    sizes = MESSAGE_SIZES
+    pool = np.ones(2 * max(sizes) // 4, np.float32)
+    pingpong = []
     for nbytes in sizes:
-        halves = (pool[:nbytes], pool[nbytes : 2 * nbytes])
-        sbuf, rbuf = halves if rank == 0 else halves[::-1]
+        n = nbytes // 4
+        sbuf, rbuf = (pool[:n], pool[n : 2 * n]) if rank == 0 else (pool[n : 2 * n], pool[:n])
         reps = max(3, min(200, (1 << 24) // max(nbytes, 1)))
-        best_pp = best_sr = float("inf")
+        best = float("inf")
         for _ in range(repeats):
             comm.Barrier()
             if rank < 2:
@@ -261,104 +396,52 @@ def measure_mpi(comm: Any, repeats: int) -> dict[str, Any]:
                     else:
                         comm.Recv(rbuf, source=0)
                         comm.Send(sbuf, dest=0)
-                best_pp = min(best_pp, (time.perf_counter() - t0) / reps / 2)
-        # Sendrecv as a collective's step runs it: send and receive blocks freshly written
-        # (as backward leaves the whole gradient buffer: the peer then reads lines dirty in
-        # this core's cache, which on some machines costs half again a loop's rate), both
-        # ranks starting together, the slower rank's time
-        for i in range(3 + 10 * repeats):
-            sbuf.fill(i)
-            rbuf.fill(i)
-            comm.Barrier()
-            t0 = time.perf_counter()
-            if rank < 2:
-                comm.Sendrecv(sbuf, dest=peer, recvbuf=rbuf, source=peer)
-            dt_ = comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
-            if i >= 3:
-                best_sr = min(best_sr, dt_)
-        result["pingpong"].append(best_pp)
-        result["sendrecv"].append(best_sr)
-    result["pingpong_fit"] = fit_alpha_beta(sizes, result["pingpong"])
-    result["sendrecv_fit"] = fit_alpha_beta(sizes, result["sendrecv"])
-    return result
-
-
-def measure_direct(comm: Any, repeats: int) -> dict[str, Any]:
-    """Peer load/store through an MPI-3 shared-memory window, ranks 0 and 1 (others wait):
-    each rank writes its segment (as backward writes gradients), a fence, then both copy the
-    other's segment into a private array; best of N per size, and the fence itself
-    (``Win_sync``, barrier, ``Win_sync``), the primitives of ``simdist.comm.shm``."""
-    from mpi4py import MPI
-
-    rank = comm.Get_rank()
-    pair = comm.Split(0 if rank < 2 else MPI.UNDEFINED, rank)
-    sizes = [2**k for k in range(17, 24)]  # 128 KiB .. 8 MiB
-    result: dict[str, Any] = {"sizes": sizes, "copy": [], "fence": float("inf")}
-    if pair == MPI.COMM_NULL:
-        return result
-    win = MPI.Win.Allocate_shared(max(sizes), 1, comm=pair)
-    win.Lock_all(MPI.MODE_NOCHECK)
-    mem = [np.frombuffer(win.Shared_query(q)[0], np.uint8, max(sizes)) for q in range(2)]
-    private = np.empty(max(sizes), np.uint8)
-
-    def fence() -> None:
-        win.Sync()
-        pair.Barrier()
-        win.Sync()
-
-    for _ in range(100 * repeats):  # best of N single fences, as every figure here
-        fence()
-        t0 = time.perf_counter()
-        fence()
-        result["fence"] = min(result["fence"], time.perf_counter() - t0)
-    # a step's latency as the algorithm pays it: simdist's shm reduce-scatter of 16 floats
-    # on a registered buffer is two fences plus the call's own Python (buffer lookup,
-    # slicing), half of it per fence
-    from simdist.comm import Collectives
-
-    coll = Collectives(pair)
-    tiny = coll.buffer(16)
-    result["step"] = result["call"] = float("inf")
-    raw = float("inf")
-    for i in range(3 + 100 * repeats):
-        tiny.fill(i)
-        fence()
-        t0 = time.perf_counter()
-        coll.reduce_scatter(tiny, algorithm="shm")
-        dt_ = pair.allreduce(time.perf_counter() - t0, op=MPI.MAX)
-        # simdist's own call around one message: a 2-rank ring all-gather of 16 floats
-        # (one Sendrecv of 32 B) against the bare Sendrecv; the difference is the call's
-        # Python (checks, dispatch), paid once per collective
-        pair.Barrier()
-        t0 = time.perf_counter()
-        coll.allgather(tiny, algorithm="ring")
-        t_ring = pair.allreduce(time.perf_counter() - t0, op=MPI.MAX)
-        pair.Barrier()
-        t0 = time.perf_counter()
-        pair.Sendrecv(tiny[:8], dest=1 - rank, recvbuf=tiny[8:], source=1 - rank)
-        t_raw = pair.allreduce(time.perf_counter() - t0, op=MPI.MAX)
-        if i >= 3:
-            result["step"] = min(result["step"], dt_ / 2)
-            result["call"] = min(result["call"], t_ring)
-            raw = min(raw, t_raw)
-    result["call"] = max(0.0, result["call"] - raw)
-    coll.free()
-    for nbytes in sizes:
-        best = float("inf")
+                best = min(best, (time.perf_counter() - t0) / reps / 2)
+        pingpong.append(best)
+    probe = LinkProbe(comm)
+    sendrecv = dict.fromkeys(sizes, float("inf"))
+    reduce = dict.fromkeys(REDUCE_SIZES, float("inf"))
+    for i in range(3 + 10 * repeats):
+        for nbytes in sizes:
+            t = probe.exchange(pool, nbytes)
+            sendrecv[nbytes] = min(sendrecv[nbytes], t) if i >= 3 else sendrecv[nbytes]
+            if nbytes in reduce:
+                t = probe.reduce(pool, nbytes)
+                reduce[nbytes] = min(reduce[nbytes], t) if i >= 3 else reduce[nbytes]
+    mpi: dict[str, Any] = {
+        "sizes": sizes,
+        "pingpong": pingpong,
+        "sendrecv": [sendrecv[s] for s in sizes],
+        "reduce_sizes": REDUCE_SIZES,
+        "reduce": [reduce[s] for s in REDUCE_SIZES],
+    }
+    mpi["pingpong_fit"] = fit_alpha_beta(sizes, pingpong)
+    mpi["sendrecv_fit"] = fit_alpha_beta(sizes, mpi["sendrecv"])
+    coll = Collectives(comm)
+    lat = probe.latencies(coll, coll.buffer(16), 100 * repeats)
+    mpi["call"] = lat["call"]
+    direct = None
+    if coll.shared:
+        shared = coll.buffer(2 * max(DIRECT_SIZES) // 4)
+        views, fence = coll.peer_views(shared)
+        copy = dict.fromkeys(DIRECT_SIZES, float("inf"))
+        add = dict.fromkeys(DIRECT_SIZES, float("inf"))
         for i in range(3 + 3 * repeats):
-            mem[rank][:nbytes] = i  # freshly written by its owner
-            fence()
-            t0 = time.perf_counter()
-            np.copyto(private[:nbytes], mem[1 - rank][:nbytes])
-            dt_ = time.perf_counter() - t0
-            fence()
-            if i >= 3:
-                best = min(best, dt_)
-        result["copy"].append(best)
-    win.Unlock_all()
-    win.Free()
-    pair.Free()
-    return result
+            for nbytes in DIRECT_SIZES:
+                t_copy = probe.direct(views, fence, nbytes)
+                t_add = probe.direct(views, fence, nbytes, add=True)
+                if i >= 3:
+                    copy[nbytes], add[nbytes] = min(copy[nbytes], t_copy), min(add[nbytes], t_add)
+        direct = {
+            "sizes": DIRECT_SIZES,
+            "copy": [copy[s] for s in DIRECT_SIZES],
+            "add": [add[s] for s in DIRECT_SIZES],
+            "step": lat["step"],
+            "fence": lat["fence"],
+        }
+    coll.free()
+    probe.free()
+    return mpi, direct
 
 
 def message_rates(sizes: list[int], times: list[float], alpha: float) -> dict[int, float]:
@@ -367,6 +450,74 @@ def message_rates(sizes: list[int], times: list[float], alpha: float) -> dict[in
     return {
         s: s / (t - alpha) for s, t in zip(sizes, times, strict=True) if s >= 32768 and t > alpha
     }
+
+
+def exposed_rates(sizes: list[int], plain: list[float], reducing: list[float]) -> dict[int, float]:
+    """Bytes per second of what a reducing pass adds to the plain one at the same size (the
+    reduction as the exchange exposes it: part of it overlaps the transfer), the excess
+    floored at ``EXPOSED_FLOOR`` of the plain time."""
+    return {
+        s: s / max(r - t, EXPOSED_FLOOR * t) for s, t, r in zip(sizes, plain, reducing, strict=True)
+    }
+
+
+def mpi_link(mpi: dict[str, Any], reduce_bw: float) -> dict[str, Any]:
+    """A profile's ``links.intra`` entry (the loader's units: GB/s, us, [min bytes, fraction]
+    rows, largest first) from ``measure_link``'s MPI results; ``reduce_bw``: the add rate
+    in bytes reduced per second (``reduce_gbs``), the reference of the
+    ``reduce_efficiency`` fractions (above 1 where an exchange hides part of its addition)."""
+    a_sr, b_sr = mpi["sendrecv_fit"]
+    rates = message_rates(mpi["sizes"], mpi["sendrecv"], a_sr)
+    bw = max(rates.values()) if rates else 1 / b_sr
+    sendrecv = dict(zip(mpi["sizes"], mpi["sendrecv"], strict=True))
+    reducing = {s: t for s, t in zip(mpi["reduce_sizes"], mpi["reduce"], strict=True)}
+    both = [s for s in reducing if s in sendrecv]
+    exposed = exposed_rates(both, [sendrecv[s] for s in both], [reducing[s] for s in both])
+    return {
+        "bandwidth_gbs": bw / 1e9,
+        "latency_us": a_sr * 1e6,
+        "efficiency": 1.0,
+        "reduce_gbs": reduce_bw / 1e9,
+        "call_overhead_us": mpi["call"] * 1e6,
+        "size_efficiency": _table_rows(rates, bw),
+        "reduce_efficiency": _table_rows(exposed, reduce_bw),
+    }
+
+
+def direct_link(direct: dict[str, Any], reduce_bw: float) -> dict[str, Any]:
+    """The ``links.intra.direct`` entry from ``measure_link``'s shared-memory results."""
+    copy = {s: s / t for s, t in zip(direct["sizes"], direct["copy"], strict=True)}
+    bw = max(copy.values())
+    added = exposed_rates(direct["sizes"], direct["copy"], direct["add"])
+    return {
+        "bandwidth_gbs": bw / 1e9,
+        "latency_us": direct["step"] * 1e6,
+        "efficiency": 1.0,
+        "reduce_gbs": reduce_bw / 1e9,
+        "size_efficiency": _table_rows(copy, bw),
+        "reduce_efficiency": _table_rows(added, reduce_bw),
+    }
+
+
+def intra_link(
+    mpi: dict[str, Any], direct: dict[str, Any] | None, reduce_bw: float
+) -> dict[str, Any]:
+    """``mpi_link`` with its ``direct`` entry where the ranks share memory."""
+    link = mpi_link(mpi, reduce_bw)
+    if direct:
+        link["direct"] = direct_link(direct, reduce_bw)
+    return link
+
+
+def _min_size(size: int) -> str:
+    return "the smallest size and below" if size == 0 else f"{size} B"
+
+
+def _table_rows(rates: dict[int, float], peak: float) -> list[list[float]]:
+    """[min size, rate / peak] rows, largest size first, the smallest keyed 0 (it covers
+    everything below)."""
+    sizes = sorted(rates, reverse=True)
+    return [[0 if s == sizes[-1] else s, rates[s] / peak] for s in sizes]
 
 
 def _mem_total() -> int:
@@ -477,54 +628,55 @@ def render(m: dict[str, Any], previous: dict[str, Any] | None) -> str:
     reduce_gbs = add_peak / 3 / 1e9  # an in-place add moves 3 bytes per byte reduced
     if mpi:
         a_pp, b_pp = mpi["pingpong_fit"]
-        a_sr, b_sr = mpi["sendrecv_fit"]
-        rates = message_rates(mpi["sizes"], mpi["sendrecv"], a_sr)
-        bw = max(rates.values()) if rates else 1 / b_sr
+        b_sr = mpi["sendrecv_fit"][1]
+        direct = m.get("direct")
+        link = intra_link(mpi, direct, reduce_gbs * 1e9)
+
+        def rows(key: str, where: dict, indent: int, note: Callable[[int, float], str]) -> list:
+            peak = where["reduce_gbs" if key == "reduce_efficiency" else "bandwidth_gbs"] * 1e9
+            return [
+                f"{' ' * indent}- [{size}, {frac:.4f}]  # [calibrate] {note(size, frac * peak)}"
+                for size, frac in where[key]
+            ]
+
+        def sized(prefix: str) -> Callable[[int, float], str]:
+            return lambda s, r: f"{prefix} at {_min_size(s)}: {r / 1e9:.2f} GB/s"
+
         lines += [
             "  intra:                # MPI between two ranks on this host (shared memory)",
-            f"    bandwidth_gbs: {bw / 1e9:.4f}  # [calibrate] best Sendrecv rate over the "
-            f"sweep, per direction (fit: {1 / b_sr / 1e9:.2f}; ping-pong fit "
+            f"    bandwidth_gbs: {link['bandwidth_gbs']:.4f}  # [calibrate] best Sendrecv rate "
+            f"over the sweep, per direction (fit: {1 / b_sr / 1e9:.2f}; ping-pong fit "
             f"{1 / b_pp / 1e9:.2f} GB/s)",
-            f"    latency_us: {a_sr * 1e6:.3f}  # [calibrate] Sendrecv fit; ping-pong fit "
-            f"{a_pp * 1e6:.2f} us",
+            f"    latency_us: {link['latency_us']:.3f}  # [calibrate] Sendrecv fit; ping-pong "
+            f"fit {a_pp * 1e6:.2f} us",
             "    efficiency: 1.0     # the rates are achieved rates",
             f"    reduce_gbs: {reduce_gbs:.3f}  # [calibrate] np.add in place: add rate / 3",
+            f"    call_overhead_us: {link['call_overhead_us']:.3f}  # [calibrate] simdist's "
+            "ring all-gather of 16 floats minus its bare Sendrecv steps",
+            "    size_efficiency:     # [min message bytes, fraction of bandwidth] Sendrecv "
+            "sweep, after the latency",
+            *rows("size_efficiency", link, 6, sized("Sendrecv")),
+            "    reduce_efficiency:   # [min message bytes, fraction of reduce_gbs] what p2p's "
+            "reduce exchange adds to the Sendrecv (part of the addition overlaps the transfer)",
+            *rows("reduce_efficiency", link, 6, sized("exposed addition")),
         ]
-        direct = m.get("direct")
-        if direct and direct.get("call") is not None:
-            lines.append(
-                f"    call_overhead_us: {direct['call'] * 1e6:.3f}  # [calibrate] simdist's ring "
-                "all-gather of 16 floats minus the bare Sendrecv"
-            )
-        lines += [
-            "    size_efficiency:     # [min message bytes, fraction of bandwidth] Sendrecv sweep",
-        ]
-        lines += _rate_rows(
-            rates, bw, 6, lambda s, r: f"{s} B: {r / 1e9:.2f} GB/s after the latency"
-        )
-        if direct and direct["copy"]:
-            drates = {n: n / t for n, t in zip(direct["sizes"], direct["copy"], strict=True)}
-            dbw = max(drates.values())
+        if "direct" in link:
+            d = link["direct"]
             lines += [
                 "    direct:              # peer load/store in a shared-memory window (shm)",
-                f"      bandwidth_gbs: {dbw / 1e9:.4f}  # [calibrate] best copy rate from the "
-                "peer's freshly written segment",
-                f"      latency_us: {direct['step'] * 1e6:.3f}  # [calibrate] per fence of "
-                "simdist's shm reduce-scatter of 16 floats (the fence alone: "
-                f"{direct['fence'] * 1e6:.2f} us)",
+                f"      bandwidth_gbs: {d['bandwidth_gbs']:.4f}  # [calibrate] best copy rate "
+                "from the peer's freshly written segment into this rank's",
+                f"      latency_us: {d['latency_us']:.3f}  # [calibrate] per fence of simdist's "
+                f"shm reduce-scatter of 16 floats (the fence alone: {direct['fence'] * 1e6:.2f}"
+                " us)",
                 "      efficiency: 1.0",
+                f"      reduce_gbs: {reduce_gbs:.3f}  # [calibrate] as the link's",
                 "      size_efficiency:   # [min bytes, fraction of bandwidth] copy sweep",
+                *rows("size_efficiency", d, 8, sized("copy")),
+                "      reduce_efficiency: # [min bytes, fraction of reduce_gbs] what adding the "
+                "peer's block into this rank's adds to the copy",
+                *rows("reduce_efficiency", d, 8, sized("exposed addition")),
             ]
-            lines += _rate_rows(drates, dbw, 8, lambda s, r: f"{s} B: {r / 1e9:.2f} GB/s")
-        lines.append(
-            "    reduce_efficiency:   # [min block bytes, fraction of reduce_gbs] add sweep"
-        )
-        lines += _rate_rows(
-            mem["add"],
-            add_peak,
-            6,
-            lambda s, r: f"{s / 2**20:g} MiB arrays: add {r / 1e9:.1f} GB/s",
-        )
     elif prev_intra and prev_intra.get("bandwidth_gbs"):
         lines += [
             "  intra:                # kept from the previous calibration (this run was serial)",
@@ -562,12 +714,15 @@ def render(m: dict[str, Any], previous: dict[str, Any] | None) -> str:
             "  mpi_sizes: " + str(mpi["sizes"]),
             "  pingpong_us: [" + ", ".join(f"{t * 1e6:.2f}" for t in mpi["pingpong"]) + "]",
             "  sendrecv_us: [" + ", ".join(f"{t * 1e6:.2f}" for t in mpi["sendrecv"]) + "]",
+            "  reduce_sizes: " + str(mpi["reduce_sizes"]),
+            "  reduce_exchange_us: [" + ", ".join(f"{t * 1e6:.2f}" for t in mpi["reduce"]) + "]",
         ]
         direct = m.get("direct")
         if direct and direct["copy"]:
             lines += [
                 "  direct_sizes: " + str(direct["sizes"]),
                 "  direct_copy_us: [" + ", ".join(f"{t * 1e6:.2f}" for t in direct["copy"]) + "]",
+                "  direct_add_us: [" + ", ".join(f"{t * 1e6:.2f}" for t in direct["add"]) + "]",
                 f"  direct_fence_us: {direct['fence'] * 1e6:.2f}",
             ]
     elif prev_intra and prev_intra.get("bandwidth_gbs"):
@@ -576,21 +731,6 @@ def render(m: dict[str, Any], previous: dict[str, Any] | None) -> str:
     else:
         lines.append("  link_source: 'not measured (serial run, no previous profile)'")
     return "\n".join(lines) + "\n"
-
-
-def _rate_rows(
-    rates: dict[int, float], peak: float, indent: int, note: Callable[[int, float], str]
-) -> list[str]:
-    """A size-keyed efficiency table: one ``- [min size, rate / peak]`` row per measured size,
-    largest first, the smallest keyed 0 (it covers everything below)."""
-    rows = []
-    for i, size in enumerate(sorted(rates, reverse=True)):
-        key = 0 if i == len(rates) - 1 else size
-        rows.append(
-            f"{' ' * indent}- [{key}, {rates[size] / peak:.4f}]  # [calibrate] "
-            f"{note(size, rates[size])}"
-        )
-    return rows
 
 
 def _compute_section(text: str) -> str:
@@ -638,8 +778,7 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"--link-only: {err}") from None
         base_compute = _compute_section(base.read_text())
     rank = comm.Get_rank() if comm is not None else 0
-    mpi = measure_mpi(comm, args.repeats) if comm is not None else None
-    direct = measure_direct(comm, args.repeats) if comm is not None else None
+    mpi, direct = measure_link(comm, args.repeats) if comm is not None else (None, None)
     if rank != 0:
         comm.Barrier()
         return 0

@@ -516,17 +516,73 @@ def test_size_keyed_link_tables(tmp_path):
     assert link.beta_at(4096) == pytest.approx(4 * plain.beta)
     assert link.gamma_at(32 << 20) == pytest.approx(2 * plain.gamma)
     assert link.gamma_at(1 << 20) == pytest.approx(plain.gamma)
-    # a 64 KiB block: one message, then its addition; a 32 MiB one arrives in 32 segments
-    # of 1 MiB (beta and gamma at the segment's size), copy and addition one after another
+    # each step at its message's size: the Sendrecv, then what the reduce exchange adds
     small, big = 65536.0, 32.0 * 2**20
     step = [(1, small, small, small), (1, big, big, big)]
     want = max(link.latency + small * 4 * plain.beta + small * plain.gamma,
-               link.latency + big * plain.beta + big * plain.gamma)  # fmt: skip
+               link.latency + big * plain.beta + big * 2 * plain.gamma)  # fmt: skip
     assert step_time(step, link) == pytest.approx(want)
     bad = text.replace("[0, 0.25]", "[0, 1.5]")
     path.write_text(bad)
     with pytest.raises(ProfileError, match="size_efficiency"):
         load_profile(path)
+    # an exchange may hide part of its addition: exposed fractions above 1, within reason
+    path.write_text(text.replace("[0, 1.0]]\n    reduce_gbs", "[0, 4.0]]\n    reduce_gbs"))
+    assert load_profile(path).intra.gamma_at(1 << 20) == pytest.approx(plain.gamma / 4)
+    path.write_text(text.replace("[0, 1.0]]\n    reduce_gbs", "[0, 1e4]]\n    reduce_gbs"))
+    with pytest.raises(ProfileError, match="reduce_efficiency"):
+        load_profile(path)
+
+
+def test_a_link_made_from_probes_gives_them_back_at_their_sizes():
+    """calibrate's rules turn probe times into a link that the schedule model reads back at
+    the probed sizes: a 2-rank ring all-gather is the Sendrecv of its block plus the call
+    overhead, a reduce-scatter the reduce exchange plus it, the shm ones two fences around
+    the peer loads (and the addition). An addition the exchange hides entirely is
+    floored, never free or negative."""
+    from simdist.calibrate import (
+        DIRECT_SIZES,
+        EXPOSED_FLOOR,
+        MESSAGE_SIZES,
+        REDUCE_SIZES,
+        fit_alpha_beta,
+        intra_link,
+    )
+    from simdist.device.profile import parse_link
+    from simdist.device.schedule import schedule_time
+
+    sendrecv = {s: 3e-6 + s / 10e9 for s in MESSAGE_SIZES}
+    reduce = {s: sendrecv[s] + s / 20e9 for s in REDUCE_SIZES}
+    reduce[32768] = sendrecv[32768]  # fully hidden
+    mpi = {
+        "sizes": MESSAGE_SIZES,
+        "sendrecv": list(sendrecv.values()),
+        "sendrecv_fit": fit_alpha_beta(MESSAGE_SIZES, list(sendrecv.values())),
+        "reduce_sizes": REDUCE_SIZES,
+        "reduce": list(reduce.values()),
+        "call": 2e-6,
+    }
+    direct = {
+        "sizes": DIRECT_SIZES,
+        "copy": [s / 30e9 for s in DIRECT_SIZES],
+        "add": [s / 30e9 + s / 60e9 for s in DIRECT_SIZES],
+        "step": 4e-6,
+    }
+    link = parse_link(intra_link(mpi, direct, 40e9), "intra")
+    for block in (2**19, 2**21, 2**23):
+        two = [block, block]
+        ag = schedule_time("allgather", "ring", two, link)
+        assert ag == pytest.approx(2e-6 + sendrecv[block], rel=1e-6)
+        rs = schedule_time("reduce_scatter", "ring", two, link)
+        assert rs == pytest.approx(2e-6 + reduce[block], rel=1e-6)
+        ar = schedule_time("allreduce", "ring", two, link)
+        assert ar == pytest.approx(2e-6 + reduce[block] + sendrecv[block], rel=1e-6)
+        shm_rs = schedule_time("reduce_scatter", "shm", two, link)
+        assert shm_rs == pytest.approx(8e-6 + block / 30e9 + block / 60e9, rel=1e-6)
+        shm_ag = schedule_time("allgather", "shm", two, link)
+        assert shm_ag == pytest.approx(8e-6 + block / 30e9, rel=1e-6)
+    hidden = 32768 * link.gamma_at(32768)
+    assert hidden == pytest.approx(EXPOSED_FLOOR * sendrecv[32768], rel=1e-6)
 
 
 def test_shm_schedule_runs_on_the_links_direct_peer_access(tmp_path):
@@ -627,9 +683,13 @@ def test_calibrate_under_mpi_measures_the_link_and_direct_peer_access(tmp_path):
     assert r.returncode == 0, r.stdout
     prof = load_profile(out)
     assert prof.intra.known and prof.intra.latency > 0 and prof.intra.size_efficiency
+    assert prof.intra.reduce_efficiency and prof.intra.call_overhead > 0
     d = prof.intra.direct
     assert d is not None and d.known and d.latency > 0 and d.size_efficiency
-    assert "direct_copy_us" in out.read_text()
+    assert d.reduce_efficiency and d.gamma > 0
+    text = out.read_text()
+    for raw in ("sendrecv_us", "reduce_exchange_us", "direct_copy_us", "direct_add_us"):
+        assert raw in text
 
 
 def test_gemm_efficiency_by_shape_and_layout(tmp_path):

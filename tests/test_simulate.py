@@ -116,27 +116,39 @@ def test_schedule_matches_the_closed_forms_and_charges_unequal_blocks():
     assert schedule_time("allreduce", "rhd", blocks, link) == pytest.approx(by_hand)
 
 
-def test_segmented_reduce_is_costed_at_the_segment_size():
-    """p2p's reduce sends a block of more than one segment in pieces and adds each as it
-    arrives: β and γ at the segment's size (the add runs in cache), copy plus add."""
-    from simdist.comm.p2p import SEGMENT
-    from simdist.device.schedule import SEGMENT_BYTES
-
-    assert SEGMENT_BYTES == 4 * SEGMENT
-    seg = float(SEGMENT_BYTES)
+def test_reduce_step_is_costed_at_the_message_size():
+    """A reduce step costs its Sendrecv plus what the reduce exchange adds, both read at the
+    message's size (calibrate times p2p's pipelined reduce itself, segments and overlap
+    included); a copy step is its Sendrecv alone."""
+    big = 4.0 * 2**20
     link = Link(
         "x", 1e9, 5e-6, 1.0, 1 / 4e9,
-        size_efficiency=((2 * seg, 1.0), (0.0, 0.5)),
-        reduce_efficiency=((2 * seg, 0.25), (0.0, 1.0)),
+        size_efficiency=((big, 1.0), (0.0, 0.5)),
+        reduce_efficiency=((big, 0.25), (0.0, 2.0)),
     )  # fmt: skip
     a, b, g = link.latency, link.beta, link.gamma
-    for k in (1, 2, 4, 16):
-        block = k * seg
-        want = a + block * (2 * b) + block * g  # segment-sized: half the rate, full γ
-        assert schedule_time("reduce_scatter", "ring", [block, block], link) == pytest.approx(want)
-    # a copy is one message whatever its size: β at the whole message
-    block = 4 * seg
-    assert schedule_time("allgather", "ring", [block, block], link) == pytest.approx(a + block * b)
+    for block, beta, gamma in ((big, b, 4 * g), (big / 4, 2 * b, g / 2)):
+        want = a + block * beta + block * gamma
+        got = schedule_time("reduce_scatter", "ring", [block, block], link)
+        assert got == pytest.approx(want)
+        copy = schedule_time("allgather", "ring", [block, block], link)
+        assert copy == pytest.approx(a + block * beta)
+
+
+def test_shm_reduce_scatter_counts_its_addition():
+    """The shm reduce-scatter loads the peers' blocks and adds them: the direct link's rate
+    for the loads plus its exposed addition; the all-gather only loads."""
+    direct = Link("d", 2e9, 4e-6, 1.0, 1 / 8e9, reduce_efficiency=((0.0, 0.5),))
+    link = Link("x", 1e9, 5e-6, 1.0, 1 / 4e9, direct=direct)
+    block = 2.0**20
+    load = block / 2e9
+    add = block / (0.5 * 8e9)
+    rs = schedule_time("reduce_scatter", "shm", [block, block], link)
+    assert rs == pytest.approx(2 * 4e-6 + load + add)
+    ag = schedule_time("allgather", "shm", [block, block], link)
+    assert ag == pytest.approx(2 * 4e-6 + load)
+    ar = schedule_time("allreduce", "shm", [block, block], link)
+    assert ar == pytest.approx(2 * 4e-6 + 2 * load + add)
 
 
 def test_hierarchical_schedule_matches_the_closed_form():

@@ -22,6 +22,7 @@ never match the application's.
 from __future__ import annotations
 
 import zlib
+from collections.abc import Callable
 
 import numpy as np
 from mpi4py import MPI
@@ -134,6 +135,16 @@ class Collectives:
         """Whether ``buf`` lies in a ``buffer`` (the "shm" algorithm needs no staging)."""
         impl = self._impls.get("shm")
         return isinstance(impl, shm.SharedMemory) and impl.is_registered(buf)
+
+    def peer_views(self, buf: np.ndarray) -> tuple[list[np.ndarray], Callable[[], None]]:
+        """Every rank's view of ``buf`` (from ``buffer``), indexed by rank, and the fence
+        that orders loads and stores to them: what the "shm" algorithm itself works with
+        (``simdist.calibrate`` times its primitives on them). Collective: the fence is."""
+        impl = self._impls.get("shm")
+        views = impl.views(buf) if isinstance(impl, shm.SharedMemory) else None
+        if views is None:
+            raise ValueError("peer_views needs a buffer from Collectives.buffer on one node")
+        return views
 
     def choose(self, op: str, nbytes: int, registered: bool = False) -> str:
         """The algorithm "auto" runs for ``op`` on ``nbytes`` here (``cost.choose_algorithm``

@@ -40,6 +40,7 @@ one layout.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import numpy as np
 from mpi4py import MPI
@@ -156,6 +157,13 @@ class SharedMemory(Algorithm):
             if off is not None:
                 return [s[off : off + buf.size] for s in w.segments], w
         return [], None
+
+    def views(self, buf: np.ndarray) -> tuple[list[np.ndarray], Callable[[], None]] | None:
+        """Every rank's view of a registered ``buf`` and the fence of its window, or None."""
+        src, w = self._peers(buf)
+        if w is None:
+            return None
+        return src, lambda: self._fence(w)
 
     def _staging(self, n: int) -> tuple[list[np.ndarray], _Window]:
         """The reused staging window, grown (collectively: ``n`` agrees on all ranks)."""

@@ -211,7 +211,9 @@ def _num(section: Mapping[str, Any], key: str, where: str, unknown: list[str]) -
     return float(value)
 
 
-def _table(raw: Any, where: str, scale: float) -> tuple[tuple[float, float], ...]:
+def _table(
+    raw: Any, where: str, scale: float, most: float = 1.0
+) -> tuple[tuple[float, float], ...]:
     if raw is None:
         return ((0.0, 1.0),)
     rows = []
@@ -219,8 +221,8 @@ def _table(raw: Any, where: str, scale: float) -> tuple[tuple[float, float], ...
         if not (isinstance(row, list | tuple) and len(row) == 2):
             raise ProfileError(f"{where}: rows must be [min_size, efficiency], got {row!r}")
         size, eff = float(row[0]), float(row[1])
-        if not 0.0 < eff <= 1.0:
-            raise ProfileError(f"{where}: efficiency must be in (0, 1], got {eff}")
+        if not 0.0 < eff <= most:
+            raise ProfileError(f"{where}: efficiency must be in (0, {most:g}], got {eff}")
         rows.append((size * scale, eff))
     rows.sort(key=lambda r: -r[0])
     if rows[-1][0] != 0.0:
@@ -255,7 +257,9 @@ def _link(raw: Mapping[str, Any] | None, name: str, unknown: list[str]) -> Link:
         efficiency=1.0 if eff is None else eff,
         gamma=0.0 if not gamma else 1.0 / (float(gamma) * 1e9),
         size_efficiency=_optional_table(raw, "size_efficiency", where),
-        reduce_efficiency=_optional_table(raw, "reduce_efficiency", where),
+        # an exchange can hide part of its addition behind the transfer: what it exposes
+        # may cost less than reduce_gbs alone (fractions above 1)
+        reduce_efficiency=_optional_table(raw, "reduce_efficiency", where, REDUCE_EXPOSED_MAX),
         direct=None
         if raw.get("direct") is None
         else _link(raw["direct"], f"{name}.direct", unknown),
@@ -263,11 +267,26 @@ def _link(raw: Mapping[str, Any] | None, name: str, unknown: list[str]) -> Link:
     )
 
 
-def _optional_table(raw: Mapping[str, Any], key: str, where: str) -> tuple:
+def parse_link(raw: Mapping[str, Any], name: str) -> Link:
+    """A link from a profile's entry for it (``links.<name>``, as YAML loads it); a
+    figure it lacks is an error."""
+    unknown: list[str] = []
+    link = _link(raw, name, unknown)
+    if unknown:
+        raise ProfileError(f"{', '.join(unknown)}: needs bandwidth_gbs, latency_us, efficiency")
+    return link
+
+
+def _optional_table(raw: Mapping[str, Any], key: str, where: str, most: float = 1.0) -> tuple:
     """A [min bytes, fraction] table when the profile gives one, else ()."""
     if raw.get(key) is None:
         return ()
-    return _table(raw[key], f"{where}.{key}", 1.0)
+    return _table(raw[key], f"{where}.{key}", 1.0, most)
+
+
+# calibrate floors an exchange's exposed addition at 2 % of its copy time: 50x the copy
+# rate, which is below 1000x any CPU's add rate
+REDUCE_EXPOSED_MAX = 1000.0
 
 
 GEMM_LAYOUTS = ("nn", "nt", "tn")

@@ -8,6 +8,7 @@ module replays the schedules of ``simdist.comm.ring``, ``rhd`` and ``shm`` on th
 block sizes (bytes per rank):
 
     per step and rank:  messages·α + max(bytes sent, bytes received)·β + bytes added·γ
+    (β and γ at the step's size where the link has size-keyed tables)
     a step lasts as long as its busiest rank; the collective is the sum of its steps
 
 (links are full duplex, so a Sendrecv costs the larger direction). For equal blocks this
@@ -124,14 +125,14 @@ def _shm(op: str, blocks: Sequence[float]) -> list[Step]:
     per half (a device's link carries its own loads and stores and the others' at once).
     The "messages" are fences: 2 per half alone, 2 for the all-reduce (one before the
     sums, one after the owners have stored their blocks into the others' buffers). The
-    addition reads the peer's data as it adds: counted in the bytes pulled, on the link's
-    ``peer_access`` rates (``schedule_time``), not as a separate pass."""
+    reduce-scatter adds the peers' values as it loads them: bytes pulled at the link's
+    ``peer_access`` rates (``schedule_time``) plus what the addition adds to the load."""
     p = len(blocks)
     total = float(sum(blocks))
     alone = 1 if op == "allreduce" else 2
     steps: list[Step] = []
     if op in ("reduce_scatter", "allreduce"):  # pull own block from p-1 peers, adding
-        steps.append([(alone, total - b, (p - 1) * b, 0.0) for b in blocks])
+        steps.append([(alone, total - b, (p - 1) * b, (p - 1) * b) for b in blocks])
     if op in ("allgather", "allreduce"):  # own block to p-1 peers, every other block in
         steps.append([(alone, (p - 1) * b, total - b, 0.0) for b in blocks])
     return steps
@@ -153,31 +154,18 @@ def schedule(op: str, algorithm: str, blocks: Sequence[float]) -> list[Step]:
     return SCHEDULES[algorithm](op, blocks)
 
 
-# ``simdist.comm.p2p``: a message the receiver adds travels in segments of this many bytes
-# (SEGMENT float32), each added as soon as it arrives (tests check the two agree).
-SEGMENT_BYTES = 4 * (1 << 18)
-
-
 def _rank_time(m: int, out: float, inc: float, add: float, link: Link) -> float:
-    """One rank's part of a step. A received block that is added arrives in segments and
-    each is added while it is in cache: β and γ at the segment's size. The transfer and the
-    addition do not overlap: on a CPU both are the same core's work (MPI's shared-memory
-    copy is done by the processes themselves; measured here, a 16 MiB ring reduce-scatter
-    at 2 ranks takes the sum of its copy and its addition, not the larger)."""
+    """One rank's part of a step, each rate at the step's size. A received block that is
+    added costs what the reduce exchange adds to the plain one (``gamma_at``: calibrate
+    times p2p's pipelined reduce itself, so the part of the addition that overlaps the
+    transfer is not counted twice; a published γ is the plain reduction rate)."""
     size = max(out, inc)
-    if not add:
-        return m * link.latency + size * link.beta_at(size)
-    segments = max(1, -(-int(size) // SEGMENT_BYTES))
-    return (
-        m * link.latency
-        + size * link.beta_at(size / segments)
-        + add * link.gamma_at(add / segments)
-    )
+    t = m * link.latency + size * link.beta_at(size)
+    return t + add * link.gamma_at(add) if add else t
 
 
 def step_time(step: Step, link: Link) -> float:
-    """Seconds of one step: its busiest rank (β and γ at the step's message and segment
-    size where the link has size-keyed tables)."""
+    """Seconds of one step: its busiest rank."""
     return max(_rank_time(m, out, inc, add, link) for m, out, inc, add in step)
 
 
