@@ -453,37 +453,31 @@ def collectives_worker(out: str, probe_links: bool = False) -> int:
     bufs = {n: pool[: n // 4] for n in COLL_SIZES}
     # shm runs, as in training, on buffers registered with the collectives (shared memory)
     shared = {n: coll.buffer(n // 4) for n in COLL_SIZES}
-    probe = LinkProbe(comm) if probe_links else None
+    # the reduce probe runs on the collectives' own exchanger: the same scratch memory
+    probe = LinkProbe(comm, coll.exchanger) if probe_links else None
     tiny = coll.buffer(16) if probe_links else None
     rows = []
     for op, alg, n in keys:  # one case at a time, as calibrate sweeps one size at a time
         buf = shared[n] if alg == "shm" else bufs[n]
         link: dict = {}
         best: dict = {}
+        views = None
         if probe is not None:
             # latencies as calibrate takes them: best of a tight loop (interleaved with the
             # large transfers, the shm fence came out 1.5-4x what it costs inside the calls)
             lat = probe.latencies(coll, tiny, 50)
             fits = [s for s in MESSAGE_SIZES if 2 * s <= n]
             if alg == "shm":
-                views, fence = coll.peer_views(buf)
+                views = coll.peer_views(buf)
                 kinds = {"copy": DIRECT_SIZES, "add": DIRECT_SIZES}
             else:
                 kinds = {"sendrecv": MESSAGE_SIZES, "reduce": REDUCE_SIZES}
             best = {k: {s: float("inf") for s in sizes if 2 * s <= n} for k, sizes in kinds.items()}
         window = []
         for i in range(3 + COLL_CALLS):  # 3 warm-up calls: scratch, rendezvous, first touch
-            if probe is not None:  # the link on this buffer, just before the call
-                for kind, sizes in best.items():
-                    for s in sizes:
-                        if kind == "sendrecv":
-                            t = probe.exchange(buf, s)
-                        elif kind == "reduce":
-                            t = probe.reduce(buf, s)
-                        else:
-                            t = probe.direct(views, fence, s, add=kind == "add")
-                        if i >= 3:
-                            sizes[s] = min(sizes[s], t)
+            # probes and call take turns going first: neither always follows the other
+            if probe is not None and i % 2 == 0:
+                _probe_round(probe, best, buf, views, i >= 3)
             # freshly written, as gradients are after backward: by ordinary stores (numpy
             # fills zeros with memset, whose large stores can bypass the caches; the
             # probes write the same way)
@@ -494,6 +488,8 @@ def collectives_worker(out: str, probe_links: bool = False) -> int:
             dt = time.perf_counter() - t0
             if i >= 3:
                 window.append(max(comm.allgather(dt)))
+            if probe is not None and i % 2 == 1:
+                _probe_round(probe, best, buf, views, i >= 3)
         if best:
             link["latency"] = lat
             if alg == "shm":
@@ -530,6 +526,21 @@ def collectives_worker(out: str, probe_links: bool = False) -> int:
         probe.free()
     coll.free()
     return 0
+
+
+def _probe_round(probe, best: dict, buf, views, count: bool) -> None:
+    """One sample of each probe in ``best`` ({kind: {size: best seconds}}) on ``buf`` (shm:
+    ``views``, its ranks' views and fence), kept where ``count``."""
+    for kind, sizes in best.items():
+        for s in sizes:
+            if kind == "sendrecv":
+                t = probe.exchange(buf, s)
+            elif kind == "reduce":
+                t = probe.reduce(buf, s)
+            else:
+                t = probe.direct(*views, s, add=kind == "add")
+            if count:
+                sizes[s] = min(sizes[s], t)
 
 
 def case_link(row: dict, base: Link) -> Link:

@@ -260,7 +260,9 @@ class LinkProbe:
     or 4 KiB ones: 3x for a 2 MiB Sendrecv here; shared-memory windows never get huge
     pages) and on the neighbours' load, which changes within a minute."""
 
-    def __init__(self, comm: Any):
+    def __init__(self, comm: Any, exchanger: Any = None):
+        """``exchanger``: the ``p2p.Exchanger`` whose reduce to time (a ``Collectives``'
+        own, to time it on the scratch its collectives use); default: a new one."""
         from mpi4py import MPI
 
         from simdist.comm.p2p import Exchanger
@@ -269,7 +271,7 @@ class LinkProbe:
         self.rank = comm.Get_rank()
         peer = self.rank ^ 1
         self.peer = peer if peer < comm.Get_size() else None
-        self._exchanger = Exchanger(self.comm)
+        self._exchanger = exchanger if exchanger is not None else Exchanger(self.comm)
         self._max, self._float = MPI.MAX, MPI.FLOAT
 
     def free(self) -> None:
@@ -339,15 +341,15 @@ class LinkProbe:
     ) -> dict[str, float]:
         """Best of ``repeats``: the bare Sendrecv of 32 B (``raw``); simdist's ring
         all-gather of 16 floats less its p - 1 such steps (``call``: the call's own Python,
-        paid once per collective); where ``coll`` shares memory, half its shm
-        reduce-scatter of 16 floats (``step``: a fence as the algorithm pays it) and the
-        bare fence (``fence``). ``tiny``: 16 floats from ``coll.buffer``; ``warmup`` calls
-        of each first, not counted."""
-        shared = coll.registered(tiny)
-        fence = coll.peer_views(tiny)[1] if shared else None
+        paid once per collective); where ``coll`` shares memory, the bare fence (``fence``)
+        and ``step``, a fence as the shm algorithm pays it: half of its reduce-scatter of 16
+        floats less the addition inside it (``direct`` on 32 B), which the size probes
+        already time. ``tiny``: 16 floats from ``coll.buffer``; ``warmup`` calls of each
+        first, not counted."""
+        views, fence = coll.peer_views(tiny) if coll.registered(tiny) else (None, None)
         peer = self.peer if self.peer is not None else self.rank
         steps = self.comm.Get_size() - 1
-        best = {k: float("inf") for k in ("raw", "ring", "step", "fence")}
+        best = {k: float("inf") for k in ("raw", "ring", "shm", "add", "fence")}
         for i in range(warmup + repeats):
             tiny.fill(i)
             got = {
@@ -357,14 +359,16 @@ class LinkProbe:
                 "ring": self._timed(lambda: coll.allgather(tiny, algorithm="ring")),
             }
             if fence is not None:
-                got["step"] = self._timed(lambda: coll.reduce_scatter(tiny, algorithm="shm")) / 2
+                got["shm"] = self._timed(lambda: coll.reduce_scatter(tiny, algorithm="shm"))
+                got["add"] = self.direct(views, fence, 32, add=True)
                 got["fence"] = self._timed(fence)
             if i >= warmup:
                 for k, v in got.items():
                     best[k] = min(best[k], v)
         out = {"raw": best["raw"], "call": max(0.0, best["ring"] - steps * best["raw"])}
         if fence is not None:
-            out.update(step=best["step"], fence=best["fence"])
+            step = max(best["fence"], (best["shm"] - best["add"]) / 2)
+            out.update(step=step, fence=best["fence"])
         return out
 
 
@@ -517,6 +521,8 @@ def _table_rows(rates: dict[int, float], peak: float) -> list[list[float]]:
     """[min size, rate / peak] rows, largest size first, the smallest keyed 0 (it covers
     everything below)."""
     sizes = sorted(rates, reverse=True)
+    if not sizes:  # nothing measured above the latency: the plain rate everywhere
+        return [[0, 1.0]]
     return [[0 if s == sizes[-1] else s, rates[s] / peak] for s in sizes]
 
 
@@ -667,8 +673,8 @@ def render(m: dict[str, Any], previous: dict[str, Any] | None) -> str:
                 f"      bandwidth_gbs: {d['bandwidth_gbs']:.4f}  # [calibrate] best copy rate "
                 "from the peer's freshly written segment into this rank's",
                 f"      latency_us: {d['latency_us']:.3f}  # [calibrate] per fence of simdist's "
-                f"shm reduce-scatter of 16 floats (the fence alone: {direct['fence'] * 1e6:.2f}"
-                " us)",
+                "shm reduce-scatter of 16 floats, less its addition (the fence alone: "
+                f"{direct['fence'] * 1e6:.2f} us)",
                 "      efficiency: 1.0",
                 f"      reduce_gbs: {reduce_gbs:.3f}  # [calibrate] as the link's",
                 "      size_efficiency:   # [min bytes, fraction of bandwidth] copy sweep",

@@ -765,13 +765,7 @@ def test_calibrate_link_only_keeps_the_base_compute_section(tmp_path):
 def test_validate_sim_published_points_stay_within_their_targets(tmp_path, monkeypatch):
     """The published part of scripts/validate_sim.py is deterministic (plan mode and the
     collective model on shipped profiles, no timing): every row within 15 %, 10 % mean."""
-    import importlib.util
-
-    path = Path(__file__).resolve().parents[1] / "scripts" / "validate_sim.py"
-    spec = importlib.util.spec_from_file_location("validate_sim", path)
-    mod = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "validate_sim", mod)  # its dataclasses look it up
-    spec.loader.exec_module(mod)
+    mod = _validate_sim_module(monkeypatch)
     out = tmp_path / "rows.json"
     assert mod.main(["--part", "published", "--json", str(out)]) == 0
     rows = json.loads(out.read_text())
@@ -782,6 +776,45 @@ def test_validate_sim_published_points_stay_within_their_targets(tmp_path, monke
     assert sum(errs) / len(errs) <= 0.10
     zero = [r for r in rows if r["unit"] == "GB"]  # the ZeRO paper's model states: exact
     assert len(zero) == 4 and all(abs(r["rel_error"]) < 0.02 for r in zero)
+
+
+def _validate_sim_module(monkeypatch):
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "validate_sim.py"
+    spec = importlib.util.spec_from_file_location("validate_sim", path)
+    mod = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "validate_sim", mod)  # its dataclasses look it up
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_validate_sim_collectives_worker_probes_each_cases_buffer(tmp_path, monkeypatch):
+    """validate_sim's collectives worker at 2 ranks with --worker-probe: every case has its
+    calls timed and the link probed on its own buffer (MPI exchanges for ring and rhd, peer
+    loads for shm), and ``case_link`` turns the probes into the link it is priced on."""
+    from mpi_launch import run_mpi
+
+    from simdist.comm.partition import partition
+    from simdist.device.schedule import schedule_time
+
+    mod = _validate_sim_module(monkeypatch)
+    out = tmp_path / "cases.json"
+    r = run_mpi(2, [mod.__file__, "--collectives-worker", out, "--worker-probe"], 600)
+    assert r.returncode == 0, r.stdout
+    rows = json.loads(out.read_text())
+    assert len(rows) == len(mod.COLL_OPS) * len(mod.COLL_ALGS) * len(mod.COLL_SIZES)
+    base = CostModel(load_profile("host")).link("intra", 2)
+    for row in rows:
+        assert 0 < row["best_us"] <= row["median_us"], row
+        shm = row["algorithm"] == "shm"
+        probed = row["link"]["direct" if shm else "mpi"]
+        assert max(probed["sizes"]) == row["bytes"] // 2  # up to the case's own block
+        link = mod.case_link(row, base)
+        assert link is not base and (link.direct is not base.direct if shm else link.direct is None)
+        bounds = partition(row["bytes"] // 4, 2)
+        blocks = [4 * int(x) for x in bounds[1:] - bounds[:-1]]
+        assert schedule_time(row["op"], row["algorithm"], blocks, link) > 0
 
 
 def test_calibrate_writes_a_loadable_host_profile(tmp_path):

@@ -100,6 +100,11 @@ class Collectives:
         """Payload bytes this rank has sent through simdist collectives (native: nominal)."""
         return self._p2p.bytes_sent
 
+    @property
+    def exchanger(self) -> Exchanger:
+        """The pairwise exchanges (and their reused scratch) its algorithms run on."""
+        return self._p2p
+
     def reserve_scratch(self, nbytes: int) -> int:
         """Grow the reused point-to-point scratch to at least ``nbytes`` now; it only grows
         when a call needs more, so a caller that reserves the largest need up front can

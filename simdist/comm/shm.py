@@ -90,6 +90,10 @@ def check_single_node(place: Placement | None) -> None:
         )
 
 
+def _address(buf: np.ndarray) -> int:
+    return buf.__array_interface__["data"][0]
+
+
 class SharedMemoryFullError(MemoryError):
     """The shared-memory filesystem has no room for a window (raised on every rank)."""
 
@@ -112,11 +116,11 @@ class _Window:
             self.segments.append(np.frombuffer(mem, dtype=np.float32, count=n))
         self.base = self.segments[comm.Get_rank()].__array_interface__["data"][0]
 
-    def offset_of(self, buf: np.ndarray) -> int | None:
-        """Element offset of ``buf`` inside this rank's segment, or None if not inside."""
-        addr = buf.__array_interface__["data"][0]
+    def offset_of(self, addr: int, size: int) -> int | None:
+        """Element offset of the ``size`` floats at address ``addr`` inside this rank's
+        segment, or None if they are not inside."""
         off, extra = divmod(addr - self.base, 4)
-        if extra or off < 0 or off + buf.size > self.n:
+        if extra or off < 0 or off + size > self.n:
             return None
         return off
 
@@ -148,12 +152,14 @@ class SharedMemory(Algorithm):
         return w.segments[self.rank]
 
     def is_registered(self, buf: np.ndarray) -> bool:
-        return any(w.offset_of(buf) is not None for w in self._registered)
+        addr = _address(buf)
+        return any(w.offset_of(addr, buf.size) is not None for w in self._registered)
 
     def _peers(self, buf: np.ndarray) -> tuple[list[np.ndarray], _Window | None]:
         """Every rank's view of ``buf`` if it is registered (and the window), else ([], None)."""
+        addr = _address(buf)  # once: numpy builds the interface dict on every access
         for w in self._registered:
-            off = w.offset_of(buf)
+            off = w.offset_of(addr, buf.size)
             if off is not None:
                 return [s[off : off + buf.size] for s in w.segments], w
         return [], None
