@@ -37,11 +37,16 @@ nothing else runs. The measured side uses the same estimator: the best step over
 a loaded machine the gap between the two is the load, not the model. Nothing is rescaled.
 
 Which profile. ``--profile`` (default: the shipped ``host``) or ``--calibrate``: calibrate
-this machine first (written beside ``--json``) and, before each collectives launch,
-re-measure its link inside each collectives launch (``calibrate --link-only``). A virtual
-machine's MPI and shared-memory rates move by tens of percent from one launch to the next
-(its cores, caches and pages are the hypervisor's to place), so only a calibration in the
-same processes describes the machine the measurement ran on.
+this machine first (written beside ``--json``) and predict every collective from the link
+calibrate's probes (``simdist.calibrate.LinkProbe``: Sendrecv and p2p's reduce exchange,
+or shm's peer loads, at each calibrate size that fits) measure on that collective's own
+buffer, in rounds that take turns with its calls (latencies: a tight loop first). On a
+virtual machine a buffer's rates depend on the pages under it (transparent huge pages or
+4 KiB ones: 3x for a 2 MiB Sendrecv here, and shared-memory windows never get huge pages)
+and on the neighbours' load, which changes within seconds; only a calibration on the same
+memory at the same time describes the machine a call ran on. The model still does the
+rest: which steps, at which sizes, the call and fence latencies, the addition each step
+exposes. Each case's probes and calls are written to ``--json``'s ``*.links/``.
 
 The profile models one core per rank. Runs with more ranks than cores (np 4 on a 2-core
 machine) time-share the cores: they are run and reported, flagged ``oversubscribed``, and
@@ -730,7 +735,8 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="first run `mpiexec -n 2 python -m simdist.calibrate` and predict with that "
         "profile (this machine as it is now; written next to --json as *.host.yaml); each "
-        "collectives launch also re-measures its own link first (kept in *.links/)",
+        "collective is predicted from calibrate's link probes run on its own buffer, taking "
+        "turns with its calls (kept in *.links/)",
     )
     ap.add_argument("--collectives-worker", metavar="OUT", help=argparse.SUPPRESS)
     ap.add_argument("--worker-probe", action="store_true", help=argparse.SUPPRESS)

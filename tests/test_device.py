@@ -594,22 +594,26 @@ def test_shm_schedule_runs_on_the_links_direct_peer_access(tmp_path):
     link = load_profile(plain_path).intra
     d = link.direct
     assert d is not None and d.known and d.latency > 0 and link.peer_access is d
+    assert d.gamma > 0  # the host adds on its cores: the direct link has a reduce rate
     b = 1 << 20  # per-rank block bytes, 2 ranks
     # all-reduce: 2 fences, pull the peer's half of my block (adding), store the sum into
     # the peer's buffer
     assert schedule_time("allreduce", "shm", [b, b], link) == pytest.approx(
-        2 * d.latency + 2 * b * d.beta
+        2 * d.latency + 2 * b * d.beta + b * d.gamma
     )
-    for half in ("reduce_scatter", "allgather"):  # 2 fences each alone
-        assert schedule_time(half, "shm", [b, b], link) == pytest.approx(2 * d.latency + b * d.beta)
+    # 2 fences each alone; the reduce-scatter adds what it pulls
+    rs = schedule_time("reduce_scatter", "shm", [b, b], link)
+    assert rs == pytest.approx(2 * d.latency + b * d.beta + b * d.gamma)
+    ag = schedule_time("allgather", "shm", [b, b], link)
+    assert ag == pytest.approx(2 * d.latency + b * d.beta)
     # 4 ranks: each pulls 3 blocks' worth in each half
     assert schedule_time("allreduce", "shm", [b] * 4, link) == pytest.approx(
-        2 * d.latency + 2 * 3 * b * d.beta
+        2 * d.latency + 2 * 3 * b * d.beta + 3 * b * d.gamma
     )
     gpu = load_profile("a100-80gb").intra
     assert gpu.direct is None and gpu.peer_access is gpu
     assert schedule_time("allreduce", "shm", [b] * 8, gpu) == pytest.approx(
-        2 * gpu.latency + 2 * 7 * b * gpu.beta
+        2 * gpu.latency + 2 * 7 * b * gpu.beta + 7 * b * gpu.gamma
     )
 
 
