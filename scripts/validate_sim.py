@@ -420,7 +420,7 @@ def measured_training(nps: list[int], repeats: int, work: Path) -> list[dict]:
 
 COLL_OPS = ("allreduce", "reduce_scatter", "allgather")
 COLL_SIZES = (1 << 20, 4 << 20, 16 << 20)
-COLL_CALLS = 40
+COLL_CALLS = 60
 COLL_ALGS = ("ring", "rhd", "shm")
 
 
@@ -431,8 +431,9 @@ def collectives_worker(out: str, probe_links: bool = False) -> int:
 
     ``probe_links``: also calibrate the link on each case's own buffer, interleaved with
     its calls (``simdist.calibrate.LinkProbe``: one round of the Sendrecv and reduce
-    exchanges, or of the shm loads, at every calibrate size that fits, before each call;
-    the latencies in a tight loop first), best per size: the case's link, written with it.
+    exchanges, or of the shm loads, at every calibrate size that fits, next to each call,
+    the two taking turns going first; the latencies in a tight loop first), every round's
+    samples written with the case (``case_links`` makes one link per round).
     On a virtual machine a buffer's rates depend on the pages under it and on the
     neighbours' load, both of which change within one launch, so only a calibration on the
     same memory at the same time describes the machine the call ran on."""
@@ -444,7 +445,6 @@ def collectives_worker(out: str, probe_links: bool = False) -> int:
         MESSAGE_SIZES,
         REDUCE_SIZES,
         LinkProbe,
-        fit_alpha_beta,
     )
     from simdist.comm import Collectives
     from simdist.comm.world import world
@@ -465,24 +465,23 @@ def collectives_worker(out: str, probe_links: bool = False) -> int:
     for op, alg, n in keys:  # one case at a time, as calibrate sweeps one size at a time
         buf = shared[n] if alg == "shm" else bufs[n]
         link: dict = {}
-        best: dict = {}
+        rounds: dict = {}
         views = None
         if probe is not None:
             # latencies as calibrate takes them: best of a tight loop (interleaved with the
             # large transfers, the shm fence came out 1.5-4x what it costs inside the calls)
             lat = probe.latencies(coll, tiny, 50)
-            fits = [s for s in MESSAGE_SIZES if 2 * s <= n]
             if alg == "shm":
                 views = coll.peer_views(buf)
                 kinds = {"copy": DIRECT_SIZES, "add": DIRECT_SIZES}
             else:
                 kinds = {"sendrecv": MESSAGE_SIZES, "reduce": REDUCE_SIZES}
-            best = {k: {s: float("inf") for s in sizes if 2 * s <= n} for k, sizes in kinds.items()}
+            rounds = {k: {s: [] for s in sizes if 2 * s <= n} for k, sizes in kinds.items()}
         window = []
         for i in range(3 + COLL_CALLS):  # 3 warm-up calls: scratch, rendezvous, first touch
             # probes and call take turns going first: neither always follows the other
             if probe is not None and i % 2 == 0:
-                _probe_round(probe, best, buf, views, i >= 3)
+                _probe_round(probe, rounds, buf, views, i >= 3)
             # freshly written, as gradients are after backward: by ordinary stores (numpy
             # fills zeros with memset, whose large stores can bypass the caches; the
             # probes write the same way)
@@ -494,26 +493,9 @@ def collectives_worker(out: str, probe_links: bool = False) -> int:
             if i >= 3:
                 window.append(max(comm.allgather(dt)))
             if probe is not None and i % 2 == 1:
-                _probe_round(probe, best, buf, views, i >= 3)
-        if best:
-            link["latency"] = lat
-            if alg == "shm":
-                link["direct"] = {
-                    "sizes": list(best["copy"]),
-                    "copy": list(best["copy"].values()),
-                    "add": list(best["add"].values()),
-                    "step": link["latency"]["step"],
-                }
-            else:
-                times = [best["sendrecv"][s] for s in fits]
-                link["mpi"] = {
-                    "sizes": fits,
-                    "sendrecv": times,
-                    "sendrecv_fit": fit_alpha_beta(fits, times),
-                    "reduce_sizes": list(best["reduce"]),
-                    "reduce": list(best["reduce"].values()),
-                    "call": link["latency"]["call"],
-                }
+                _probe_round(probe, rounds, buf, views, i >= 3)
+        if rounds:  # every round's samples: the parent predicts once per round
+            link = {"latency": lat, "rounds": rounds}
         rows.append(
             {
                 "op": op,
@@ -533,10 +515,10 @@ def collectives_worker(out: str, probe_links: bool = False) -> int:
     return 0
 
 
-def _probe_round(probe, best: dict, buf, views, count: bool) -> None:
-    """One sample of each probe in ``best`` ({kind: {size: best seconds}}) on ``buf`` (shm:
-    ``views``, its ranks' views and fence), kept where ``count``."""
-    for kind, sizes in best.items():
+def _probe_round(probe, rounds: dict, buf, views, count: bool) -> None:
+    """One sample of each probe in ``rounds`` ({kind: {size: [seconds per round]}}) on
+    ``buf`` (shm: ``views``, its ranks' views and fence), appended where ``count``."""
+    for kind, sizes in rounds.items():
         for s in sizes:
             if kind == "sendrecv":
                 t = probe.exchange(buf, s)
@@ -545,24 +527,50 @@ def _probe_round(probe, best: dict, buf, views, count: bool) -> None:
             else:
                 t = probe.direct(*views, s, add=kind == "add")
             if count:
-                sizes[s] = min(sizes[s], t)
+                sizes[s].append(t)
 
 
-def case_link(row: dict, base: Link) -> Link:
-    """The link a collectives case is predicted on: the profile's, or, where the worker
-    probed the case's own buffer, the one calibrate's rules make of those probes (its
-    direct part for shm; the profile's add rate as the reference of the reduce tables)."""
-    from simdist.calibrate import direct_link, mpi_link
+def case_links(row: dict, base: Link) -> list[Link]:
+    """The links a collectives case is predicted on: the profile's, or where the worker
+    probed the case's own buffer, one per probe round, each made by calibrate's rules from
+    that round's samples alone (shm: the direct part; the profile's add rate as the
+    reference of the reduce tables). One round's probes ran next to one call: their sum
+    is compared with a call, not the best of each part with another."""
+    from simdist.calibrate import direct_link, fit_alpha_beta, mpi_link
 
     probed = row.get("link") or {}
+    if "rounds" not in probed:
+        return [base]
+    lat, rounds = probed["latency"], probed["rounds"]
     reduce_bw = 1.0 / base.gamma if base.gamma else 1e12
-    if "mpi" in probed:
-        return parse_link(mpi_link(probed["mpi"], reduce_bw), "intra")
-    if "direct" in probed:
-        return dataclasses.replace(
-            base, direct=parse_link(direct_link(probed["direct"], reduce_bw), "intra.direct")
-        )
-    return base
+
+    def sample(kind: str, k: int) -> tuple[list[int], list[float]]:
+        by_size = {int(s): v for s, v in rounds[kind].items()}  # JSON keys are strings
+        sizes = sorted(by_size)
+        return sizes, [by_size[s][k] for s in sizes]
+
+    first = next(iter(rounds.values()))
+    links = []
+    for k in range(len(next(iter(first.values())))):
+        if "copy" in rounds:
+            sizes, copy = sample("copy", k)
+            _, add = sample("add", k)
+            direct = {"sizes": sizes, "copy": copy, "add": add, "step": lat["step"]}
+            d = parse_link(direct_link(direct, reduce_bw), "intra.direct")
+            links.append(dataclasses.replace(base, direct=d))
+        else:
+            sizes, sendrecv = sample("sendrecv", k)
+            reduce_sizes, reduce = sample("reduce", k)
+            mpi = {
+                "sizes": sizes,
+                "sendrecv": sendrecv,
+                "sendrecv_fit": fit_alpha_beta(sizes, sendrecv),
+                "reduce_sizes": reduce_sizes,
+                "reduce": reduce,
+                "call": lat["call"],
+            }
+            links.append(parse_link(mpi_link(mpi, reduce_bw), "intra"))
+    return links
 
 
 def measured_collectives(nps: list[int], repeats: int, work: Path) -> list[dict]:
@@ -595,9 +603,9 @@ def measured_collectives(nps: list[int], repeats: int, work: Path) -> list[dict]
             # per launch: its prediction (on its link) against its best call; the row is
             # the launch with the median error (each side from one launch)
             pairs = []
-            for x in launches:
-                link = case_link(x[i], base.link("intra", np_))
-                pred = schedule_time(r["op"], r["algorithm"], blocks, link) * 1e6
+            for x in launches:  # the best of its predictions, as of its calls
+                links = case_links(x[i], base.link("intra", np_))
+                pred = min(schedule_time(r["op"], r["algorithm"], blocks, lk) for lk in links) * 1e6
                 pairs.append((pred, x[i]["best_us"], x[i]["median_us"]))
             pairs.sort(key=lambda t: (t[0] - t[1]) / t[1])
             pred, best, median = pairs[len(pairs) // 2]

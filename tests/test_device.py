@@ -812,13 +812,19 @@ def test_validate_sim_collectives_worker_probes_each_cases_buffer(tmp_path, monk
     for row in rows:
         assert 0 < row["best_us"] <= row["median_us"], row
         shm = row["algorithm"] == "shm"
-        probed = row["link"]["direct" if shm else "mpi"]
-        assert max(probed["sizes"]) == row["bytes"] // 2  # up to the case's own block
-        link = mod.case_link(row, base)
-        assert link is not base and (link.direct is not base.direct if shm else link.direct is None)
+        rounds = row["link"]["rounds"]
+        assert set(rounds) == ({"copy", "add"} if shm else {"sendrecv", "reduce"})
+        for kind, by_size in rounds.items():  # up to the case's own block, every round
+            assert max(int(s) for s in by_size) == row["bytes"] // 2, (kind, row)
+            assert {len(v) for v in by_size.values()} == {mod.COLL_CALLS}
+        links = mod.case_links(row, base)
+        assert len(links) == mod.COLL_CALLS
         bounds = partition(row["bytes"] // 4, 2)
         blocks = [4 * int(x) for x in bounds[1:] - bounds[:-1]]
-        assert schedule_time(row["op"], row["algorithm"], blocks, link) > 0
+        for link in links:
+            assert link is not base
+            assert link.direct is not base.direct if shm else link.direct is None
+            assert schedule_time(row["op"], row["algorithm"], blocks, link) > 0
 
 
 def test_calibrate_writes_a_loadable_host_profile(tmp_path):
