@@ -618,7 +618,7 @@ def render(m: dict[str, Any], previous: dict[str, Any] | None) -> str:
         f"  bandwidth_gbs: {mem_peak / 1e9:.3f}  # [calibrate] best of copy/add over sizes "
         "(read + write bytes)",
         "  efficiency_key: working_set  # a kernel's operands are as far away as the step's "
-        "resident bytes reach",
+        "resident bytes reach (read between the sweep's points, linear in log size)",
         "  efficiency:           # [min MB moved, fraction of bandwidth] copy/add sweep",
     ]
     for size in sorted(mem_pts, reverse=True):

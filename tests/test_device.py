@@ -679,6 +679,28 @@ def test_combine_per_kind_and_memory_keyed_by_working_set(tmp_path):
         load_profile(path)
 
 
+def test_working_set_rate_is_read_between_the_sweeps_points():
+    """The host's memory table is a sweep's samples: between two of them the efficiency is
+    linear in log(size), outside them the table's own rows (the row keyed 0 stands for the
+    smallest size and everything below it); GPU tables stay step functions."""
+    from simdist.device.cost import efficiency, interpolated_efficiency
+
+    table = ((8e6, 0.25), (4e6, 0.5), (2e6, 1.0), (0.0, 0.8))
+    assert interpolated_efficiency(table, 2e6) == pytest.approx(1.0)
+    assert interpolated_efficiency(table, 2**0.5 * 2e6) == pytest.approx(0.75)
+    assert interpolated_efficiency(table, 2**0.5 * 4e6) == pytest.approx(0.375)
+    assert interpolated_efficiency(table, 16e6) == 0.25  # beyond the last sample: flat
+    assert interpolated_efficiency(table, 1e6) == 0.8  # below the smallest keyed size
+    assert efficiency(table, 2**0.5 * 2e6) == 1.0  # the step function, for comparison
+    host = load_profile("host")
+    rows = [r for r in host.memory_efficiency if r[0] > 0]
+    (hi, e_hi), (lo, e_lo) = rows[-2], rows[-1]  # two sample points of the shipped sweep
+    mid = (hi * lo) ** 0.5
+    _, t_mid = CostModel(host, working_set=mid).kernel_terms(1e3, 1e6, "vector")
+    _, t_lo = CostModel(host, working_set=lo).kernel_terms(1e3, 1e6, "vector")
+    assert t_mid == pytest.approx(t_lo * e_lo / ((e_lo + e_hi) / 2))
+
+
 def test_calibrate_under_mpi_measures_the_link_and_direct_peer_access(tmp_path):
     from mpi_launch import run_mpi
 

@@ -23,7 +23,9 @@ Wellein): BLAS GEMMs pack their operands into cache before the arithmetic, so th
 traffic is not overlapped (``sum``), while streaming loops are hidden behind the hardware
 prefetcher (``roofline``); and a kernel's operands are only in cache when the whole step's
 working set fits, so the memory efficiency is keyed by the step's resident bytes
-(``memory.efficiency_key: working_set``), not the kernel's.
+(``memory.efficiency_key: working_set``), not the kernel's, and read between the sweep's
+points (linear in log size: the rate falls steeply from L3 to DRAM, and a working set twice
+a sample point is not at that point's rate).
 
 Collectives use α–β (Hockney) formulas per algorithm; n is the per-rank buffer for
 all-reduce and broadcast, and the *total* (gathered / scattered) size for reduce-scatter
@@ -92,6 +94,17 @@ def efficiency(table: tuple[tuple[float, float], ...], size: float) -> float:
         if size >= min_size:
             return eff
     return table[-1][1]
+
+
+def interpolated_efficiency(table: tuple[tuple[float, float], ...], size: float) -> float:
+    """``efficiency`` read as samples of a smooth curve: between two rows with nonzero min
+    sizes, linear in log(size) (a measured sweep's points, where the rate falls steeply
+    from one cache level to the next); the table's own value outside them."""
+    for (hi_size, hi_eff), (lo_size, lo_eff) in zip(table, table[1:], strict=False):
+        if lo_size > 0 and lo_size <= size < hi_size:
+            t = math.log(size / lo_size) / math.log(hi_size / lo_size)
+            return lo_eff + t * (hi_eff - lo_eff)
+    return efficiency(table, size)
 
 
 def gemm_efficiency(tables, m: int, k: int, n: int, layout: str = "nn") -> float:
@@ -306,10 +319,11 @@ class CostModel:
                         break
         t_m = 0.0
         if bytes_moved > 0 and prof.memory_bandwidth:
-            size = bytes_moved
-            if prof.memory_efficiency_key == "working_set":
-                size = max(size, self.working_set)
-            eff = efficiency(prof.memory_efficiency, size)
+            if prof.memory_efficiency_key == "working_set":  # a measured sweep: interpolated
+                size = max(bytes_moved, self.working_set)
+                eff = interpolated_efficiency(prof.memory_efficiency, size)
+            else:
+                eff = efficiency(prof.memory_efficiency, bytes_moved)
             t_m = bytes_moved / (prof.memory_bandwidth * eff)
         return t_c, t_m
 
