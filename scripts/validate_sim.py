@@ -441,6 +441,7 @@ def collectives_worker(out: str, probe_links: bool = False) -> int:
 
     import simdist  # noqa: F401  (pins one thread per rank)
     from simdist.calibrate import (
+        DIRECT_MODES,
         DIRECT_SIZES,
         MESSAGE_SIZES,
         REDUCE_SIZES,
@@ -473,7 +474,7 @@ def collectives_worker(out: str, probe_links: bool = False) -> int:
             lat = probe.latencies(coll, tiny, 50)
             if alg == "shm":
                 views = coll.peer_views(buf)
-                kinds = {"copy": DIRECT_SIZES, "add": DIRECT_SIZES}
+                kinds = dict.fromkeys(DIRECT_MODES, DIRECT_SIZES)
             else:
                 kinds = {"sendrecv": MESSAGE_SIZES, "reduce": REDUCE_SIZES}
             rounds = {k: {s: [] for s in sizes if 2 * s <= n} for k, sizes in kinds.items()}
@@ -525,7 +526,7 @@ def _probe_round(probe, rounds: dict, buf, views, count: bool) -> None:
             elif kind == "reduce":
                 t = probe.reduce(buf, s)
             else:
-                t = probe.direct(*views, s, add=kind == "add")
+                t = probe.direct(*views, s, kind)
             if count:
                 sizes[s].append(t)
 
@@ -536,7 +537,7 @@ def case_links(row: dict, base: Link) -> list[Link]:
     that round's samples alone (shm: the direct part; the profile's add rate as the
     reference of the reduce tables). One round's probes ran next to one call: their sum
     is compared with a call, not the best of each part with another."""
-    from simdist.calibrate import direct_link, fit_alpha_beta, mpi_link
+    from simdist.calibrate import DIRECT_MODES, direct_link, fit_alpha_beta, mpi_link
 
     probed = row.get("link") or {}
     if "rounds" not in probed:
@@ -553,9 +554,9 @@ def case_links(row: dict, base: Link) -> list[Link]:
     links = []
     for k in range(len(next(iter(first.values())))):
         if "copy" in rounds:
-            sizes, copy = sample("copy", k)
-            _, add = sample("add", k)
-            direct = {"sizes": sizes, "copy": copy, "add": add, "step": lat["step"]}
+            sizes, _ = sample("copy", k)
+            direct = {m: sample(m, k)[1] for m in DIRECT_MODES}
+            direct.update(sizes=sizes, step=lat["step"])
             d = parse_link(direct_link(direct, reduce_bw), "intra.direct")
             links.append(dataclasses.replace(base, direct=d))
         else:

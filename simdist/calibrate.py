@@ -244,6 +244,7 @@ def fit_alpha_beta(sizes: list[int], times: list[float]) -> tuple[float, float]:
 MESSAGE_SIZES = [8 * 4**k for k in range(6)] + [2**k for k in range(15, 25)]
 REDUCE_SIZES = [2**k for k in range(15, 25)]
 DIRECT_SIZES = [2**k for k in range(17, 24)]
+DIRECT_MODES = ("copy", "add", "store")  # LinkProbe.direct: load, load and add, store
 # An exchange's exposed addition below this fraction of its copy time is noise, not a rate.
 EXPOSED_FLOOR = 0.02
 
@@ -313,22 +314,30 @@ class LinkProbe:
         return self._timed(lambda: x.reduce(send, peer, acc, peer))
 
     def direct(
-        self, views: list[np.ndarray], fence: Callable[[], None], nbytes: int, add: bool = False
+        self, views: list[np.ndarray], fence: Callable[[], None], nbytes: int, mode: str = "copy"
     ) -> float:
-        """A pass over the peer's segment of a shared buffer (``views``: every rank's, with
-        its ``fence``): copy the peer's block into this rank's segment (a 2-rank shm
-        all-gather) or, with ``add``, add the peer's values of this rank's block into it
-        (a 2-rank shm reduce-scatter). The fences around it are not timed."""
+        """A pass between this rank's and the peer's segments of a shared buffer (``views``:
+        every rank's, with its ``fence``), as the shm algorithm makes them: ``copy`` loads
+        the peer's block into this rank's segment (a 2-rank all-gather), ``add`` adds the
+        peer's values of this rank's block into it (a reduce-scatter), ``store`` writes this
+        rank's block into the peer's segment (an all-reduce's second half). The fences
+        around it are not timed."""
         own = views[self.rank]
         n, mine, theirs = self._offsets(nbytes, own.size)
         other = views[self.peer] if self.peer is not None else own
-        lo = mine if add else theirs
-        dst, src = own[lo : lo + n], other[lo : lo + n]
+        if mode == "copy":
+            dst, src = own[theirs : theirs + n], other[theirs : theirs + n]
+        elif mode == "add":
+            dst, src = own[mine : mine + n], other[mine : mine + n]
+        elif mode == "store":
+            dst, src = other[mine : mine + n], own[mine : mine + n]
+        else:
+            raise ValueError(f"mode must be copy, add or store, got {mode!r}")
         own[: 2 * n].fill(1.0)
         fence()
         t0 = time.perf_counter()
         if self.peer is not None:
-            if add:
+            if mode == "add":
                 np.add(dst, src, out=dst)
             else:
                 np.copyto(dst, src)
@@ -360,7 +369,7 @@ class LinkProbe:
             }
             if fence is not None:
                 got["shm"] = self._timed(lambda: coll.reduce_scatter(tiny, algorithm="shm"))
-                got["add"] = self.direct(views, fence, 32, add=True)
+                got["add"] = self.direct(views, fence, 32, "add")
                 got["fence"] = self._timed(fence)
             if i >= warmup:
                 for k, v in got.items():
@@ -428,18 +437,15 @@ def measure_link(comm: Any, repeats: int) -> tuple[dict[str, Any], dict[str, Any
     if coll.shared:
         shared = coll.buffer(2 * max(DIRECT_SIZES) // 4)
         views, fence = coll.peer_views(shared)
-        copy = dict.fromkeys(DIRECT_SIZES, float("inf"))
-        add = dict.fromkeys(DIRECT_SIZES, float("inf"))
+        best = {m: dict.fromkeys(DIRECT_SIZES, float("inf")) for m in DIRECT_MODES}
         for i in range(3 + 3 * repeats):
             for nbytes in DIRECT_SIZES:
-                t_copy = probe.direct(views, fence, nbytes)
-                t_add = probe.direct(views, fence, nbytes, add=True)
-                if i >= 3:
-                    copy[nbytes], add[nbytes] = min(copy[nbytes], t_copy), min(add[nbytes], t_add)
+                for mode, by_size in best.items():
+                    t = probe.direct(views, fence, nbytes, mode)
+                    by_size[nbytes] = min(by_size[nbytes], t) if i >= 3 else by_size[nbytes]
         direct = {
             "sizes": DIRECT_SIZES,
-            "copy": [copy[s] for s in DIRECT_SIZES],
-            "add": [add[s] for s in DIRECT_SIZES],
+            **{m: [best[m][s] for s in DIRECT_SIZES] for m in DIRECT_MODES},
             "step": lat["step"],
             "fence": lat["fence"],
         }
@@ -489,11 +495,15 @@ def mpi_link(mpi: dict[str, Any], reduce_bw: float) -> dict[str, Any]:
 
 
 def direct_link(direct: dict[str, Any], reduce_bw: float) -> dict[str, Any]:
-    """The ``links.intra.direct`` entry from ``measure_link``'s shared-memory results."""
-    copy = {s: s / t for s, t in zip(direct["sizes"], direct["copy"], strict=True)}
-    bw = max(copy.values())
-    added = exposed_rates(direct["sizes"], direct["copy"], direct["add"])
-    return {
+    """The ``links.intra.direct`` entry from ``measure_link``'s shared-memory results: the
+    loads' rates (``size_efficiency``) and the stores' (``store_efficiency``, where
+    measured), both as fractions of the faster."""
+    sizes = direct["sizes"]
+    copy = {s: s / t for s, t in zip(sizes, direct["copy"], strict=True)}
+    store = {s: s / t for s, t in zip(sizes, direct.get("store") or [], strict=False)}
+    bw = max([*copy.values(), *store.values()])
+    added = exposed_rates(sizes, direct["copy"], direct["add"])
+    link = {
         "bandwidth_gbs": bw / 1e9,
         "latency_us": direct["step"] * 1e6,
         "efficiency": 1.0,
@@ -501,6 +511,9 @@ def direct_link(direct: dict[str, Any], reduce_bw: float) -> dict[str, Any]:
         "size_efficiency": _table_rows(copy, bw),
         "reduce_efficiency": _table_rows(added, reduce_bw),
     }
+    if store:
+        link["store_efficiency"] = _table_rows(store, bw)
+    return link
 
 
 def intra_link(
@@ -670,15 +683,19 @@ def render(m: dict[str, Any], previous: dict[str, Any] | None) -> str:
             d = link["direct"]
             lines += [
                 "    direct:              # peer load/store in a shared-memory window (shm)",
-                f"      bandwidth_gbs: {d['bandwidth_gbs']:.4f}  # [calibrate] best copy rate "
-                "from the peer's freshly written segment into this rank's",
+                f"      bandwidth_gbs: {d['bandwidth_gbs']:.4f}  # [calibrate] best rate of the "
+                "copies below",
                 f"      latency_us: {d['latency_us']:.3f}  # [calibrate] per fence of simdist's "
                 "shm reduce-scatter of 16 floats, less its addition (the fence alone: "
                 f"{direct['fence'] * 1e6:.2f} us)",
                 "      efficiency: 1.0",
                 f"      reduce_gbs: {reduce_gbs:.3f}  # [calibrate] as the link's",
-                "      size_efficiency:   # [min bytes, fraction of bandwidth] copy sweep",
-                *rows("size_efficiency", d, 8, sized("copy")),
+                "      size_efficiency:   # [min bytes, fraction of bandwidth] loads: the peer's "
+                "freshly written block copied into this rank's segment",
+                *rows("size_efficiency", d, 8, sized("load")),
+                "      store_efficiency:  # [min bytes, fraction of bandwidth] stores: this "
+                "rank's block copied into the peer's segment (the all-reduce's second half)",
+                *rows("store_efficiency", d, 8, sized("store")),
                 "      reduce_efficiency: # [min bytes, fraction of reduce_gbs] what adding the "
                 "peer's block into this rank's adds to the copy",
                 *rows("reduce_efficiency", d, 8, sized("exposed addition")),
@@ -729,6 +746,7 @@ def render(m: dict[str, Any], previous: dict[str, Any] | None) -> str:
                 "  direct_sizes: " + str(direct["sizes"]),
                 "  direct_copy_us: [" + ", ".join(f"{t * 1e6:.2f}" for t in direct["copy"]) + "]",
                 "  direct_add_us: [" + ", ".join(f"{t * 1e6:.2f}" for t in direct["add"]) + "]",
+                "  direct_store_us: [" + ", ".join(f"{t * 1e6:.2f}" for t in direct["store"]) + "]",
                 f"  direct_fence_us: {direct['fence'] * 1e6:.2f}",
             ]
     elif prev_intra and prev_intra.get("bandwidth_gbs"):

@@ -477,7 +477,7 @@ def _plain_host(tmp_path: Path) -> tuple[str, Path]:
     """The shipped host profile without its optional size- and shape-keyed tables (the text
     and a file of it), so the tests below can add tables of their own."""
     text = re.sub(
-        r"\n *(size_efficiency|reduce_efficiency):[^\n]*(\n +- [^\n]*)*",
+        r"\n *(size_efficiency|reduce_efficiency|store_efficiency):[^\n]*(\n +- [^\n]*)*",
         "",
         (PROFILE_DIR / "host.yaml").read_text(),
     )
@@ -566,6 +566,7 @@ def test_a_link_made_from_probes_gives_them_back_at_their_sizes():
         "sizes": DIRECT_SIZES,
         "copy": [s / 30e9 for s in DIRECT_SIZES],
         "add": [s / 30e9 + s / 60e9 for s in DIRECT_SIZES],
+        "store": [s / 40e9 for s in DIRECT_SIZES],
         "step": 4e-6,
     }
     link = parse_link(intra_link(mpi, direct, 40e9), "intra")
@@ -581,6 +582,8 @@ def test_a_link_made_from_probes_gives_them_back_at_their_sizes():
         assert shm_rs == pytest.approx(8e-6 + block / 30e9 + block / 60e9, rel=1e-6)
         shm_ag = schedule_time("allgather", "shm", two, link)
         assert shm_ag == pytest.approx(8e-6 + block / 30e9, rel=1e-6)
+        shm_ar = schedule_time("allreduce", "shm", two, link)  # 1 fence per half, stores
+        assert shm_ar == pytest.approx(8e-6 + block / 30e9 + block / 60e9 + block / 40e9)
     hidden = 32768 * link.gamma_at(32768)
     assert hidden == pytest.approx(EXPOSED_FLOOR * sendrecv[32768], rel=1e-6)
 
@@ -714,6 +717,7 @@ def test_calibrate_under_mpi_measures_the_link_and_direct_peer_access(tmp_path):
     assert d is not None and d.known and d.latency > 0 and d.size_efficiency
     assert d.reduce_efficiency and d.gamma > 0
     text = out.read_text()
+    assert d.store_efficiency
     for raw in ("sendrecv_us", "reduce_exchange_us", "direct_copy_us", "direct_add_us"):
         assert raw in text
 
@@ -835,7 +839,7 @@ def test_validate_sim_collectives_worker_probes_each_cases_buffer(tmp_path, monk
         assert 0 < row["best_us"] <= row["median_us"], row
         shm = row["algorithm"] == "shm"
         rounds = row["link"]["rounds"]
-        assert set(rounds) == ({"copy", "add"} if shm else {"sendrecv", "reduce"})
+        assert set(rounds) == ({"copy", "add", "store"} if shm else {"sendrecv", "reduce"})
         for kind, by_size in rounds.items():  # up to the case's own block, every round
             assert max(int(s) for s in by_size) == row["bytes"] // 2, (kind, row)
             assert {len(v) for v in by_size.values()} == {mod.COLL_CALLS}

@@ -13,6 +13,7 @@ dataclass stores SI units (FLOP/s, B/s, bytes, seconds).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 from collections.abc import Mapping
@@ -56,6 +57,9 @@ class Link:
     # Direct peer load/store (the "shm" collectives: shared memory, GPU peer-to-peer): its
     # own rate, fence latency and size table where measured; None: the link's own figures.
     direct: Link | None = None
+    # On a direct link: stores into a peer's memory by size, where they run at another
+    # rate than loads from it (``size_efficiency``); empty: the same.
+    store_efficiency: tuple[tuple[float, float], ...] = ()
     # Seconds of the caller's own work per collective call (simdist's Python on a CPU host:
     # argument checks, the algorithm's dispatch), on top of its steps' α.
     call_overhead: float = 0.0
@@ -64,6 +68,13 @@ class Link:
     def peer_access(self) -> Link:
         """The link as direct loads and stores see it (``direct``, else this link)."""
         return self.direct if self.direct is not None else self
+
+    @property
+    def for_stores(self) -> Link:
+        """This link with its store rates as its rates (itself where it has none)."""
+        if not self.store_efficiency:
+            return self
+        return dataclasses.replace(self, size_efficiency=self.store_efficiency)
 
     @property
     def known(self) -> bool:
@@ -260,6 +271,7 @@ def _link(raw: Mapping[str, Any] | None, name: str, unknown: list[str]) -> Link:
         # an exchange can hide part of its addition behind the transfer: what it exposes
         # may cost less than reduce_gbs alone (fractions above 1)
         reduce_efficiency=_optional_table(raw, "reduce_efficiency", where, REDUCE_EXPOSED_MAX),
+        store_efficiency=_optional_table(raw, "store_efficiency", where),
         direct=None
         if raw.get("direct") is None
         else _link(raw["direct"], f"{name}.direct", unknown),

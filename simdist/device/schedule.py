@@ -126,7 +126,8 @@ def _shm(op: str, blocks: Sequence[float]) -> list[Step]:
     The "messages" are fences: 2 per half alone, 2 for the all-reduce (one before the
     sums, one after the owners have stored their blocks into the others' buffers). The
     reduce-scatter adds the peers' values as it loads them: bytes pulled at the link's
-    ``peer_access`` rates (``schedule_time``) plus what the addition adds to the load."""
+    ``peer_access`` rates (``schedule_time``) plus what the addition adds to the load; the
+    all-reduce's second step is stores, at the store rates where the link has them."""
     p = len(blocks)
     total = float(sum(blocks))
     alone = 1 if op == "allreduce" else 2
@@ -182,8 +183,11 @@ def schedule_time(op: str, algorithm: str, blocks: Sequence[float], link: Link) 
     if algorithm == "native":
         return link.call_overhead + collective_time(op, "native", total, p, link)
     if algorithm == "shm":  # its fence latency was measured through the call itself
-        link = link.peer_access
-        return sum(step_time(s, link) for s in schedule(op, algorithm, blocks))
+        direct = link.peer_access
+        steps = schedule(op, algorithm, blocks)
+        # the all-reduce's second step stores the owned block into the peers' buffers
+        rates = [direct, direct.for_stores] if canonical_op(op) == "allreduce" else [direct]
+        return sum(step_time(s, lk) for s, lk in zip(steps, rates, strict=True))
     return link.call_overhead + sum(step_time(s, link) for s in schedule(op, algorithm, blocks))
 
 
