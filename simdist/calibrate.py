@@ -30,14 +30,15 @@ What is measured (one thread, as each simdist rank runs):
   Run serially, the previous profile's link figures are kept (or left null if there is
   none) and the file says so. The sweep's rates after the latency become the link's
   ``size_efficiency`` table. p2p's pipelined reduce exchange (``Exchanger.reduce``, a ring
-  reduce-scatter's step) is timed at the same sizes: what it adds to the Sendrecv is the
-  addition as the exchange exposes it, the ``reduce_efficiency`` table (the schedule model
-  reads both tables at each message's size).
+  reduce-scatter's step) is timed at the same sizes as a whole: ``reducing_efficiency``
+  (its addition partly overlaps the transfer, and its 1 MiB segments can beat one plain
+  Sendrecv; the schedule model reads both tables at each message's size).
 * Shared memory (only under ``mpiexec -n 2``): in a buffer of simdist's shm algorithm,
-  copying the peer's freshly written block into this rank's, and adding it into this rank's
-  block, 128 KiB to 8 MiB, and the latency per fence of simdist's own shm reduce-scatter of
-  16 floats (fence plus the call's Python): the ``intra`` link's ``direct`` figures, which
-  cost the "shm" collectives.
+  copying the peer's freshly written block into this rank's, adding it into this rank's
+  block, and storing this rank's block into the peer's, 128 KiB to 8 MiB, and the latency
+  per fence of simdist's own shm reduce-scatter of 16 floats (fence plus the call's
+  Python, less its addition): the ``intra`` link's ``direct`` figures, which cost the "shm"
+  collectives.
 * The probes (``LinkProbe``) run in rounds over all sizes, best per size. On a virtual
   machine the link's rates change with the pages under a buffer (transparent huge pages or
   4 KiB ones) and with the neighbours' load; ``scripts/validate_sim.py --calibrate`` runs
@@ -245,8 +246,6 @@ MESSAGE_SIZES = [8 * 4**k for k in range(6)] + [2**k for k in range(15, 25)]
 REDUCE_SIZES = [2**k for k in range(15, 25)]
 DIRECT_SIZES = [2**k for k in range(17, 24)]
 DIRECT_MODES = ("copy", "add", "store")  # LinkProbe.direct: load, load and add, store
-# An exchange's exposed addition below this fraction of its copy time is noise, not a rate.
-EXPOSED_FLOOR = 0.02
 
 
 class LinkProbe:
@@ -320,8 +319,9 @@ class LinkProbe:
         every rank's, with its ``fence``), as the shm algorithm makes them: ``copy`` loads
         the peer's block into this rank's segment (a 2-rank all-gather), ``add`` adds the
         peer's values of this rank's block into it (a reduce-scatter), ``store`` writes this
-        rank's block into the peer's segment (an all-reduce's second half). The fences
-        around it are not timed."""
+        rank's block into the peer's segment (an all-reduce's second half, after its first:
+        the untimed ``add`` before it leaves those lines in this rank's cache, as the
+        all-reduce's own addition does). The fences around it are not timed."""
         own = views[self.rank]
         n, mine, theirs = self._offsets(nbytes, own.size)
         other = views[self.peer] if self.peer is not None else own
@@ -335,6 +335,8 @@ class LinkProbe:
             raise ValueError(f"mode must be copy, add or store, got {mode!r}")
         own[: 2 * n].fill(1.0)
         fence()
+        if mode == "store" and self.peer is not None:
+            np.add(src, dst, out=src)
         t0 = time.perf_counter()
         if self.peer is not None:
             if mode == "add":
@@ -462,27 +464,16 @@ def message_rates(sizes: list[int], times: list[float], alpha: float) -> dict[in
     }
 
 
-def exposed_rates(sizes: list[int], plain: list[float], reducing: list[float]) -> dict[int, float]:
-    """Bytes per second of what a reducing pass adds to the plain one at the same size (the
-    reduction as the exchange exposes it: part of it overlaps the transfer), the excess
-    floored at ``EXPOSED_FLOOR`` of the plain time."""
-    return {
-        s: s / max(r - t, EXPOSED_FLOOR * t) for s, t, r in zip(sizes, plain, reducing, strict=True)
-    }
-
-
 def mpi_link(mpi: dict[str, Any], reduce_bw: float) -> dict[str, Any]:
     """A profile's ``links.intra`` entry (the loader's units: GB/s, us, [min bytes, fraction]
-    rows, largest first) from ``measure_link``'s MPI results; ``reduce_bw``: the add rate
-    in bytes reduced per second (``reduce_gbs``), the reference of the
-    ``reduce_efficiency`` fractions (above 1 where an exchange hides part of its addition)."""
+    rows, largest first) from ``measure_link``'s MPI results: the Sendrecv's rates after
+    the latency (``size_efficiency``) and the reduce exchange's (``reducing_efficiency``),
+    both as fractions of the faster; ``reduce_bw``: the add rate in bytes reduced per
+    second (``reduce_gbs``, the γ of the closed forms)."""
     a_sr, b_sr = mpi["sendrecv_fit"]
     rates = message_rates(mpi["sizes"], mpi["sendrecv"], a_sr)
-    bw = max(rates.values()) if rates else 1 / b_sr
-    sendrecv = dict(zip(mpi["sizes"], mpi["sendrecv"], strict=True))
-    reducing = {s: t for s, t in zip(mpi["reduce_sizes"], mpi["reduce"], strict=True)}
-    both = [s for s in reducing if s in sendrecv]
-    exposed = exposed_rates(both, [sendrecv[s] for s in both], [reducing[s] for s in both])
+    reducing = message_rates(mpi["reduce_sizes"], mpi["reduce"], a_sr)
+    bw = max([*rates.values(), *reducing.values()]) if rates else 1 / b_sr
     return {
         "bandwidth_gbs": bw / 1e9,
         "latency_us": a_sr * 1e6,
@@ -490,29 +481,32 @@ def mpi_link(mpi: dict[str, Any], reduce_bw: float) -> dict[str, Any]:
         "reduce_gbs": reduce_bw / 1e9,
         "call_overhead_us": mpi["call"] * 1e6,
         "size_efficiency": _table_rows(rates, bw),
-        "reduce_efficiency": _table_rows(exposed, reduce_bw),
+        "reducing_efficiency": _table_rows(reducing, bw),
     }
 
 
 def direct_link(direct: dict[str, Any], reduce_bw: float) -> dict[str, Any]:
     """The ``links.intra.direct`` entry from ``measure_link``'s shared-memory results: the
-    loads' rates (``size_efficiency``) and the stores' (``store_efficiency``, where
-    measured), both as fractions of the faster."""
+    rates of loads (``size_efficiency``), stores (``store_efficiency``) and loads that add
+    (``reducing_efficiency``), as fractions of the fastest."""
     sizes = direct["sizes"]
-    copy = {s: s / t for s, t in zip(sizes, direct["copy"], strict=True)}
-    store = {s: s / t for s, t in zip(sizes, direct.get("store") or [], strict=False)}
-    bw = max([*copy.values(), *store.values()])
-    added = exposed_rates(sizes, direct["copy"], direct["add"])
+
+    def rates(mode: str) -> dict[int, float]:
+        return {s: s / t for s, t in zip(sizes, direct.get(mode) or [], strict=False)}
+
+    copy, store, add = rates("copy"), rates("store"), rates("add")
+    bw = max([*copy.values(), *store.values(), *add.values()])
     link = {
         "bandwidth_gbs": bw / 1e9,
         "latency_us": direct["step"] * 1e6,
         "efficiency": 1.0,
         "reduce_gbs": reduce_bw / 1e9,
         "size_efficiency": _table_rows(copy, bw),
-        "reduce_efficiency": _table_rows(added, reduce_bw),
     }
     if store:
         link["store_efficiency"] = _table_rows(store, bw)
+    if add:
+        link["reducing_efficiency"] = _table_rows(add, bw)
     return link
 
 
@@ -652,7 +646,7 @@ def render(m: dict[str, Any], previous: dict[str, Any] | None) -> str:
         link = intra_link(mpi, direct, reduce_gbs * 1e9)
 
         def rows(key: str, where: dict, indent: int, note: Callable[[int, float], str]) -> list:
-            peak = where["reduce_gbs" if key == "reduce_efficiency" else "bandwidth_gbs"] * 1e9
+            peak = where["bandwidth_gbs"] * 1e9
             return [
                 f"{' ' * indent}- [{size}, {frac:.4f}]  # [calibrate] {note(size, frac * peak)}"
                 for size, frac in where[key]
@@ -675,9 +669,9 @@ def render(m: dict[str, Any], previous: dict[str, Any] | None) -> str:
             "    size_efficiency:     # [min message bytes, fraction of bandwidth] Sendrecv "
             "sweep, after the latency",
             *rows("size_efficiency", link, 6, sized("Sendrecv")),
-            "    reduce_efficiency:   # [min message bytes, fraction of reduce_gbs] what p2p's "
-            "reduce exchange adds to the Sendrecv (part of the addition overlaps the transfer)",
-            *rows("reduce_efficiency", link, 6, sized("exposed addition")),
+            "    reducing_efficiency: # [min message bytes, fraction of bandwidth] p2p's "
+            "pipelined reduce exchange (send, receive and add), after the latency",
+            *rows("reducing_efficiency", link, 6, sized("reduce exchange")),
         ]
         if "direct" in link:
             d = link["direct"]
@@ -696,9 +690,9 @@ def render(m: dict[str, Any], previous: dict[str, Any] | None) -> str:
                 "      store_efficiency:  # [min bytes, fraction of bandwidth] stores: this "
                 "rank's block copied into the peer's segment (the all-reduce's second half)",
                 *rows("store_efficiency", d, 8, sized("store")),
-                "      reduce_efficiency: # [min bytes, fraction of reduce_gbs] what adding the "
-                "peer's block into this rank's adds to the copy",
-                *rows("reduce_efficiency", d, 8, sized("exposed addition")),
+                "      reducing_efficiency: # [min bytes, fraction of bandwidth] loads that add: "
+                "the peer's block added into this rank's",
+                *rows("reducing_efficiency", d, 8, sized("load and add")),
             ]
     elif prev_intra and prev_intra.get("bandwidth_gbs"):
         lines += [

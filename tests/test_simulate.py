@@ -124,15 +124,32 @@ def test_reduce_step_is_costed_at_the_message_size():
     link = Link(
         "x", 1e9, 5e-6, 1.0, 1 / 4e9,
         size_efficiency=((big, 1.0), (0.0, 0.5)),
-        reduce_efficiency=((big, 0.25), (0.0, 2.0)),
+        reduce_efficiency=((big, 0.25), (0.0, 1.0)),
     )  # fmt: skip
     a, b, g = link.latency, link.beta, link.gamma
-    for block, beta, gamma in ((big, b, 4 * g), (big / 4, 2 * b, g / 2)):
+    for block, beta, gamma in ((big, b, 4 * g), (big / 4, 2 * b, g)):
         want = a + block * beta + block * gamma
         got = schedule_time("reduce_scatter", "ring", [block, block], link)
         assert got == pytest.approx(want)
         copy = schedule_time("allgather", "ring", [block, block], link)
         assert copy == pytest.approx(a + block * beta)
+
+
+def test_a_measured_reducing_rate_replaces_copy_plus_gamma():
+    """Where the link has the reducing step's own measured rate (calibrate times p2p's
+    pipelined reduce exchange as a whole), a reduce step costs α plus the bytes at that
+    rate, which may beat the copy; copy steps keep the copy's rate."""
+    link = Link(
+        "x", 1e9, 5e-6, 1.0, 1 / 4e9,
+        size_efficiency=((0.0, 0.5),),
+        reducing_efficiency=((2.0**20, 0.8), (0.0, 0.4)),
+    )  # fmt: skip
+    a, b = link.latency, link.beta
+    for block, frac in ((2.0**21, 0.8), (2.0**18, 0.4)):
+        rs = schedule_time("reduce_scatter", "ring", [block, block], link)
+        assert rs == pytest.approx(a + block * b / frac)
+        ag = schedule_time("allgather", "ring", [block, block], link)
+        assert ag == pytest.approx(a + block * b / 0.5)
 
 
 def test_shm_reduce_scatter_counts_its_addition():

@@ -60,6 +60,11 @@ class Link:
     # On a direct link: stores into a peer's memory by size, where they run at another
     # rate than loads from it (``size_efficiency``); empty: the same.
     store_efficiency: tuple[tuple[float, float], ...] = ()
+    # A step that adds what it receives (p2p's pipelined reduce exchange; shm's load and
+    # add), where measured as a whole, by size: it then costs α plus the bytes at this rate
+    # instead of the copy's plus γ (on a CPU the addition partly overlaps the transfer,
+    # and the pipelined exchange can even beat one plain Sendrecv of the same size).
+    reducing_efficiency: tuple[tuple[float, float], ...] = ()
     # Seconds of the caller's own work per collective call (simdist's Python on a CPU host:
     # argument checks, the algorithm's dispatch), on top of its steps' α.
     call_overhead: float = 0.0
@@ -85,6 +90,10 @@ class Link:
         if not self.size_efficiency:
             return self.beta
         return self.beta / _row(self.size_efficiency, nbytes)
+
+    def reducing_beta_at(self, nbytes: float) -> float:
+        """Seconds per byte of a reducing step of ``nbytes`` (``reducing_efficiency``)."""
+        return self.beta / _row(self.reducing_efficiency, nbytes)
 
     def gamma_at(self, nbytes: float) -> float:
         """Seconds per byte reducing a block of ``nbytes`` (``gamma`` unless size-keyed)."""
@@ -268,9 +277,8 @@ def _link(raw: Mapping[str, Any] | None, name: str, unknown: list[str]) -> Link:
         efficiency=1.0 if eff is None else eff,
         gamma=0.0 if not gamma else 1.0 / (float(gamma) * 1e9),
         size_efficiency=_optional_table(raw, "size_efficiency", where),
-        # an exchange can hide part of its addition behind the transfer: what it exposes
-        # may cost less than reduce_gbs alone (fractions above 1)
-        reduce_efficiency=_optional_table(raw, "reduce_efficiency", where, REDUCE_EXPOSED_MAX),
+        reduce_efficiency=_optional_table(raw, "reduce_efficiency", where),
+        reducing_efficiency=_optional_table(raw, "reducing_efficiency", where),
         store_efficiency=_optional_table(raw, "store_efficiency", where),
         direct=None
         if raw.get("direct") is None
@@ -294,11 +302,6 @@ def _optional_table(raw: Mapping[str, Any], key: str, where: str, most: float = 
     if raw.get(key) is None:
         return ()
     return _table(raw[key], f"{where}.{key}", 1.0, most)
-
-
-# calibrate floors an exchange's exposed addition at 2 % of its copy time: 50x the copy
-# rate, which is below 1000x any CPU's add rate
-REDUCE_EXPOSED_MAX = 1000.0
 
 
 GEMM_LAYOUTS = ("nn", "nt", "tn")

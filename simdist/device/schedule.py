@@ -126,7 +126,7 @@ def _shm(op: str, blocks: Sequence[float]) -> list[Step]:
     The "messages" are fences: 2 per half alone, 2 for the all-reduce (one before the
     sums, one after the owners have stored their blocks into the others' buffers). The
     reduce-scatter adds the peers' values as it loads them: bytes pulled at the link's
-    ``peer_access`` rates (``schedule_time``) plus what the addition adds to the load; the
+    ``peer_access`` reducing rate (``schedule_time``), or its load rate plus γ; the
     all-reduce's second step is stores, at the store rates where the link has them."""
     p = len(blocks)
     total = float(sum(blocks))
@@ -156,11 +156,12 @@ def schedule(op: str, algorithm: str, blocks: Sequence[float]) -> list[Step]:
 
 
 def _rank_time(m: int, out: float, inc: float, add: float, link: Link) -> float:
-    """One rank's part of a step, each rate at the step's size. A received block that is
-    added costs what the reduce exchange adds to the plain one (``gamma_at``: calibrate
-    times p2p's pipelined reduce itself, so the part of the addition that overlaps the
-    transfer is not counted twice; a published γ is the plain reduction rate)."""
+    """One rank's part of a step, each rate at the step's size. A step that adds what it
+    receives costs the reducing rate where the link has one measured (calibrate times p2p's
+    pipelined reduce exchange, and shm's load-and-add, as a whole), else the copy plus γ."""
     size = max(out, inc)
+    if add and link.reducing_efficiency:
+        return m * link.latency + size * link.reducing_beta_at(size)
     t = m * link.latency + size * link.beta_at(size)
     return t + add * link.gamma_at(add) if add else t
 
