@@ -39,14 +39,14 @@ a loaded machine the gap between the two is the load, not the model. Nothing is 
 Which profile. ``--profile`` (default: the shipped ``host``) or ``--calibrate``: calibrate
 this machine first (written beside ``--json``) and predict every collective from the link
 calibrate's probes (``simdist.calibrate.LinkProbe``: Sendrecv and p2p's reduce exchange,
-or shm's peer loads, at each calibrate size that fits) measure on that collective's own
+or shm's peer loads, loads that add and stores, at each calibrate size that fits) measure on that collective's own
 buffer, in rounds that take turns with its calls (latencies: a tight loop first). On a
 virtual machine a buffer's rates depend on the pages under it (transparent huge pages or
 4 KiB ones: 3x for a 2 MiB Sendrecv here, and shared-memory windows never get huge pages)
 and on the neighbours' load, which changes within seconds; only a calibration on the same
 memory at the same time describes the machine a call ran on. The model still does the
-rest: which steps, at which sizes, the call and fence latencies, the addition each step
-exposes. Each case's probes and calls are written to ``--json``'s ``*.links/``.
+rest: which steps, at which sizes, which primitive each step is, the call and fence
+latencies. Each case's probes and calls are written to ``--json``'s ``*.links/``.
 
 The profile models one core per rank. Runs with more ranks than cores (np 4 on a 2-core
 machine) time-share the cores: they are run and reported, flagged ``oversubscribed``, and
@@ -431,7 +431,7 @@ def collectives_worker(out: str, probe_links: bool = False) -> int:
 
     ``probe_links``: also calibrate the link on each case's own buffer, interleaved with
     its calls (``simdist.calibrate.LinkProbe``: one round of the Sendrecv and reduce
-    exchanges, or of the shm loads, at every calibrate size that fits, next to each call,
+    exchanges, or of the shm loads, adds and stores, at every calibrate size that fits, next to each call,
     the two taking turns going first; the latencies in a tight loop first), every round's
     samples written with the case (``case_links`` makes one link per round).
     On a virtual machine a buffer's rates depend on the pages under it and on the
@@ -534,10 +534,10 @@ def _probe_round(probe, rounds: dict, buf, views, count: bool) -> None:
 def case_links(row: dict, base: Link) -> list[Link]:
     """The links a collectives case is predicted on: the profile's, or where the worker
     probed the case's own buffer, one per probe round, each made by calibrate's rules from
-    that round's samples alone (shm: the direct part; the profile's add rate as the
-    reference of the reduce tables). One round's probes ran next to one call: their sum
+    that round's samples alone (shm: the direct part; the profile's add rate as γ, which
+    the measured reducing rates make unused). One round's probes ran next to one call: their sum
     is compared with a call, not the best of each part with another."""
-    from simdist.calibrate import DIRECT_MODES, direct_link, fit_alpha_beta, mpi_link
+    from simdist.calibrate import DIRECT_MODES, direct_link, mpi_link, mpi_results
 
     probed = row.get("link") or {}
     if "rounds" not in probed:
@@ -562,14 +562,7 @@ def case_links(row: dict, base: Link) -> list[Link]:
         else:
             sizes, sendrecv = sample("sendrecv", k)
             reduce_sizes, reduce = sample("reduce", k)
-            mpi = {
-                "sizes": sizes,
-                "sendrecv": sendrecv,
-                "sendrecv_fit": fit_alpha_beta(sizes, sendrecv),
-                "reduce_sizes": reduce_sizes,
-                "reduce": reduce,
-                "call": lat["call"],
-            }
+            mpi = mpi_results(sizes, sendrecv, reduce_sizes, reduce, lat["call"])
             links.append(parse_link(mpi_link(mpi, reduce_bw), "intra"))
     return links
 

@@ -252,7 +252,9 @@ class LinkProbe:
     """The link's primitives, each timed as simdist's collective steps run them: between
     the first two blocks of one buffer just written (as backward leaves the gradients),
     both ranks starting together, the slower rank's time. Ranks pair up (r with r ^ 1, every
-    pair at once, as in a collective's step); an unpaired last rank only synchronises.
+    pair at once, as in a collective's step: at 2 ranks exactly the ring's and shm's own
+    accesses; at more, ring steps pair r with r + 1 instead); an unpaired last rank only
+    joins the collective calls and the synchronisation.
 
     ``measure_link`` calibrates the profile with it; ``scripts/validate_sim.py`` re-measures
     the link with it on a collective's own buffer, between that collective's calls: on a
@@ -262,7 +264,8 @@ class LinkProbe:
 
     def __init__(self, comm: Any, exchanger: Any = None):
         """``exchanger``: the ``p2p.Exchanger`` whose reduce to time (a ``Collectives``'
-        own, to time it on the scratch its collectives use); default: a new one."""
+        own, to time it on the scratch its collectives use: its ``bytes_sent`` then counts
+        the probes' bytes too); default: a new one."""
         from mpi4py import MPI
 
         from simdist.comm.p2p import Exchanger
@@ -280,10 +283,12 @@ class LinkProbe:
     def _slowest(self, dt: float) -> float:
         return self.comm.allreduce(dt, op=self._max)
 
-    def _timed(self, fn: Callable[[], Any]) -> float:
+    def _timed(self, fn: Callable[[], Any], everyone: bool = False) -> float:
+        """The slowest rank's seconds of ``fn``, all ranks starting together; only paired
+        ranks call it unless ``everyone`` (a collective call)."""
         self.comm.Barrier()
         t0 = time.perf_counter()
-        if self.peer is not None:
+        if everyone or self.peer is not None:
             fn()
         return self._slowest(time.perf_counter() - t0)
 
@@ -304,8 +309,9 @@ class LinkProbe:
         return self._timed(lambda: comm.Sendrecv([send, f], peer, 0, [recv, f], peer, 0))
 
     def reduce(self, buf: np.ndarray, nbytes: int) -> float:
-        """p2p's pipelined reduce: send the peer's block, add the peer's values of this
-        rank's block into it (the step of a 2-rank ring reduce-scatter)."""
+        """p2p's reduce exchange (pipelined in segments above one segment): send the peer's
+        block, add the peer's values of this rank's block into it (the step of a 2-rank
+        ring reduce-scatter)."""
         n, mine, theirs = self._offsets(nbytes, buf.size)
         send, acc = buf[theirs : theirs + n], buf[mine : mine + n]
         buf[: 2 * n].fill(1.0)
@@ -367,12 +373,12 @@ class LinkProbe:
                 "raw": self._timed(
                     lambda: self.comm.Sendrecv(tiny[:8], dest=peer, recvbuf=tiny[8:], source=peer)
                 ),
-                "ring": self._timed(lambda: coll.allgather(tiny, algorithm="ring")),
+                "ring": self._timed(lambda: coll.allgather(tiny, algorithm="ring"), True),
             }
             if fence is not None:
-                got["shm"] = self._timed(lambda: coll.reduce_scatter(tiny, algorithm="shm"))
+                got["shm"] = self._timed(lambda: coll.reduce_scatter(tiny, algorithm="shm"), True)
                 got["add"] = self.direct(views, fence, 32, "add")
-                got["fence"] = self._timed(fence)
+                got["fence"] = self._timed(fence, True)
             if i >= warmup:
                 for k, v in got.items():
                     best[k] = min(best[k], v)
@@ -423,18 +429,16 @@ def measure_link(comm: Any, repeats: int) -> tuple[dict[str, Any], dict[str, Any
             if nbytes in reduce:
                 t = probe.reduce(pool, nbytes)
                 reduce[nbytes] = min(reduce[nbytes], t) if i >= 3 else reduce[nbytes]
-    mpi: dict[str, Any] = {
-        "sizes": sizes,
-        "pingpong": pingpong,
-        "sendrecv": [sendrecv[s] for s in sizes],
-        "reduce_sizes": REDUCE_SIZES,
-        "reduce": [reduce[s] for s in REDUCE_SIZES],
-    }
-    mpi["pingpong_fit"] = fit_alpha_beta(sizes, pingpong)
-    mpi["sendrecv_fit"] = fit_alpha_beta(sizes, mpi["sendrecv"])
     coll = Collectives(comm)
     lat = probe.latencies(coll, coll.buffer(16), 100 * repeats)
-    mpi["call"] = lat["call"]
+    mpi = mpi_results(
+        sizes,
+        [sendrecv[s] for s in sizes],
+        REDUCE_SIZES,
+        [reduce[s] for s in REDUCE_SIZES],
+        lat["call"],
+    )
+    mpi.update(pingpong=pingpong, pingpong_fit=fit_alpha_beta(sizes, pingpong))
     direct = None
     if coll.shared:
         shared = coll.buffer(2 * max(DIRECT_SIZES) // 4)
@@ -473,15 +477,36 @@ def mpi_link(mpi: dict[str, Any], reduce_bw: float) -> dict[str, Any]:
     a_sr, b_sr = mpi["sendrecv_fit"]
     rates = message_rates(mpi["sizes"], mpi["sendrecv"], a_sr)
     reducing = message_rates(mpi["reduce_sizes"], mpi["reduce"], a_sr)
-    bw = max([*rates.values(), *reducing.values()]) if rates else 1 / b_sr
-    return {
+    bw = max([*rates.values(), *reducing.values()], default=1 / b_sr)
+    link = {
         "bandwidth_gbs": bw / 1e9,
         "latency_us": a_sr * 1e6,
         "efficiency": 1.0,
         "reduce_gbs": reduce_bw / 1e9,
         "call_overhead_us": mpi["call"] * 1e6,
         "size_efficiency": _table_rows(rates, bw),
-        "reducing_efficiency": _table_rows(reducing, bw),
+    }
+    if reducing:  # else reducing steps cost the copy plus γ
+        link["reducing_efficiency"] = _table_rows(reducing, bw)
+    return link
+
+
+def mpi_results(
+    sizes: list[int],
+    sendrecv: list[float],
+    reduce_sizes: list[int],
+    reduce: list[float],
+    call: float,
+) -> dict[str, Any]:
+    """``measure_link``'s MPI results from its probes' times (seconds per size): what
+    ``mpi_link`` reads, the α-β fit of the Sendrecv included."""
+    return {
+        "sizes": sizes,
+        "sendrecv": sendrecv,
+        "sendrecv_fit": fit_alpha_beta(sizes, sendrecv),
+        "reduce_sizes": reduce_sizes,
+        "reduce": reduce,
+        "call": call,
     }
 
 
@@ -492,22 +517,19 @@ def direct_link(direct: dict[str, Any], reduce_bw: float) -> dict[str, Any]:
     sizes = direct["sizes"]
 
     def rates(mode: str) -> dict[int, float]:
-        return {s: s / t for s, t in zip(sizes, direct.get(mode) or [], strict=False)}
+        return {s: s / t for s, t in zip(sizes, direct[mode], strict=True)}
 
     copy, store, add = rates("copy"), rates("store"), rates("add")
     bw = max([*copy.values(), *store.values(), *add.values()])
-    link = {
+    return {
         "bandwidth_gbs": bw / 1e9,
         "latency_us": direct["step"] * 1e6,
         "efficiency": 1.0,
         "reduce_gbs": reduce_bw / 1e9,
         "size_efficiency": _table_rows(copy, bw),
+        "store_efficiency": _table_rows(store, bw),
+        "reducing_efficiency": _table_rows(add, bw),
     }
-    if store:
-        link["store_efficiency"] = _table_rows(store, bw)
-    if add:
-        link["reducing_efficiency"] = _table_rows(add, bw)
-    return link
 
 
 def intra_link(
@@ -657,9 +679,9 @@ def render(m: dict[str, Any], previous: dict[str, Any] | None) -> str:
 
         lines += [
             "  intra:                # MPI between two ranks on this host (shared memory)",
-            f"    bandwidth_gbs: {link['bandwidth_gbs']:.4f}  # [calibrate] best Sendrecv rate "
-            f"over the sweep, per direction (fit: {1 / b_sr / 1e9:.2f}; ping-pong fit "
-            f"{1 / b_pp / 1e9:.2f} GB/s)",
+            f"    bandwidth_gbs: {link['bandwidth_gbs']:.4f}  # [calibrate] best rate of the "
+            "Sendrecv and reduce exchanges over the sweep, per direction (Sendrecv fit: "
+            f"{1 / b_sr / 1e9:.2f}; ping-pong fit {1 / b_pp / 1e9:.2f} GB/s)",
             f"    latency_us: {link['latency_us']:.3f}  # [calibrate] Sendrecv fit; ping-pong "
             f"fit {a_pp * 1e6:.2f} us",
             "    efficiency: 1.0     # the rates are achieved rates",
@@ -669,10 +691,13 @@ def render(m: dict[str, Any], previous: dict[str, Any] | None) -> str:
             "    size_efficiency:     # [min message bytes, fraction of bandwidth] Sendrecv "
             "sweep, after the latency",
             *rows("size_efficiency", link, 6, sized("Sendrecv")),
-            "    reducing_efficiency: # [min message bytes, fraction of bandwidth] p2p's "
-            "pipelined reduce exchange (send, receive and add), after the latency",
-            *rows("reducing_efficiency", link, 6, sized("reduce exchange")),
         ]
+        if "reducing_efficiency" in link:
+            lines += [
+                "    reducing_efficiency: # [min message bytes, fraction of bandwidth] p2p's "
+                "reduce exchange (send, receive and add), after the latency",
+                *rows("reducing_efficiency", link, 6, sized("reduce exchange")),
+            ]
         if "direct" in link:
             d = link["direct"]
             lines += [

@@ -154,7 +154,8 @@ def test_a_measured_reducing_rate_replaces_copy_plus_gamma():
 
 def test_shm_reduce_scatter_counts_its_addition():
     """The shm reduce-scatter loads the peers' blocks and adds them: the direct link's rate
-    for the loads plus its exposed addition; the all-gather only loads."""
+    for the loads plus γ for the addition (no reducing rate measured); the all-gather only
+    loads."""
     direct = Link("d", 2e9, 4e-6, 1.0, 1 / 8e9, reduce_efficiency=((0.0, 0.5),))
     link = Link("x", 1e9, 5e-6, 1.0, 1 / 4e9, direct=direct)
     block = 2.0**20

@@ -114,7 +114,7 @@ class _Window:
         for q in range(comm.Get_size()):
             mem, _ = self.win.Shared_query(q)
             self.segments.append(np.frombuffer(mem, dtype=np.float32, count=n))
-        self.base = self.segments[comm.Get_rank()].__array_interface__["data"][0]
+        self.base = _address(self.segments[comm.Get_rank()])
 
     def offset_of(self, addr: int, size: int) -> int | None:
         """Element offset of the ``size`` floats at address ``addr`` inside this rank's

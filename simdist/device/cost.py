@@ -99,9 +99,10 @@ def efficiency(table: tuple[tuple[float, float], ...], size: float) -> float:
 def interpolated_efficiency(table: tuple[tuple[float, float], ...], size: float) -> float:
     """``efficiency`` read as samples of a smooth curve: between two rows with nonzero min
     sizes, linear in log(size) (a measured sweep's points, where the rate falls steeply
-    from one cache level to the next); the table's own value outside them."""
+    from one cache level to the next); the table's own value outside them (below the
+    smallest nonzero size too: the row keyed 0 has lost its sample's size)."""
     for (hi_size, hi_eff), (lo_size, lo_eff) in zip(table, table[1:], strict=False):
-        if lo_size > 0 and lo_size <= size < hi_size:
+        if 0 < lo_size <= size < hi_size:
             t = math.log(size / lo_size) / math.log(hi_size / lo_size)
             return lo_eff + t * (hi_eff - lo_eff)
     return efficiency(table, size)

@@ -231,9 +231,7 @@ def _num(section: Mapping[str, Any], key: str, where: str, unknown: list[str]) -
     return float(value)
 
 
-def _table(
-    raw: Any, where: str, scale: float, most: float = 1.0
-) -> tuple[tuple[float, float], ...]:
+def _table(raw: Any, where: str, scale: float) -> tuple[tuple[float, float], ...]:
     if raw is None:
         return ((0.0, 1.0),)
     rows = []
@@ -241,8 +239,8 @@ def _table(
         if not (isinstance(row, list | tuple) and len(row) == 2):
             raise ProfileError(f"{where}: rows must be [min_size, efficiency], got {row!r}")
         size, eff = float(row[0]), float(row[1])
-        if not 0.0 < eff <= most:
-            raise ProfileError(f"{where}: efficiency must be in (0, {most:g}], got {eff}")
+        if not 0.0 < eff <= 1.0:
+            raise ProfileError(f"{where}: efficiency must be in (0, 1], got {eff}")
         rows.append((size * scale, eff))
     rows.sort(key=lambda r: -r[0])
     if rows[-1][0] != 0.0:
@@ -297,11 +295,11 @@ def parse_link(raw: Mapping[str, Any], name: str) -> Link:
     return link
 
 
-def _optional_table(raw: Mapping[str, Any], key: str, where: str, most: float = 1.0) -> tuple:
+def _optional_table(raw: Mapping[str, Any], key: str, where: str) -> tuple:
     """A [min bytes, fraction] table when the profile gives one, else ()."""
     if raw.get(key) is None:
         return ()
-    return _table(raw[key], f"{where}.{key}", 1.0, most)
+    return _table(raw[key], f"{where}.{key}", 1.0)
 
 
 GEMM_LAYOUTS = ("nn", "nt", "tn")

@@ -8,7 +8,8 @@ module replays the schedules of ``simdist.comm.ring``, ``rhd`` and ``shm`` on th
 block sizes (bytes per rank):
 
     per step and rank:  messages·α + max(bytes sent, bytes received)·β + bytes added·γ
-    (β and γ at the step's size where the link has size-keyed tables)
+    (β and γ at the step's size where the link has size-keyed tables; a step that adds at
+    the link's measured reducing rate instead of β + γ where it has one)
     a step lasts as long as its busiest rank; the collective is the sum of its steps
 
 (links are full duplex, so a Sendrecv costs the larger direction). For equal blocks this
