@@ -39,11 +39,11 @@ a loaded machine the gap between the two is the load, not the model. Nothing is 
 Which profile. ``--profile`` (default: the shipped ``host``) or ``--calibrate``: calibrate
 this machine first (written beside ``--json``) and predict every collective from the link
 calibrate's probes (``simdist.calibrate.LinkProbe``: Sendrecv and p2p's reduce exchange,
-or shm's peer loads, loads that add and stores, at each calibrate size that fits) measure on that collective's own
-buffer, in rounds that take turns with its calls (latencies: a tight loop first). On a
-virtual machine a buffer's rates depend on the pages under it (transparent huge pages or
-4 KiB ones: 3x for a 2 MiB Sendrecv here, and shared-memory windows never get huge pages)
-and on the neighbours' load, which changes within seconds; only a calibration on the same
+or shm's peer loads, loads that add and stores, at each calibrate size that fits) measure
+on that collective's own buffer, in rounds that take turns with its calls (latencies: a
+tight loop first). On a virtual machine a buffer's rates depend on the pages under it
+(transparent huge pages or 4 KiB ones; shared-memory windows never get huge pages) and on
+the neighbours' load, which changes within seconds; only a calibration on the same
 memory at the same time describes the machine a call ran on. The model still does the
 rest: which steps, at which sizes, which primitive each step is, the call and fence
 latencies. Each case's probes and calls are written to ``--json``'s ``*.links/``.
@@ -431,9 +431,10 @@ def collectives_worker(out: str, probe_links: bool = False) -> int:
 
     ``probe_links``: also calibrate the link on each case's own buffer, interleaved with
     its calls (``simdist.calibrate.LinkProbe``: one round of the Sendrecv and reduce
-    exchanges, or of the shm loads, adds and stores, at every calibrate size that fits, next to each call,
-    the two taking turns going first; the latencies in a tight loop first), every round's
-    samples written with the case (``case_links`` makes one link per round).
+    exchanges, or of the shm loads, adds and stores, at every calibrate size that fits,
+    next to each call, the two taking turns going first; the latencies in a tight loop
+    first), every round's samples written with the case (``case_links`` makes one link
+    per round).
     On a virtual machine a buffer's rates depend on the pages under it and on the
     neighbours' load, both of which change within one launch, so only a calibration on the
     same memory at the same time describes the machine the call ran on."""

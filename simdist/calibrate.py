@@ -259,8 +259,8 @@ class LinkProbe:
     ``measure_link`` calibrates the profile with it; ``scripts/validate_sim.py`` re-measures
     the link with it on a collective's own buffer, between that collective's calls: on a
     virtual machine a buffer's rates depend on the pages under it (transparent huge pages
-    or 4 KiB ones: 3x for a 2 MiB Sendrecv here; shared-memory windows never get huge
-    pages) and on the neighbours' load, which changes within a minute."""
+    or 4 KiB ones; shared-memory windows never get huge pages) and on the neighbours'
+    load, which changes within a minute."""
 
     def __init__(self, comm: Any, exchanger: Any = None):
         """``exchanger``: the ``p2p.Exchanger`` whose reduce to time (a ``Collectives``'
