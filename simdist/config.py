@@ -63,7 +63,9 @@ class EvalInputConfig:
 @dataclass(frozen=True)
 class OptimizerConfig:
     optimizer_type: str = "adamw"
-    learning_rate: float = 1e-3
+    # a number, or a list of schedulers run in sequence (simdist.lr_schedule)
+    learning_rate: float | list[Any] = 1e-3
+    warmup_steps: int = 0  # a linear ramp from 0 in front of the learning rate
     beta1: float = 0.9
     beta2: float = 0.999
     eps: float = 1e-8
@@ -195,6 +197,8 @@ def _read_yaml(params: str) -> tuple[dict[str, Any], str]:
 
 def _check_type(value: Any, annotation: Any, key: str) -> Any:
     """Validate (and lightly coerce int->float) a value against a dataclass annotation."""
+    if annotation is Any:  # checked where it is interpreted (e.g. simdist.lr_schedule)
+        return value
     origin = typing.get_origin(annotation)
     if origin in (types.UnionType, typing.Union):
         for arm in typing.get_args(annotation):
@@ -210,7 +214,8 @@ def _check_type(value: Any, annotation: Any, key: str) -> Any:
     if origin is list:
         (item,) = typing.get_args(annotation)
         if not isinstance(value, list):
-            raise ConfigError(f"{key}: expected a list of {item.__name__}, got {value!r}")
+            what = getattr(item, "__name__", str(item))
+            raise ConfigError(f"{key}: expected a list of {what}, got {value!r}")
         return [_check_type(v, item, f"{key}[{i}]") for i, v in enumerate(value)]
     if annotation is float:
         if isinstance(value, str):
@@ -238,10 +243,14 @@ def _check_type(value: Any, annotation: Any, key: str) -> Any:
 
 
 def _type_name(annotation: Any) -> str:
+    if typing.get_origin(annotation) is list:
+        return "a list"
     args = typing.get_args(annotation)
     if args:
         return " or ".join("null" if a is type(None) else _type_name(a) for a in args)
-    return getattr(annotation, "__name__", str(annotation))
+    return {float: "a number", int: "an integer", bool: "true or false", str: "a string"}.get(
+        annotation, getattr(annotation, "__name__", str(annotation))
+    )
 
 
 def _build(cls: type, values: dict[str, Any], section: str) -> Any:
@@ -383,8 +392,12 @@ def validate(p: Params) -> None:
             f"runconfig.stall_timeout_s must be >= 0 (0 turns the watchdog off), "
             f"got {r.stall_timeout_s}"
         )
-    if o.learning_rate <= 0:
-        raise ConfigError(f"optimizer.learning_rate must be > 0, got {o.learning_rate}")
+    from simdist.lr_schedule import ScheduleError, parse_schedule
+
+    try:
+        parse_schedule(o.learning_rate, o.warmup_steps, r.max_steps)
+    except ScheduleError as e:
+        raise ConfigError(str(e)) from None
     if o.max_gradient_norm is not None and o.max_gradient_norm <= 0:
         raise ConfigError("optimizer.max_gradient_norm must be > 0 or null")
     if r.zero_opt_level > 0 and not r.enable_data_parallel:

@@ -34,6 +34,7 @@ from simdist.events import EventWriter
 from simdist.faults import check_same_run
 from simdist.input_workers import MeasuredInput, input_report
 from simdist.kernels.registry import warm_all
+from simdist.lr_schedule import parse_schedule
 from simdist.memplan import DeviceAllocator, check_device_memory
 from simdist.models import build_model
 from simdist.models.base import GradientViews
@@ -100,6 +101,8 @@ class Run:
         self.device = simulate.create_device(r, comm, self.placement)
         self.memory = DeviceAllocator(self.device.memory, self.coll)
         self.step = 0
+        o = params.optimizer
+        self.learning_rate = parse_schedule(o.learning_rate, o.warmup_steps)  # rate of a step
         self.events: EventWriter | None = None
         self._summary_t = (0.0, 0)
         self._log = RunLog(self.model_dir, self.is_main)
@@ -480,6 +483,7 @@ def write_summary(run, step: int, mean_loss: float, norm: float | None) -> None:
     run.log(f"global_step = {step}, loss = {mean_loss:.6f}{extra}")
     run.events.scalar("loss", mean_loss, step)
     run.events.scalar("samples_per_sec", rate, step)
+    run.events.scalar("learning_rate", run.learning_rate(step - 1), step)  # the step's own rate
     run.events.flush()
 
 

@@ -67,6 +67,7 @@ from simdist.comm.groups import DEVICE, SERVER, WORKER, Groups, Roles
 from simdist.config import ConfigError, Params, batch_sizes, dump_yaml
 from simdist.device import CostModel, DeviceMemory, ProfileError, format_bytes, load_profile
 from simdist.kernels._jit import kernel
+from simdist.lr_schedule import parse_schedule
 from simdist.models.base import GradientGroup, GradientViews
 from simdist.models.stages import Stage
 from simdist.run import RunLog, write_summary
@@ -650,6 +651,8 @@ class StreamingRun:
         self.micro_batch, self.global_batch = batch_sizes(params, R)
         self.accum = params.optimizer.grad_accum_steps
         self.step = 0
+        o = params.optimizer
+        self.learning_rate = parse_schedule(o.learning_rate, o.warmup_steps)  # rate of a step
         self.events = None
         self._log = RunLog(self.model_dir, self.is_main)
         self.device_times: list[StepTime] = []
@@ -937,7 +940,7 @@ class StreamingRun:
             coef = o.max_gradient_norm / (norm + 1e-6)  # as torch.nn.utils.clip_grad_norm_
             if coef < 1.0:
                 np.multiply(sh.grads, np.float32(coef), out=sh.grads)
-        self.optimizer.step(sh.params, sh.grads, n, o.learning_rate)
+        self.optimizer.step(sh.params, sh.grads, n, self.learning_rate(n - 1))
         return norm
 
     def _start_training(self) -> None:

@@ -47,7 +47,7 @@ def train(run: Run) -> None:
             sumsq, stop = guard.check(n, grads, loss, own_sumsq)  # NaN/Inf raise on all ranks
             norm = run.clip(grads, sumsq)
             guard.enter("update", n)
-            run.optimizer.step(run.params_flat[lo:hi], grads, n, p.optimizer.learning_rate)
+            run.optimizer.step(run.params_flat[lo:hi], grads, n, run.learning_rate(step))
             guard.enter("gather_parameters", n)
             sync.gather_parameters(run.params_flat)
             run.step = n

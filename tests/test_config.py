@@ -56,7 +56,7 @@ def test_flag_aliases():
         (["--nosection.key=1"], "--nosection.key"),
         (["--train_input.global_batch_size=64"], "exactly one of batch_size"),
         (["--model.name=resnet"], "model.name: unknown model 'resnet'"),
-        (["--optimizer.learning_rate=-1"], "learning_rate must be > 0"),
+        (["--optimizer.learning_rate=-1"], "optimizer.learning_rate: must be a finite number > 0"),
         (["--runconfig.ranks_per_node=0"], "runconfig.ranks_per_node must be >= 1"),
         (["--runconfig.collective_algorithm=tree"], "is not one of"),
         (

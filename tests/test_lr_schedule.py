@@ -194,3 +194,68 @@ def test_matches_pytorch_schedulers():
         opt.step()
         ref.step()
     assert [ours(i) for i in range(25)] == pytest.approx(got, rel=1e-9, abs=1e-12)
+
+
+SCHEDULE = (
+    "--optimizer.learning_rate=[{scheduler: CosineDecay, initial_learning_rate: 0.004,"
+    " end_learning_rate: 0.0004, total_iters: 16}, {scheduler: Constant, learning_rate: 0.0004}]"
+)
+
+
+def test_training_follows_the_schedule_and_resumes_exactly(tmp_path):
+    """A warmed-up cosine schedule in a 2-rank run: TensorBoard gets each summary step's rate,
+    and a run resumed at step 10 ends bitwise where the uninterrupted one does."""
+    import numpy as np
+    from test_train import final_state, train
+
+    from simdist.events import read_events
+
+    args = [
+        "--runconfig.mode=train",
+        "--runconfig.save_checkpoints_steps=10",
+        SCHEDULE,
+        "--optimizer.warmup_steps=4",
+        "--zero_opt_level=1",
+    ]
+    train(2, tmp_path / "full", *args, "--runconfig.max_steps=25")
+    train(2, tmp_path / "resumed", *args, "--runconfig.max_steps=10")
+    train(2, tmp_path / "resumed", *args, "--runconfig.max_steps=25")
+    a, b = final_state(tmp_path / "full"), final_state(tmp_path / "resumed")
+    for which in (0, 1):
+        for k in a[which]:
+            assert np.array_equal(a[which][k], b[which][k]), k
+    schedule = parse_schedule(
+        [
+            {
+                "scheduler": "CosineDecay",
+                "initial_learning_rate": 0.004,
+                "end_learning_rate": 0.0004,
+                "total_iters": 16,
+            },
+            {"scheduler": "Constant", "learning_rate": 0.0004},
+        ],
+        warmup_steps=4,
+    )
+    (events,) = (tmp_path / "full").glob("events.out.tfevents.*")
+    logged = {step: v for step, tag, v in read_events(events) if tag == "learning_rate"}
+    assert sorted(logged) == [5, 10, 15, 20, 25]
+    # a summary at global step n reports the rate step n was taken with (index n - 1)
+    assert [logged[n] for n in sorted(logged)] == pytest.approx(
+        [schedule(n - 1) for n in sorted(logged)], rel=1e-6
+    )
+    assert logged[5] == pytest.approx(0.004) and logged[25] == pytest.approx(0.0004)
+
+
+def test_schedule_that_does_not_cover_the_run_is_refused(tmp_path):
+    from test_train import train
+
+    out = train(
+        1,
+        tmp_path / "m",
+        "--runconfig.max_steps=30",
+        SCHEDULE.replace(", {scheduler: Constant, learning_rate: 0.0004}", ""),
+        check=False,
+    )
+    assert out.returncode == 2
+    assert "add up to 16, fewer than runconfig.max_steps = 30" in out.stdout + out.stderr
+    assert not (tmp_path / "m").exists()
