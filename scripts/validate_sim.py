@@ -639,46 +639,58 @@ def calibrate_now(json_path: Path | None) -> str:
 
 
 def _plots(rows: list[dict], directory: Path) -> list[Path]:
-    """Predicted vs measured, log-log, one panel per kind, the target band shaded."""
-    try:
-        import matplotlib
+    """Predicted vs measured, log-log, one panel per kind, the target band shaded; drawn by
+    simdist.plots, which writes the plotted points beside the PNG as validate_sim.json."""
+    from simdist.plots import MatplotlibMissing, Panel, Plot, Series, render
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("(matplotlib not installed: no plots; pip install matplotlib)")
-        return []
-    directory.mkdir(parents=True, exist_ok=True)
-    kinds = list(dict.fromkeys(r["kind"] for r in rows))
-    cols = min(4, len(kinds))
-    rows_n = -(-len(kinds) // cols)
-    fig, axes = plt.subplots(rows_n, cols, figsize=(4.2 * cols, 4.2 * rows_n), squeeze=False)
-    for ax in axes.flat[len(kinds) :]:
-        ax.set_visible(False)
-    for ax, kind in zip(axes.flat, kinds, strict=False):
+    panels = []
+    for kind in dict.fromkeys(r["kind"] for r in rows):
         group = [r for r in rows if r["kind"] == kind]
         lo = min(min(r["predicted"], r["measured"]) for r in group) * 0.7
         hi = max(max(r["predicted"], r["measured"]) for r in group) * 1.4
         tgt = group[0].get("target", 0.15)
         xs = [lo, hi]
-        ax.fill_between(xs, [x * (1 - tgt) for x in xs], [x * (1 + tgt) for x in xs], alpha=0.15)
-        ax.plot(xs, xs, "k-", lw=0.8)
-        for r in group:
-            over = r.get("oversubscribed")
-            ax.plot(
-                r["measured"], r["predicted"], "x" if over else "o", color="C3" if over else "C0"
+        panel = Panel(
+            f"{kind} (band: ±{100 * tgt:.0f} %)",
+            f"measured / published ({group[0]['unit']})",
+            "predicted",
+            xscale="log",
+            yscale="log",
+            xlim=(lo, hi),
+            ylim=(lo, hi),
+            legend=False,
+        )
+        panel.series.append(
+            Series(
+                "_target band", xs, [x * (1 - tgt) for x in xs], "band", [x * (1 + tgt) for x in xs]
             )
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlim(lo, hi)
-        ax.set_ylim(lo, hi)
-        ax.set_xlabel(f"measured / published ({group[0]['unit']})")
-        ax.set_ylabel("predicted")
-        ax.set_title(f"{kind} (band: ±{100 * tgt:.0f} %)", fontsize=9)
-    fig.tight_layout()
-    path = directory / "validate_sim.png"
-    fig.savefig(path, dpi=120)
-    return [path]
+        )
+        panel.series.append(Series("_exact", xs, xs, color="k"))
+        for over, name, marker, color in (
+            (False, "scored", "o", "C0"),
+            (True, "oversubscribed", "x", "C3"),
+        ):
+            pts = [r for r in group if bool(r.get("oversubscribed")) == over]
+            if pts:
+                panel.series.append(
+                    Series(
+                        name,
+                        [r["measured"] for r in pts],
+                        [r["predicted"] for r in pts],
+                        "points",
+                        marker=marker,
+                        color=color,
+                        source="rows:measured,predicted",
+                    )
+                )
+        panels.append(panel)
+    plot = Plot("validate_sim", "", panels, cols=min(4, len(panels)), panel_size=(4.2, 4.2))
+    try:
+        png, _ = render(plot, directory, dpi=120)
+    except MatplotlibMissing as e:
+        print(f"(no plots: {e})")
+        return []
+    return [png]
 
 
 def _print(rows: list[dict]) -> None:
@@ -719,7 +731,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--part", choices=("published", "measured", "all"), default="all")
     ap.add_argument("--json", metavar="FILE", help="write the rows as JSON")
-    ap.add_argument("--plots", metavar="DIR", help="write validate_sim.png there (matplotlib)")
+    ap.add_argument(
+        "--plots",
+        metavar="DIR",
+        help="write validate_sim.png (and its data, validate_sim.json) there (matplotlib)",
+    )
     ap.add_argument("--nps", default="1,2,4", help="world sizes of the measured part")
     ap.add_argument(
         "--repeats",
