@@ -287,7 +287,7 @@ def load_plan(path: Path, data: Any) -> PlanData:
     _collect_plans(data, "", groups)
     if not groups:
         raise ReportError(
-            f"{path}: JSON without any plan configuration (expected the output of "
+            f"{path}: no plan configuration in this JSON (expected the output of "
             "`python -m simdist.plan ... --json`: objects with config and memory_bytes), "
             "and not a model_dir"
         )
