@@ -1010,6 +1010,11 @@ def write_report(
     if runs:
         parts.append("<h2>Runs</h2>" + _run_table(runs))
         notes = [(r.label, n) for r in runs for n in r.notes]
+        notes += [
+            (r.label, f"timeline {r.path / 'timeline.json'} (Chrome trace: open in Perfetto)")
+            for r in runs
+            if (r.path / "timeline.json").is_file()
+        ]
         if notes:
             parts.append(
                 "<ul>" + "".join(f"<li>{html.escape(f'{a}: {n}')}</li>" for a, n in notes) + "</ul>"
