@@ -376,6 +376,68 @@ def _unique_labels(paths: list[Path]) -> list[str]:
 # -- plots ---------------------------------------------------------------------------------------
 
 
+def _bar_count(panel: Panel) -> int:
+    return len({x for s in panel.series if s.kind == "bar" for x in s.x})
+
+
+@dataclass
+class MemoryBar:
+    label: str
+    bytes_by_category: dict[str, int]
+    capacity: int | None
+    profile: str
+    source: str  # "<file>:<key>" of bytes_by_category
+
+
+def _memory_panels(
+    bars: list[MemoryBar], title: str, xlabel: str, capacity_source: str
+) -> list[Panel]:
+    """Stacked bytes by category, one panel per device capacity: on a shared axis a 13 MiB
+    device's bars would stand against another device's 12 GiB line."""
+    order = list(dict.fromkeys(c for b in bars for c, v in b.bytes_by_category.items() if v))
+    by_capacity: dict[int | None, list[MemoryBar]] = {}
+    for b in bars:
+        by_capacity.setdefault(b.capacity, []).append(b)
+    panels = []
+    for cap, group in by_capacity.items():
+        top = max(sum(b.bytes_by_category.values()) for b in group)
+        div, unit = bytes_unit(max(top, cap or 0) if cap and cap < 20 * top else top)
+        profiles = ", ".join(sorted({b.profile for b in group}))
+        panel = Panel(f"{title} ({profiles})", xlabel, unit)
+        for i, cat in enumerate(order):
+            pts = [
+                (b.label, b.bytes_by_category[cat] / div)
+                for b in group
+                if b.bytes_by_category.get(cat)
+            ]
+            if pts:
+                panel.series.append(
+                    Series(
+                        cat,
+                        [x for x, _ in pts],
+                        [y for _, y in pts],
+                        kind="bar",
+                        stack="mem",
+                        color=f"C{i}",  # a category keeps its colour across panels
+                        source=f"{group[0].source}.{cat}",
+                        scale=div,
+                    )
+                )
+        if cap:
+            panel.series.append(
+                Series(
+                    f"capacity ({profiles})",
+                    [],
+                    [cap / div],
+                    kind="hline",
+                    scale=div,
+                    source=capacity_source,
+                )
+            )
+        panels.append(panel)
+    return panels
+
+
 def _run_plots(runs: list[RunData]) -> list[Plot]:
     plots: list[Plot] = []
     labels = [r.label for r in runs]
@@ -383,7 +445,8 @@ def _run_plots(runs: list[RunData]) -> list[Plot]:
     # loss and validation
     panels = []
     loss = Panel("training loss (mean over replicas)", "global step", "loss")
-    for r in runs:
+    for i, r in enumerate(runs):
+        color = f"C{i % 10}"  # a run's curve and its validation point share a colour
         points = r.scalars.get("loss", [])
         if points:
             loss.series.append(
@@ -392,6 +455,7 @@ def _run_plots(runs: list[RunData]) -> list[Plot]:
                     [s for s, _ in points],
                     [v for _, v in points],
                     marker="." if len(points) < 50 else None,
+                    color=color,
                     source=f"{'run.log' if r.scalars_from == 'run.log' else 'events'}:loss",
                 )
             )
@@ -404,6 +468,7 @@ def _run_plots(runs: list[RunData]) -> list[Plot]:
                     [float(r.eval["loss"])],
                     kind="points",
                     marker="*",
+                    color=color,
                     source="eval.json:loss",
                 )
             )
@@ -414,7 +479,7 @@ def _run_plots(runs: list[RunData]) -> list[Plot]:
     )
     for tag in ["learning_rate", *extra_tags]:
         panel = Panel(tag.replace("_", " "), "global step", tag)
-        for r in runs:
+        for i, r in enumerate(runs):
             points = r.scalars.get(tag, [])
             if points:
                 panel.series.append(
@@ -422,6 +487,7 @@ def _run_plots(runs: list[RunData]) -> list[Plot]:
                         r.label,
                         [s for s, _ in points],
                         [v for _, v in points],
+                        color=f"C{i % 10}",
                         source=f"events:{tag}",
                     )
                 )
@@ -536,48 +602,27 @@ def _run_plots(runs: list[RunData]) -> list[Plot]:
         )
 
     # device memory against capacity
-    mems = [(r, *device_memory(r.perf)) for r in runs]
-    mems = [m for m in mems if m[1]]
-    if mems:
-        largest = max(sum(cats.values()) for _, cats, _, _ in mems)
-        div, unit = bytes_unit(largest)
-        panel = Panel("device memory at the peak (rank 0)", "run", unit)
-        cats = list(dict.fromkeys(c for _, cs, _, _ in mems for c, v in cs.items() if v))
-        for cat in cats:
-            xs = [r.label for r, cs, _, _ in mems if cs.get(cat)]
-            ys = [cs[cat] / div for _, cs, _, _ in mems if cs.get(cat)]
-            panel.series.append(
-                Series(
-                    cat,
-                    xs,
-                    ys,
-                    kind="bar",
-                    stack="mem",
-                    source=f"performance.json:{mems[0][3]}.{cat}",
-                    scale=div,
-                )
-            )
-        for cap in dict.fromkeys(c for _, _, c, _ in mems if c):
-            who = sorted({r.profile for r, _, c, _ in mems if c == cap})
-            panel.series.append(
-                Series(
-                    f"capacity ({', '.join(who)})",
-                    [],
-                    [cap / div],
-                    kind="hline",
-                    scale=div,
-                    source="performance.json:device_memory_capacity_bytes",
-                )
-            )
+    entries = []
+    for r in runs:
+        cats, cap, key = device_memory(r.perf)
+        if cats:
+            entries.append(MemoryBar(r.label, cats, cap, r.profile, f"performance.json:{key}"))
+    if entries:
+        panels = _memory_panels(
+            entries,
+            "device memory at the peak (rank 0)",
+            "run",
+            "performance.json:device_memory_capacity_bytes",
+        )
         plots.append(
             Plot(
                 "runs_memory",
                 "Simulated device memory by category",
-                [panel],
-                cols=1,
-                panel_size=(max(5.2, 1.4 * len(runs) + 2), 3.8),
+                panels,
+                cols=min(3, len(panels)),
+                panel_size=(max(4.5, 1.3 * max(_bar_count(p) for p in panels) + 2.5), 3.8),
                 caption="Bytes per category on rank 0's simulated device at the moment its total "
-                "peaked, against the device profile's capacity.",
+                "peaked, against the device profile's capacity (one panel per capacity).",
             )
         )
     return plots
@@ -720,49 +765,22 @@ def _plan_plots(plans: list[PlanData]) -> list[Plot]:
                 prefix = f"{where}: " if len(plan.groups) > 1 and where else ""
                 shown.append((prefix + _plan_label(r, rank, many), r))
         size = (max(5.2, 1.2 * len(shown) + 2.5), 4.2)
-        mem = [(lab, r) for lab, r in shown if isinstance(r.get("memory_bytes"), dict)]
-        panels = []
-        if mem:
-            largest = max(
-                max(sum(r["memory_bytes"].values()), r.get("capacity_bytes") or 0) for _, r in mem
+        mem = [
+            MemoryBar(
+                lab,
+                r["memory_bytes"],
+                r.get("capacity_bytes"),
+                str(r.get("profile")),
+                "plan:memory_bytes",
             )
-            div, unit = bytes_unit(largest)
-            panel = Panel("memory per device", "configuration", unit)
-            cats = list(dict.fromkeys(c for _, r in mem for c, v in r["memory_bytes"].items() if v))
-            for cat in cats:
-                pts = [
-                    (lab, r["memory_bytes"][cat] / div)
-                    for lab, r in mem
-                    if r["memory_bytes"].get(cat)
-                ]
-                panel.series.append(
-                    Series(
-                        cat,
-                        [p[0] for p in pts],
-                        [p[1] for p in pts],
-                        kind="bar",
-                        stack="mem",
-                        source=f"plan:memory_bytes.{cat}",
-                        scale=div,
-                    )
-                )
-            for cap in dict.fromkeys(
-                r.get("capacity_bytes") for _, r in mem if r.get("capacity_bytes")
-            ):
-                profs = sorted(
-                    {str(r.get("profile")) for _, r in mem if r.get("capacity_bytes") == cap}
-                )
-                panel.series.append(
-                    Series(
-                        f"capacity ({', '.join(profs)})",
-                        [],
-                        [cap / div],
-                        kind="hline",
-                        source="plan:capacity_bytes",
-                        scale=div,
-                    )
-                )
-            panels.append(panel)
+            for lab, r in shown
+            if isinstance(r.get("memory_bytes"), dict)
+        ]
+        panels = (
+            _memory_panels(mem, "memory per device", "configuration", "plan:capacity_bytes")
+            if mem
+            else []
+        )
         step = Panel("predicted step", "configuration", "ms")
         parts: dict[str, tuple[list[str], list[float]]] = {}
         for lab, r in shown:
