@@ -237,7 +237,9 @@ def _draw_panel(ax: Any, panel: Panel) -> dict[int, Any]:
     ax.set_ylabel(panel.ylabel)
     ax.grid(True, alpha=0.3)
     labelled = [s for s in panel.series if s.label and not s.label.startswith("_")]
-    if panel.legend and labelled:
+    if panel.legend and labelled and bars:  # beside the axes: stacks reach the top
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    elif panel.legend and labelled:
         ax.legend(fontsize=7)
     return artists
 
