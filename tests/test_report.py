@@ -46,7 +46,13 @@ def _plan(*args: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def inputs(tmp_path_factory) -> dict:
+def mpl():
+    """Skip (before any run is trained) where matplotlib is not installed."""
+    return pytest.importorskip("matplotlib")
+
+
+@pytest.fixture(scope="module")
+def inputs(mpl, tmp_path_factory) -> dict:
     """model_dirs at 1, 2, 4 ranks and plan JSON files (one config each, and a ranked list)."""
     base = tmp_path_factory.mktemp("report_inputs")
     runs = {}
@@ -72,7 +78,6 @@ def inputs(tmp_path_factory) -> dict:
 
 @pytest.fixture(scope="module")
 def rendered(inputs, tmp_path_factory) -> Path:
-    pytest.importorskip("matplotlib")
     out = tmp_path_factory.mktemp("report_out")
     paths = [*inputs["runs"].values(), *inputs["plans"].values(), inputs["search"]]
     assert report.main([*map(str, paths), "--out", str(out)]) == 0
@@ -245,7 +250,6 @@ def test_plan_series_and_ranked_table(inputs, rendered):
 
 
 def test_loss_from_run_log_without_event_files(inputs, tmp_path):
-    pytest.importorskip("matplotlib")
     d = tmp_path / "no_events"
     shutil.copytree(inputs["runs"][2], d)
     for f in d.glob("events.out.tfevents.*"):
@@ -258,7 +262,6 @@ def test_loss_from_run_log_without_event_files(inputs, tmp_path):
 
 
 def test_truncated_event_file_is_noted_not_fatal(inputs, tmp_path):
-    pytest.importorskip("matplotlib")
     d = tmp_path / "cut"
     shutil.copytree(inputs["runs"][1], d)
     (f,) = d.glob("events.out.tfevents.*")
@@ -307,8 +310,7 @@ def test_missing_matplotlib_is_one_line_exit_2(tmp_path, capsys, monkeypatch):
     assert err.count("\n") == 1 and "pip install simdist[report]" in err, err
 
 
-def test_validate_sim_plots_through_the_helpers(tmp_path, monkeypatch):
-    pytest.importorskip("matplotlib")
+def test_validate_sim_plots_through_the_helpers(mpl, tmp_path, monkeypatch):
     spec = importlib.util.spec_from_file_location("validate_sim", REPO / "scripts/validate_sim.py")
     vs = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, "validate_sim", vs)  # its dataclasses look themselves up
