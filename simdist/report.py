@@ -842,6 +842,8 @@ def _plan_plots(plans: list[PlanData]) -> list[Plot]:
         gbs = [best[n].get("global_batch") for n in sizes]
         if len(set(gbs)) == 1:
             panels[0].note = f"global batch {gbs[0]} at every size (strong scaling)"
+        elif None not in gbs and len({g / n for g, n in zip(gbs, sizes, strict=True)}) == 1:
+            panels[0].note = f"{gbs[0] // sizes[0]} samples per device (weak scaling)"
         else:
             panels[0].note = "global batch: " + ", ".join(f"{g}" for g in gbs)
         plots.append(
