@@ -44,9 +44,9 @@ import sys
 import threading
 import time
 from bisect import bisect_right
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 from mpi4py import MPI
@@ -54,10 +54,6 @@ from mpi4py import MPI
 import simdist
 from simdist.comm.world import abort_job
 from simdist.config import ConfigError, Params, dump_yaml
-from simdist.kernels.optim import sum_of_squares
-
-if TYPE_CHECKING:
-    from simdist.run import Run
 
 EXIT_ERROR = 1
 EXIT_CONFIG = 2
@@ -534,20 +530,20 @@ class Watchdog:
 
 
 class StepGuard:
-    """What the training loop uses: phases for the watchdog, the per-step agreement
+    """What a schedule's step uses: phases for the watchdog, the per-step agreement
     (non-finite check + stop flag), stop signals and the test hooks. A context manager:
-    signal handlers and the watchdog live exactly as long as the loop."""
+    signal handlers and the watchdog live exactly as long as the loop. ``run``: a
+    ``simdist.run.Run`` (its schedule's ``comm`` and ``coll`` are the agreeing ranks)."""
 
-    def __init__(self, run: Run):
+    def __init__(self, run):
         self.run = run
+        sched = run.schedule
+        self.comm, self.coll = sched.comm, sched.coll
         self.hook = hooks_from_env(run.rank)
         self.signals = StopSignals()
-        timeout = run.params.runconfig.stall_timeout_s
-        coll = run.coll
-        self.watchdog = Watchdog(run.comm, timeout, lambda: coll.calls) if timeout > 0 else None
-        lo, hi = run.sync.partition
-        offset = run.sync.update_range[0]
-        self._own = slice(lo - offset, hi - offset)  # this rank's share of the reduced grads
+        timeout = run.params.runconfig.stall_timeout_s if sched.watched else 0
+        coll = self.coll
+        self.watchdog = Watchdog(self.comm, timeout, lambda: coll.calls) if timeout > 0 else None
         self._vals = np.zeros(3, np.float64)
 
     def __enter__(self) -> StepGuard:
@@ -571,58 +567,27 @@ class StepGuard:
             self.watchdog.enter(phase, step)
 
     def check(
-        self, step: int, grads: np.ndarray, loss: float, own_sumsq: float | None = None
-    ) -> tuple[float, bool]:
-        """The per-step agreement; returns (global sum of squares of the averaged gradient,
-        stop requested). Raises NonFiniteError on every rank when the loss or a gradient is
-        NaN or Inf, before the optimizer touches the parameters. ``own_sumsq``: this rank's
-        share if the gradient sync already computed it (``sum_of_squares`` of its part)."""
+        self, step: int, own_sumsq: float, loss: float, explain: Callable[[], str]
+    ) -> tuple[float, float, bool]:
+        """The per-step agreement over the schedule's ranks; returns (global sum of squares
+        of the averaged gradient, summed loss, stop requested). ``own_sumsq``: this rank's
+        share of the sum of squares, ``loss`` its share of the loss. Raises NonFiniteError
+        on every rank when either sum is NaN or Inf, before the optimizer touches the
+        parameters; ``explain()`` (collective) gives its message."""
         self.enter("step_check", step)
         v = self._vals
-        v[0] = sum_of_squares(grads[self._own]) if own_sumsq is None else own_sumsq
+        v[0] = own_sumsq
         v[1] = loss
         v[2] = 1.0 if self.signals.received else 0.0
-        total = self.run.coll.allreduce_scalars(v)
+        total = self.coll.allreduce_scalars(v)
         if not (np.isfinite(total[0]) and np.isfinite(total[1])):
-            raise self._nonfinite(step, grads, loss)
-        return float(total[0]), bool(total[2] > 0)
-
-    def _nonfinite(self, step: int, grads: np.ndarray, loss: float) -> NonFiniteError:
-        run = self.run
-        lo, hi = run.sync.partition
-        bad_grad = _first_nonfinite(grads[self._own], lo)
-        bad_param = _first_nonfinite(run.params_flat[lo:hi], lo)
-        found = run.comm.allgather((bad_grad, bad_param, float(loss)))
-        layout = run.layout
-        names = [s.name for s in layout.specs]
-        offsets = [layout.offsets[n] for n in names]
-
-        def where(kind: str, index: int) -> str:
-            i = bisect_right(offsets, index) - 1
-            return f"{kind} of {names[i]!r} (flat element {index})"
-
-        parts = []
-        grad_idx = [g for g, _, _ in found if g >= 0]
-        param_idx = [p for _, p, _ in found if p >= 0]
-        if grad_idx:
-            first = where("gradient", min(grad_idx))
-            parts.append(f"first non-finite tensor in layout order: {first}")
-        if param_idx:
-            parts.append("first non-finite parameter: " + where("parameter", min(param_idx)))
-        bad_loss = [r for r, (_, _, x) in enumerate(found) if not np.isfinite(x)]
-        if bad_loss:
-            parts.append(f"local loss non-finite on rank(s) {', '.join(map(str, bad_loss))}")
-        ckpt = _latest_checkpoint_text(run)
-        return NonFiniteError(
-            f"non-finite loss or gradients in step {step}: {'; '.join(parts)}. The update of "
-            f"step {step} was not applied and no checkpoint was written for it ({ckpt}). Lower "
-            "optimizer.learning_rate, set optimizer.max_gradient_norm, or check the input data."
-        )
+            raise NonFiniteError(explain())
+        return float(total[0]), float(total[1]), bool(total[2] > 0)
 
     def preempted(self) -> Preempted:
         """Collective (every rank stops at the same step): name who received what."""
         run = self.run
-        got = run.comm.allgather(self.signals.received)
+        got = self.comm.allgather(self.signals.received)
         by_signal: dict[str, list[int]] = {}
         for r, name in enumerate(got):
             if name:
@@ -632,9 +597,54 @@ class StepGuard:
         )
         return Preempted(
             f"stopped at global_step {run.step} ({what}); checkpoint saved "
-            f"({_latest_checkpoint_text(run)}). Run the same command again to resume; "
-            f"exit code {EXIT_PREEMPTED}."
+            f"({_latest_checkpoint_text(run.model_dir)}). Run the same command again to "
+            f"resume; exit code {EXIT_PREEMPTED}."
         )
+
+
+def describe_nonfinite(
+    comm: MPI.Comm,
+    step: int,
+    loss: float,
+    grads: np.ndarray,
+    params: np.ndarray,
+    lo: int,
+    layout,
+    model_dir,
+) -> str:
+    """NonFiniteError's message (collective over ``comm``): the first non-finite gradient
+    and parameter in layout order and the ranks whose loss is. ``grads`` and ``params``:
+    this rank's pieces of the flat buffers, starting at flat index ``lo``."""
+    found = comm.allgather((_first_nonfinite(grads, lo), _first_nonfinite(params, lo), float(loss)))
+    names = [s.name for s in layout.specs]
+    offsets = [layout.offsets[n] for n in names]
+
+    def where(kind: str, index: int) -> str:
+        i = bisect_right(offsets, index) - 1
+        return f"{kind} of {names[i]!r} (flat element {index})"
+
+    parts = []
+    grad_idx = [g for g, _, _ in found if g >= 0]
+    param_idx = [p for _, p, _ in found if p >= 0]
+    if grad_idx:
+        first = where("gradient", min(grad_idx))
+        parts.append(f"first non-finite tensor in layout order: {first}")
+    if param_idx:
+        parts.append("first non-finite parameter: " + where("parameter", min(param_idx)))
+    bad_loss = [r for r, (_, _, x) in enumerate(found) if not np.isfinite(x)]
+    if bad_loss:
+        parts.append(f"local loss non-finite on rank(s) {', '.join(map(str, bad_loss))}")
+    return nonfinite_text(step, "; ".join(parts), _latest_checkpoint_text(model_dir))
+
+
+def nonfinite_text(step: int, where: str = "", checkpoint: str = "") -> str:
+    where = f": {where}" if where else ""
+    checkpoint = f" ({checkpoint})" if checkpoint else ""
+    return (
+        f"non-finite loss or gradients in step {step}{where}. The update of step {step} was "
+        f"not applied and no checkpoint was written for it{checkpoint}. Lower "
+        "optimizer.learning_rate, set optimizer.max_gradient_norm, or check the input data."
+    )
 
 
 def _first_nonfinite(a: np.ndarray, base: int) -> int:
@@ -642,20 +652,21 @@ def _first_nonfinite(a: np.ndarray, base: int) -> int:
     return base + int(bad[0]) if bad.size else -1
 
 
-def _latest_checkpoint_text(run: Run) -> str:
+def _latest_checkpoint_text(model_dir) -> str:
     from simdist.checkpoint import read_index
 
+    model_dir = Path(model_dir)
     try:
-        entries = read_index(run.model_dir)
+        entries = read_index(model_dir)
     except Exception:  # noqa: BLE001 - only for the message
         entries = []
     if not entries:
         return "no checkpoint in model_dir yet"
     last = entries[-1]
-    return f"latest checkpoint: {run.model_dir / last['file']}, global_step {last['step']}"
+    return f"latest checkpoint: {model_dir / last['file']}, global_step {last['step']}"
 
 
-def finish_agreed_stop(run: Run, stop: AgreedStop) -> int:
+def finish_agreed_stop(run, stop: AgreedStop) -> int:
     """Every rank raised ``stop`` at the same step: rank 0 reports, all exit with its code."""
     if run.is_main:
         text = f"simdist: {'error: ' if stop.is_error else ''}{stop}"
