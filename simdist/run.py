@@ -18,7 +18,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-
 from simdist import checkpoint
 from simdist.comm.groups import WORKER, Groups, Roles
 from simdist.comm.world import world
