@@ -148,10 +148,11 @@ class Run:
             for key, buf in own.state.items():
                 buf[...] = checkpoint.read_optimizer_range(path, attrs, key, own.lo, own.hi)
         self.step = step
-        mode = attrs.get("execution_mode")
-        origin = f"world size {attrs.get('world_size')}, ZeRO-{attrs.get('zero_opt_level')}"
-        origin = f"in {mode} mode, {origin}" if mode else f"at {origin}"
-        self.log(f"resumed from {path} at global_step = {step} (written {origin})")
+        mode = attrs.get("execution_mode", "pipelined")
+        self.log(
+            f"resumed from {path} at global_step = {step} (written in {mode} mode, world size "
+            f"{attrs.get('world_size')}, ZeRO-{attrs.get('zero_opt_level')})"
+        )
 
     # ----------------------------------------------------------------- training
     def start_training(self) -> None:
