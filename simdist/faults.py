@@ -22,15 +22,7 @@ or a stop request at the same step. With gradient clipping on, the sum of square
 clipping norm's collective (bitwise the same value), so the check costs no extra message;
 without clipping it is one 24-byte collective per step.
 
-Watchdog. A daemon thread per rank watches a (phase, step, entered-at) tuple that the loop
-replaces at each phase change (one tuple store, no lock). When a phase lasts longer than
-``stall_timeout_s``, the thread asks every other rank over a private duplicate of
-COMM_WORLD (non-blocking sends/receives, bounded wait) where it is: phase, step and how
-many simdist collectives it has entered. Ranks behind the most advanced one have not
-arrived; ranks that do not answer are named as such. Then MPI_Abort(4). An MPI side channel
-rather than heartbeat files: it needs no shared file system and writes nothing into
-model_dir, and the bounded wait keeps a broken network from hanging the watchdog itself
-(MPI_Abort goes through the process manager, not the data network).
+Watchdog: ``simdist.watchdog`` (stalls, exit code 4).
 """
 
 from __future__ import annotations
@@ -40,13 +32,12 @@ import hashlib
 import importlib.util
 import os
 import signal
-import sys
 import threading
 import time
 from bisect import bisect_right
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 from mpi4py import MPI
@@ -54,28 +45,14 @@ from mpi4py import MPI
 import simdist
 from simdist.comm.world import abort_job
 from simdist.config import ConfigError, Params, dump_yaml
-from simdist.kernels.optim import sum_of_squares
-
-if TYPE_CHECKING:
-    from simdist.run import Run
+from simdist.watchdog import EXIT_STALL as EXIT_STALL  # exit codes are listed here
+from simdist.watchdog import PHASES as PHASES
+from simdist.watchdog import Watchdog, _write_stderr
 
 EXIT_ERROR = 1
 EXIT_CONFIG = 2
 EXIT_NONFINITE = 3
-EXIT_STALL = 4
 EXIT_PREEMPTED = 75
-
-# Phases of a training step, in order (the watchdog compares ranks by this order).
-PHASES = (
-    "training_start",
-    "forward_backward",
-    "reduce_gradients",
-    "step_check",
-    "update",
-    "gather_parameters",
-    "after_step",
-)
-_PHASE_INDEX = {p: i for i, p in enumerate(PHASES)}
 
 
 class AgreedStop(Exception):
@@ -339,11 +316,6 @@ class SetupGate:
             self.comm.Free()
 
 
-def _write_stderr(text: str) -> None:
-    sys.stderr.write(text)
-    sys.stderr.flush()
-
-
 # ---------------------------------------------------------------------------- signals
 
 
@@ -376,178 +348,24 @@ class StopSignals:
         self.received = name
 
 
-# ---------------------------------------------------------------------------- watchdog
-
-_TAG_QUERY, _TAG_REPLY = 7101, 7102
-
-
-class Watchdog:
-    """A daemon thread that aborts the job when one phase of a step lasts > ``timeout_s``,
-    after finding out from the other ranks which of them have not arrived."""
-
-    def __init__(self, comm: MPI.Comm, timeout_s: float, progress=lambda: 0):
-        self.timeout = timeout_s
-        self.rank, self.world = comm.Get_rank(), comm.Get_size()
-        self.progress = progress  # () -> collectives entered so far on this rank
-        self.comm = comm.Dup()  # collective: no training message can match the side channel
-        self.poll = min(1.0, max(0.05, timeout_s / 10))
-        self.reply_wait = min(10.0, max(2.0, timeout_s / 2))
-        self.state = ("training_start", 0, time.monotonic())
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="simdist-watchdog", daemon=True)
-        self._fired = False
-        self._peers_fired: set[int] = set()
-        self._query_buf = np.zeros(1)
-        self._sends: list[tuple[MPI.Request, np.ndarray]] = []
-
-    def enter(self, phase: str, step: int) -> None:
-        # One tuple store: the watchdog thread never sees a half-updated state.
-        self.state = (phase, step, time.monotonic())
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self, free: bool = True) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join()
-        if free:
-            self.comm.Free()
-
-    # -- the thread
-    def _run(self) -> None:
-        query = self._post_query()
-        while not self._stop.wait(self.poll):
-            query = self._serve(query)
-            phase, step, since = self.state
-            if time.monotonic() - since > self.timeout and not self._fired:
-                self._fired = True
-                self._stall(query)
-        query.Cancel()
-        query.Wait()
-
-    def _post_query(self) -> MPI.Request:
-        return self.comm.Irecv([self._query_buf, MPI.DOUBLE], MPI.ANY_SOURCE, _TAG_QUERY)
-
-    def _my_state(self) -> np.ndarray:
-        phase, step, since = self.state
-        try:
-            calls = self.progress()
-        except Exception:  # noqa: BLE001 - a report without the count beats a dead watchdog
-            calls = -1
-        return np.array(
-            [
-                step,
-                _PHASE_INDEX.get(phase, -1),
-                time.monotonic() - since,
-                self._fired,
-                calls,
-            ],
-            np.float64,
-        )
-
-    def _serve(self, query: MPI.Request) -> MPI.Request:
-        """Answer every stall query that has arrived with this rank's state."""
-        status = MPI.Status()
-        while query.Test(status):
-            src = status.Get_source()
-            self._peers_fired.add(src)
-            reply = self._my_state()
-            self._sends.append((self.comm.Isend([reply, MPI.DOUBLE], src, _TAG_REPLY), reply))
-            query = self._post_query()
-        self._sends = [(r, b) for r, b in self._sends if not r.Test()]
-        return query
-
-    def _stall(self, query: MPI.Request) -> None:
-        others = [r for r in range(self.world) if r != self.rank]
-        ask = np.zeros(1)
-        for r in others:
-            self._sends.append((self.comm.Isend([ask, MPI.DOUBLE], r, _TAG_QUERY), ask))
-        replies = {r: np.full(5, np.nan) for r in others}
-        pending = {r: self.comm.Irecv([replies[r], MPI.DOUBLE], r, _TAG_REPLY) for r in others}
-        deadline = time.monotonic() + self.reply_wait
-        while pending and time.monotonic() < deadline:
-            query = self._serve(query)  # others may be asking us at the same moment
-            pending = {r: q for r, q in pending.items() if not q.Test()}
-            if pending:
-                time.sleep(0.01)
-        states = {r: s for r, s in replies.items() if r not in pending}
-        states[self.rank] = self._my_state()
-        fired = {self.rank, *self._peers_fired, *(r for r, s in states.items() if s[3])}
-        if min(fired) != self.rank:
-            # A lower rank has detected the stall too and reports it; if it has not ended
-            # the job after its own reply window, this rank does.
-            end = time.monotonic() + self.reply_wait + 5.0
-            while time.monotonic() < end:
-                query = self._serve(query)
-                time.sleep(0.05)
-        _write_stderr(self._report(states, sorted(pending)))
-        abort_job(EXIT_STALL)
-
-    def _report(self, states: dict[int, np.ndarray], silent: list[int]) -> str:
-        def key(s: np.ndarray) -> tuple:
-            return (s[0], s[1], s[4])
-
-        # The ranks furthest behind (fewest collectives entered, earliest phase) are the ones
-        # the others wait for: ranks in between may be waiting on them in an earlier
-        # collective (the point-to-point algorithms let some ranks finish one early).
-        front, last = max(key(s) for s in states.values()), min(key(s) for s in states.values())
-        behind = sorted(r for r, s in states.items() if key(s) == last) if last < front else []
-        phase, step, since = self.state
-        lines = [
-            f"simdist: stall: rank {self.rank} has been in {phase} of step {step} for "
-            f"{time.monotonic() - since:.1f} s (runconfig.stall_timeout_s = {self.timeout:g})"
-        ]
-        for r in sorted(states):
-            s = states[r]
-            where = PHASES[int(s[1])] if 0 <= s[1] < len(PHASES) else "?"
-            mark = "  <- has not arrived" if r in behind else ""
-            lines.append(
-                f"  rank {r}: {where} of step {int(s[0])} for {s[2]:.1f} s, "
-                f"{int(s[4])} collectives entered{mark}"
-            )
-        for r in silent:
-            lines.append(
-                f"  rank {r}: no answer within {self.reply_wait:g} s (hung outside MPI, or "
-                "its node is unreachable)"
-            )
-        late = sorted(behind + silent)
-        if late:
-            lines.append(
-                "simdist: ranks not arrived (the others wait for them): "
-                + ", ".join(map(str, late))
-            )
-        else:
-            lines.append(
-                "simdist: every rank reports the same phase and collective count: a collective "
-                "in it is stuck (network or MPI problem), or one rank is slow inside it (e.g. "
-                "rank 0 writing a large checkpoint)"
-            )
-        lines.append(
-            f"simdist: aborting the job (exit code {EXIT_STALL}); if a step legitimately takes "
-            "this long, raise runconfig.stall_timeout_s"
-        )
-        return "\n".join(lines) + "\n"
-
-
 # ---------------------------------------------------------------------------- the step guard
 
 
 class StepGuard:
-    """What the training loop uses: phases for the watchdog, the per-step agreement
+    """What a schedule's step uses: phases for the watchdog, the per-step agreement
     (non-finite check + stop flag), stop signals and the test hooks. A context manager:
-    signal handlers and the watchdog live exactly as long as the loop."""
+    signal handlers and the watchdog live exactly as long as the loop. ``run``: a
+    ``simdist.run.Run`` (its schedule's ``comm`` and ``coll`` are the agreeing ranks)."""
 
-    def __init__(self, run: Run):
+    def __init__(self, run):
         self.run = run
+        sched = run.schedule
+        self.comm, self.coll = sched.comm, sched.coll
         self.hook = hooks_from_env(run.rank)
         self.signals = StopSignals()
-        timeout = run.params.runconfig.stall_timeout_s
-        coll = run.coll
-        self.watchdog = Watchdog(run.comm, timeout, lambda: coll.calls) if timeout > 0 else None
-        lo, hi = run.sync.partition
-        offset = run.sync.update_range[0]
-        self._own = slice(lo - offset, hi - offset)  # this rank's share of the reduced grads
+        timeout = run.params.runconfig.stall_timeout_s if sched.watched else 0
+        coll = self.coll
+        self.watchdog = Watchdog(self.comm, timeout, lambda: coll.calls) if timeout > 0 else None
         self._vals = np.zeros(3, np.float64)
 
     def __enter__(self) -> StepGuard:
@@ -571,58 +389,27 @@ class StepGuard:
             self.watchdog.enter(phase, step)
 
     def check(
-        self, step: int, grads: np.ndarray, loss: float, own_sumsq: float | None = None
-    ) -> tuple[float, bool]:
-        """The per-step agreement; returns (global sum of squares of the averaged gradient,
-        stop requested). Raises NonFiniteError on every rank when the loss or a gradient is
-        NaN or Inf, before the optimizer touches the parameters. ``own_sumsq``: this rank's
-        share if the gradient sync already computed it (``sum_of_squares`` of its part)."""
+        self, step: int, own_sumsq: float, loss: float, explain: Callable[[], str]
+    ) -> tuple[float, float, bool]:
+        """The per-step agreement over the schedule's ranks; returns (global sum of squares
+        of the averaged gradient, summed loss, stop requested). ``own_sumsq``: this rank's
+        share of the sum of squares, ``loss`` its share of the loss. Raises NonFiniteError
+        on every rank when either sum is NaN or Inf, before the optimizer touches the
+        parameters; ``explain()`` (collective) gives its message."""
         self.enter("step_check", step)
         v = self._vals
-        v[0] = sum_of_squares(grads[self._own]) if own_sumsq is None else own_sumsq
+        v[0] = own_sumsq
         v[1] = loss
         v[2] = 1.0 if self.signals.received else 0.0
-        total = self.run.coll.allreduce_scalars(v)
+        total = self.coll.allreduce_scalars(v)
         if not (np.isfinite(total[0]) and np.isfinite(total[1])):
-            raise self._nonfinite(step, grads, loss)
-        return float(total[0]), bool(total[2] > 0)
-
-    def _nonfinite(self, step: int, grads: np.ndarray, loss: float) -> NonFiniteError:
-        run = self.run
-        lo, hi = run.sync.partition
-        bad_grad = _first_nonfinite(grads[self._own], lo)
-        bad_param = _first_nonfinite(run.params_flat[lo:hi], lo)
-        found = run.comm.allgather((bad_grad, bad_param, float(loss)))
-        layout = run.layout
-        names = [s.name for s in layout.specs]
-        offsets = [layout.offsets[n] for n in names]
-
-        def where(kind: str, index: int) -> str:
-            i = bisect_right(offsets, index) - 1
-            return f"{kind} of {names[i]!r} (flat element {index})"
-
-        parts = []
-        grad_idx = [g for g, _, _ in found if g >= 0]
-        param_idx = [p for _, p, _ in found if p >= 0]
-        if grad_idx:
-            first = where("gradient", min(grad_idx))
-            parts.append(f"first non-finite tensor in layout order: {first}")
-        if param_idx:
-            parts.append("first non-finite parameter: " + where("parameter", min(param_idx)))
-        bad_loss = [r for r, (_, _, x) in enumerate(found) if not np.isfinite(x)]
-        if bad_loss:
-            parts.append(f"local loss non-finite on rank(s) {', '.join(map(str, bad_loss))}")
-        ckpt = _latest_checkpoint_text(run)
-        return NonFiniteError(
-            f"non-finite loss or gradients in step {step}: {'; '.join(parts)}. The update of "
-            f"step {step} was not applied and no checkpoint was written for it ({ckpt}). Lower "
-            "optimizer.learning_rate, set optimizer.max_gradient_norm, or check the input data."
-        )
+            raise NonFiniteError(explain())
+        return float(total[0]), float(total[1]), bool(total[2] > 0)
 
     def preempted(self) -> Preempted:
         """Collective (every rank stops at the same step): name who received what."""
         run = self.run
-        got = run.comm.allgather(self.signals.received)
+        got = self.comm.allgather(self.signals.received)
         by_signal: dict[str, list[int]] = {}
         for r, name in enumerate(got):
             if name:
@@ -632,9 +419,54 @@ class StepGuard:
         )
         return Preempted(
             f"stopped at global_step {run.step} ({what}); checkpoint saved "
-            f"({_latest_checkpoint_text(run)}). Run the same command again to resume; "
-            f"exit code {EXIT_PREEMPTED}."
+            f"({_latest_checkpoint_text(run.model_dir)}). Run the same command again to "
+            f"resume; exit code {EXIT_PREEMPTED}."
         )
+
+
+def describe_nonfinite(
+    comm: MPI.Comm,
+    step: int,
+    loss: float,
+    grads: np.ndarray,
+    params: np.ndarray,
+    lo: int,
+    layout,
+    model_dir,
+) -> str:
+    """NonFiniteError's message (collective over ``comm``): the first non-finite gradient
+    and parameter in layout order and the ranks whose loss is. ``grads`` and ``params``:
+    this rank's pieces of the flat buffers, starting at flat index ``lo``."""
+    found = comm.allgather((_first_nonfinite(grads, lo), _first_nonfinite(params, lo), float(loss)))
+    names = [s.name for s in layout.specs]
+    offsets = [layout.offsets[n] for n in names]
+
+    def where(kind: str, index: int) -> str:
+        i = bisect_right(offsets, index) - 1
+        return f"{kind} of {names[i]!r} (flat element {index})"
+
+    parts = []
+    grad_idx = [g for g, _, _ in found if g >= 0]
+    param_idx = [p for _, p, _ in found if p >= 0]
+    if grad_idx:
+        first = where("gradient", min(grad_idx))
+        parts.append(f"first non-finite tensor in layout order: {first}")
+    if param_idx:
+        parts.append("first non-finite parameter: " + where("parameter", min(param_idx)))
+    bad_loss = [r for r, (_, _, x) in enumerate(found) if not np.isfinite(x)]
+    if bad_loss:
+        parts.append(f"local loss non-finite on rank(s) {', '.join(map(str, bad_loss))}")
+    return nonfinite_text(step, "; ".join(parts), _latest_checkpoint_text(model_dir))
+
+
+def nonfinite_text(step: int, where: str = "", checkpoint: str = "") -> str:
+    where = f": {where}" if where else ""
+    checkpoint = f" ({checkpoint})" if checkpoint else ""
+    return (
+        f"non-finite loss or gradients in step {step}{where}. The update of step {step} was "
+        f"not applied and no checkpoint was written for it{checkpoint}. Lower "
+        "optimizer.learning_rate, set optimizer.max_gradient_norm, or check the input data."
+    )
 
 
 def _first_nonfinite(a: np.ndarray, base: int) -> int:
@@ -642,20 +474,21 @@ def _first_nonfinite(a: np.ndarray, base: int) -> int:
     return base + int(bad[0]) if bad.size else -1
 
 
-def _latest_checkpoint_text(run: Run) -> str:
+def _latest_checkpoint_text(model_dir) -> str:
     from simdist.checkpoint import read_index
 
+    model_dir = Path(model_dir)
     try:
-        entries = read_index(run.model_dir)
+        entries = read_index(model_dir)
     except Exception:  # noqa: BLE001 - only for the message
         entries = []
     if not entries:
         return "no checkpoint in model_dir yet"
     last = entries[-1]
-    return f"latest checkpoint: {run.model_dir / last['file']}, global_step {last['step']}"
+    return f"latest checkpoint: {model_dir / last['file']}, global_step {last['step']}"
 
 
-def finish_agreed_stop(run: Run, stop: AgreedStop) -> int:
+def finish_agreed_stop(run, stop: AgreedStop) -> int:
     """Every rank raised ``stop`` at the same step: rank 0 reports, all exit with its code."""
     if run.is_main:
         text = f"simdist: {'error: ' if stop.is_error else ''}{stop}"

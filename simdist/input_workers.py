@@ -1,5 +1,8 @@
 """Input workers: CPU ranks that read and prepare training batches for the replicas.
 
+This module is the protocol and the device side (what a replica reads its batches from);
+the workers' own steps are the schedule ``simdist.schedules.input_workers``.
+
 ``runconfig.input_workers_per_replica`` = K adds K worker ranks per replica (after the
 weight servers and the devices, see ``simdist.comm.groups``). As Cerebras assigns input
 workers to systems, worker i feeds replica i mod R; a replica's workers take turns: its
@@ -34,9 +37,7 @@ import time
 import numpy as np
 
 from simdist.comm import groups as g
-from simdist.comm.groups import DEVICE, WORKER, Groups, Roles
-from simdist.config import Params, batch_sizes
-from simdist.data.sampler import DistributedSampler
+from simdist.comm.groups import DEVICE, Groups
 
 DATA, STOP, END = 1, 2, 3
 BOTTLENECK_SHARE = 0.10  # devices waiting on input > 10 % of training time: a bottleneck
@@ -44,7 +45,7 @@ DELAY_ENV = "SIMDIST_INPUT_DELAY_S"
 DELAY_WORKERS_ENV = "SIMDIST_INPUT_DELAY_WORKERS"
 
 
-def _delay_for(worker: int) -> float:
+def delay_for(worker: int) -> float:
     """Seconds the test hook adds per batch for this worker (0: no hook)."""
     text = os.environ.get(DELAY_ENV)
     if not text:
@@ -55,7 +56,7 @@ def _delay_for(worker: int) -> float:
     return float(text)
 
 
-def _batch_shapes(data, micro_batch: int) -> list[tuple[tuple[int, ...], np.dtype]]:
+def batch_shapes(data, micro_batch: int) -> list[tuple[tuple[int, ...], np.dtype]]:
     """Shapes and dtypes of (x, y) as ``data.train_batch`` returns them."""
     x, y = data.train_batch(np.zeros(micro_batch, np.int64))
     return [(x.shape, x.dtype), (y.shape, y.dtype)]
@@ -97,7 +98,7 @@ class InputFeed(MeasuredInput):
         self.workers = [roles.worker_rank(w) for w in roles.workers_of(replica)]
         self.first, self.total = first, total
         self.depth = 2  # batches received ahead of use
-        shapes = _batch_shapes(data, micro_batch)
+        shapes = batch_shapes(data, micro_batch)
         self.slots = [
             [np.zeros(s, d) for s, d in shapes] + [np.zeros(micro_batch, np.int64)]
             for _ in range(self.depth + 1)
@@ -160,95 +161,6 @@ class InputFeed(MeasuredInput):
 
     def close(self) -> None:
         self._stop()
-
-
-class InputWorker:
-    """A worker rank: prepares its share of one replica's micro-batches and sends them.
-
-    Has the little of ``Run``'s interface that ``simdist.train.main`` touches
-    (``params``, ``is_main``, ``model_dir``, ``train``, ``evaluate``, ``close``)."""
-
-    own_loop = True  # simdist.train calls train() instead of the data-parallel loop
-
-    def __init__(self, params: Params, groups: Groups, started: float):
-        roles: Roles = groups.roles
-        assert groups.role == WORKER
-        self.params, self.groups, self.roles = params, groups, roles
-        self.rank = groups.comm.Get_rank()
-        self.is_main = False
-        self.model_dir = params.runconfig.model_dir
-        self.worker = groups.index
-        self.replica = roles.replica_of_worker(self.worker)
-        self.turn = roles.workers_of(self.replica).index(self.worker)
-        self.delay = _delay_for(self.worker)
-        self.micro_batch, self.global_batch = batch_sizes(params, roles.replicas)
-        self.step = 0
-        self.batches_sent = 0
-        self._pending: list = []
-
-    def build(self) -> None:
-        from simdist.data.datasets import build_dataset
-
-        p = self.params
-        self.data = build_dataset(p, self.micro_batch)
-        self.sampler = DistributedSampler(
-            self.data.num_train,
-            self.global_batch,
-            self.roles.replicas,
-            self.replica,
-            p.runconfig.seed,
-            p.train_input.shuffle,
-            p.optimizer.grad_accum_steps,
-        )
-
-    def train(self) -> None:
-        """Send this worker's batches for steps [self.step, max_steps), then END."""
-        comm, K = self.groups.feed, self.roles.workers_per_replica
-        dest = self.roles.device_rank(self.replica)
-        accum = self.params.optimizer.grad_accum_steps
-        shapes = _batch_shapes(self.data, self.micro_batch)
-        # two sets of send buffers: one in flight while the next batch is prepared
-        sets = [
-            [np.zeros(s, d) for s, d in shapes] + [np.zeros(self.micro_batch, np.int64)]
-            for _ in range(2)
-        ]
-        in_flight: list[list] = [[], []]
-        n = 0
-        stopped = False
-        for step in range(self.step, self.params.runconfig.max_steps):
-            for micro, indices in enumerate(self.sampler.indices(step)):
-                if (step * accum + micro) % K != self.turn:
-                    continue
-                if g.probe(comm, dest, STOP):
-                    stopped = True
-                    break
-                bufs = sets[n % 2]
-                g.wait_all(in_flight[n % 2])
-                x, y = self.data.train_batch(indices)
-                if self.delay:
-                    time.sleep(self.delay)
-                np.copyto(bufs[0], x)
-                np.copyto(bufs[1], y)
-                bufs[2][...] = indices
-                in_flight[n % 2] = [g.isend(comm, b, dest, DATA) for b in bufs]
-                n += 1
-            if stopped:
-                break
-        self.batches_sent = n
-        self._pending = in_flight[0] + in_flight[1]
-
-    def close(self) -> None:
-        """END, then the device's STOP: the device receives every batch sent (it drains
-        after an early stop), so the pending sends complete."""
-        comm, dest = self.groups.feed, self.roles.device_rank(self.replica)
-        g.wait_all(self._pending)
-        self._pending = []
-        flag = np.zeros(1, np.int64)
-        g.send(comm, flag, dest, END)
-        g.recv(comm, flag, dest, STOP)
-
-    def evaluate(self) -> dict:
-        return {}
 
 
 def input_report(comm, wait_s: float, train_time: float, workers_per_replica: int) -> dict:

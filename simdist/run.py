@@ -1,45 +1,33 @@
-"""Everything around the training loop: set-up, summaries, checkpoints, eval, artifacts.
+"""One run for every execution mode: set-up, resume, checkpoints, summaries, eval, progress
+and every artifact in model_dir.
 
-``setup`` turns argv into a ``Run``: params resolved and checked on every rank, the model
-and its flat parameter/gradient buffers, the optimizer over this rank's update range, the
-collectives, the data and sampler, and a resumed state when model_dir holds a checkpoint.
-Rank 0 alone prints and writes shared artifacts (params.yaml, events, performance.json,
-checkpoints); other ranks contribute through collectives.
+``setup`` turns argv into a ``Run``: params resolved and checked on every rank, the
+execution mode's schedule (``simdist.schedules``: which ranks do what in a step) chosen and
+built, and a resumed state when model_dir holds a checkpoint. ``simdist.train`` then runs
+the one training loop over ``schedule.step``. Rank 0 alone prints and writes shared
+artifacts (params.yaml, events, performance.json, checkpoints); other ranks contribute
+through collectives.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import resource
-import socket
 import sys
 import time
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
-from simdist import checkpoint, simulate
-from simdist.arena import Layout
-from simdist.comm import Collectives
-from simdist.comm.shm import window_room_error
-from simdist.comm.topology import Placement, placement
+from simdist import checkpoint
+from simdist.comm.groups import WORKER, Groups, Roles
 from simdist.comm.world import world
 from simdist.config import ConfigError, Params, batch_sizes, dump_yaml, load_params
-from simdist.data.datasets import build_dataset
-from simdist.data.sampler import DistributedSampler
 from simdist.events import EventWriter
 from simdist.faults import check_same_run
-from simdist.input_workers import MeasuredInput, input_report
 from simdist.kernels.registry import warm_all
 from simdist.lr_schedule import parse_schedule
-from simdist.memplan import DeviceAllocator, check_device_memory
-from simdist.models import build_model
-from simdist.models.base import GradientViews
-from simdist.optim import Optimizer
-from simdist.parallel import GradientSync
+from simdist.schedules import DataParallel, InputWorkers, Schedule, StepResult, WeightStreaming
+from simdist.streaming import options_from
 
 
 def report_config_error(e: Exception) -> int:
@@ -69,121 +57,49 @@ class Timers:
 
 
 class Run:
-    def __init__(self, params: Params, comm, started: float):
-        self.params, self.comm = params, comm
-        self.rank, self.world = comm.Get_rank(), comm.Get_size()
+    def __init__(self, params: Params, schedule: Schedule, started: float):
+        self.params, self.schedule = params, schedule
+        self.comm = schedule.comm  # the ranks that run the schedule together
+        self.rank = world().Get_rank()
         self.is_main = self.rank == 0
         self.timers = Timers(started)
         r = params.runconfig
         self.model_dir = Path(r.model_dir)
-        self.micro_batch, self.global_batch = batch_sizes(params, self.world)
-        self.placement = (
-            placement(comm)
-            if r.ranks_per_node is None
-            else Placement.blocks(self.rank, self.world, r.ranks_per_node)
-        )
-        if r.collective_algorithm == "hierarchical" and not self.placement.uniform:
-            raise ConfigError(
-                "runconfig.collective_algorithm=hierarchical needs the same number of ranks on "
-                f"every node; this run has {list(self.placement.ranks_per_node)} on its "
-                f"{self.placement.num_nodes} nodes (use auto, ring or rhd, or place ranks evenly)"
-            )
-        if r.collective_algorithm == "shm" and self.placement.num_nodes > 1:
-            raise ConfigError(
-                "runconfig.collective_algorithm=shm needs every rank on one node (shared "
-                f"memory); this run has {self.placement.num_nodes} nodes (use auto, ring, rhd "
-                "or hierarchical)"
-            )
-        self.coll = Collectives(
-            comm, r.collective_algorithm, r.check_collectives, placement=self.placement
-        )
-        # the simulated accelerator (simdist.simulate); its accounted memory backs run.memory
-        self.device = simulate.create_device(r, comm, self.placement)
-        self.memory = DeviceAllocator(self.device.memory, self.coll)
+        self.micro_batch, self.global_batch = batch_sizes(params, schedule.replicas)
         self.step = 0
         o = params.optimizer
         self.learning_rate = parse_schedule(o.learning_rate, o.warmup_steps)  # rate of a step
         self.events: EventWriter | None = None
         self._summary_t = (0.0, 0)
+        self._bar: ProgressBar | None = None
         self._log = RunLog(self.model_dir, self.is_main)
 
     # ----------------------------------------------------------------- set-up
     def build(self) -> None:
-        p, r = self.params, self.params.runconfig
-        self.model = build_model(p.model)
-        self.data = build_dataset(p, self.micro_batch)
-        self._choose_shared_buffers()
-        check_device_memory(self)  # simulated OOM now, before any buffer exists
-        self.log(
-            f"simdist: {self.world} replica(s), model {self.model.name}, micro-batch "
-            f"{self.micro_batch} x {p.optimizer.grad_accum_steps} accumulation, global batch "
-            f"{self.global_batch} ({self._batch_origin()}), ZeRO-{r.zero_opt_level}, "
-            f"collectives {r.collective_algorithm}; data: {self.data.source}"
-        )
-        # Compile once: rank 0 compiles into numba's on-disk cache, the others then load it.
-        if self.is_main:
-            self.timers.compile_time = warm_all()
-        self.comm.Barrier()
-        if not self.is_main:
-            self.timers.compile_time = warm_all()
-        self.log(f"kernels ready in {self.timers.compile_time:.2f} s (rank 0: compile or load)")
-
-        specs = self.model.parameter_specs()
-        self.layout = layout = Layout(specs, self.world)
-        # buffers of the training collectives: shared memory where the ranks share a node
-        self.params_flat = self.memory.alloc("parameters", "params", layout.padded, shared=True)
-        self.pviews = layout.views(self.params_flat)
-        accum = p.optimizer.grad_accum_steps
-        self.sync = GradientSync(
-            self.coll, layout, r.zero_opt_level, r.collective_algorithm, self.shared_buffers
-        )
-        place = self.placement
-        self.log(
-            f"placement: {place.num_nodes} node(s), ranks per node "
-            f"{list(dict.fromkeys(place.ranks_per_node))}"
-            f"{' (virtual: runconfig.ranks_per_node)' if r.ranks_per_node else ''}; "
-            f"gradient collectives: {self.sync.algorithm}"
-        )
-        self.micro_grads = None
-        if r.zero_opt_level == 2:
-            # gradients exist only as this rank's slice plus a bucket (see parallel.py)
-            self.grads = None
-            self.gviews = self.sync.make_sharded(self.model.gradient_groups(), self.memory.alloc)
-        else:
-            self.grads = self.memory.alloc("gradients", "grads", layout.padded, shared=True)
-            if accum > 1:  # the model writes each micro-batch into scratch, summed into grads
-                self.micro_grads = self.memory.alloc("gradients", "micro_grads", layout.padded)
-            self.gviews = GradientViews(layout.views(self.micro_grads if accum > 1 else self.grads))
-        nbytes = self.model.activation_bytes(self.micro_batch)
-        self.memory.reserve("activations", "model.arena", nbytes)  # accounted, then allocated
-        self.model.allocate(self.micro_batch)
-
-        lo, hi = self.sync.update_range
-        self.optimizer = Optimizer(p.optimizer, layout, lo, hi, self.memory.alloc)
-        self.sampler = DistributedSampler(
-            self.data.num_train,
-            self.global_batch,
-            self.world,
-            self.rank,
-            r.seed,
-            p.train_input.shuffle,
-            accum,
-        )
-        self.model.init_parameters(self.pviews, np.random.default_rng(r.seed))
-        self.coll.broadcast(self.params_flat, root=0)  # replicas start identical, as DDP
-        self.sim = simulate.attach(self)  # hooks the loop's calls; per-step device time
-        self.log(
-            f"parameters: {layout.numel:,} ({layout.padded:,} padded); memory per rank: "
-            + ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in self.memory.bytes.items())
-        )
+        s = self.schedule
+        s.prepare(self)
+        if s.compiles:
+            # Compile once: rank 0 compiles into numba's on-disk cache, the others then load it.
+            if self.is_main:
+                self.timers.compile_time = self._compile()
+            self.comm.Barrier()
+            if not self.is_main:
+                self.timers.compile_time = self._compile()
+            self.log(f"kernels ready in {self.timers.compile_time:.2f} s (rank 0: compile or load)")
+        s.allocate(self)
         self._resume()  # before model_dir is touched: a bad checkpoint must leave it as it was
         self._prepare_model_dir()
-        if self.is_main:
-            self.open_log()
 
-    def _batch_origin(self) -> str:
-        t = self.params.train_input
-        return "global given" if t.global_batch_size is not None else "per replica given"
+    def _compile(self) -> float:
+        seconds = warm_all()
+        self.schedule.warm()
+        return seconds
+
+    def open_log(self) -> None:
+        """model_dir is ours (set-up succeeded on every rank): run.log from here on."""
+        if self.is_main:
+            self._log.open()
+            self.log(f"model_dir: {self.model_dir}")
 
     def _prepare_model_dir(self) -> None:
         error = None
@@ -200,22 +116,11 @@ class Run:
                 )
         agree(self.comm, error)
 
-    def _choose_shared_buffers(self) -> None:
-        """Parameters and gradients (or ZeRO-2's bucket) in shared-memory windows, for the
-        "shm" collectives, where the ranks share a node and its shared memory has room."""
-        padded = Layout(self.model.parameter_specs(), self.world).padded
-        self.shared_buffers = self.coll.can_share(8 * padded)  # collective
-        if not self.shared_buffers:
-            self.memory.coll = None  # alloc(shared=True) gives plain arrays
-        if self.coll.shared and not self.shared_buffers:
-            room = window_room_error(8 * padded * self.world)
-            if self.params.runconfig.collective_algorithm == "shm":
-                raise ConfigError(
-                    f"runconfig.collective_algorithm=shm: {room}, or choose auto, ring or rhd"
-                )
-            self.log(f"shared memory: {room}; the gradients use message-passing collectives")
-
     def _resume(self) -> None:
+        """The one checkpoint reader: every rank that holds state reads its part."""
+        own = self.schedule.state_shard
+        if own is None:
+            return
         r = self.params.runconfig
         path = None
         if r.checkpoint_path:
@@ -229,46 +134,27 @@ class Run:
             path = checkpoint.latest_checkpoint(self.model_dir)
         if path is None:
             return
-        shapes = {s.name: s.shape for s in self.layout.specs}
-        step, tensors, attrs = checkpoint.load(path, shapes, self.model.name)
-        for name, value in tensors.items():
-            self.pviews[name][...] = value
-        lo, hi = self.sync.update_range
+        layout = self.schedule.layout
+        shapes = {s.name: s.shape for s in layout.specs}
+        step, tensors, attrs = checkpoint.load(path, shapes, self.schedule.model.name)
+        base = own.params_lo
+        for seg in layout.segments(base, base + own.params.size):
+            off = layout.offsets[seg.name]
+            flat = tensors[seg.name].reshape(-1)
+            own.params[seg.lo - base : seg.hi - base] = flat[seg.lo - off : seg.hi - off]
         if not checkpoint.optimizer_keys(path, attrs):  # weights only (e.g. imported)
             self.log(f"{path} holds no optimizer state: the optimizer starts fresh")
         else:
-            for key, buf in self.optimizer.state.items():
-                buf[...] = checkpoint.read_optimizer_range(path, attrs, key, lo, hi)
+            for key, buf in own.state.items():
+                buf[...] = checkpoint.read_optimizer_range(path, attrs, key, own.lo, own.hi)
         self.step = step
-        origin = f"world size {attrs.get('world_size')}, ZeRO-{attrs.get('zero_opt_level')}"
-        self.log(f"resumed from {path} at global_step = {step} (written at {origin})")
+        mode = attrs.get("execution_mode", "pipelined")
+        self.log(
+            f"resumed from {path} at global_step = {step} (written in {mode} mode, world size "
+            f"{attrs.get('world_size')}, ZeRO-{attrs.get('zero_opt_level')})"
+        )
 
-    # ----------------------------------------------------------------- per step
-    def gradients(self, micro: int) -> GradientViews:
-        """Where the model writes micro-batch ``micro``'s gradients."""
-        if self.grads is None:
-            self.gviews.begin_micro_batch(micro)
-        return self.gviews
-
-    def accumulate_gradients(self, micro: int) -> None:
-        if self.micro_grads is None:
-            return
-        if micro == 0:
-            np.copyto(self.grads, self.micro_grads)
-        else:
-            np.add(self.grads, self.micro_grads, out=self.grads)
-
-    def clip(self, grads: np.ndarray, sumsq: float | None = None) -> float | None:
-        """Global-norm clipping; ``sumsq``: the global sum of squares if already reduced."""
-        max_norm = self.params.optimizer.max_gradient_norm
-        if max_norm is None:
-            return None
-        norm = self.sync.global_norm(grads) if sumsq is None else float(np.sqrt(sumsq))
-        coef = max_norm / (norm + 1e-6)  # as torch.nn.utils.clip_grad_norm_
-        if coef < 1.0:
-            np.multiply(grads, np.float32(coef), out=grads)
-        return norm
-
+    # ----------------------------------------------------------------- training
     def start_training(self) -> None:
         r = self.params.runconfig
         if self.is_main:
@@ -279,70 +165,62 @@ class Run:
         self.timers.programming_time = now - self.timers.started
         self.timers.train_start = now
         self.timers.first_step = self.step
-        self._bytes_at_start = self.coll.bytes_sent
         self._summary_t = (now, self.step)
-        self._bar = _ProgressBar(r.max_steps, r.progress_bar) if self.is_main else None
+        self.schedule.start(self)
+        if self.is_main:
+            self._bar = ProgressBar(r.max_steps, self.step, r.progress_bar)
         if self.step >= r.max_steps:
             self.log(f"nothing to train: global_step {self.step} >= max_steps {r.max_steps}")
 
-    def after_step(self, loss: float, norm: float | None, stop: bool = False) -> None:
-        """``stop``: the ranks agreed to stop here (a signal): summary and checkpoint now."""
+    def after_step(self, result: StepResult) -> None:
+        """``result.stop``: the ranks agreed to stop here (a signal): summary and checkpoint
+        now."""
         r, step = self.params.runconfig, self.step
-        if self._bar:
-            self._bar.update(step, loss)
-        last = step == r.max_steps or stop
+        last = step == r.max_steps or result.stop
         if step % r.save_summary_steps == 0 or last:
-            mean_loss = self.coll.allreduce_scalars(np.array([loss]))[0] / self.world
-            self.check_replicas()
+            mean_loss = self.schedule.mean_loss(self, result)  # collective
             if self.is_main:
-                write_summary(self, step, mean_loss, norm)
-        if stop or r.save_checkpoints_steps and (step % r.save_checkpoints_steps == 0 or last):
+                write_summary(self, step, mean_loss, result.norm)
+        if self._bar:
+            self._bar.update(step, result.loss if result.mean_loss is None else result.mean_loss)
+        if (
+            result.stop
+            or r.save_checkpoints_steps
+            and (step % r.save_checkpoints_steps == 0 or last)
+        ):
             self.save_checkpoint()
 
-    def check_replicas(self) -> None:
-        """Replicas must hold bitwise-identical parameters: compare a hash across ranks."""
-        digest = zlib.crc32(self.params_flat.view(np.uint8))
-        digests = self.comm.allgather(digest)
-        if len(set(digests)) != 1:
-            raise RuntimeError(
-                f"replicas diverged at global_step {self.step}: parameter CRC32 per rank "
-                f"{[hex(d) for d in digests]}"
-            )
-
     def save_checkpoint(self) -> None:
-        """ZeRO: every rank writes its optimizer slice, then rank 0 commits the checkpoint."""
-        lo, hi = self.sync.update_range
-        layout = self.layout.describe()
+        """The one checkpoint writer. Sharded optimizer state: every holder writes its range
+        as a shard, then rank 0 commits the main file (parameters, attributes, index)."""
+        s = self.schedule
+        own = s.state_shard
+        layout = s.layout.describe() if own is not None or self.is_main else None
         shards, full_state = [], None
-        if self.sync.level > 0:
+        if own is not None and own.sharded:
             shard = checkpoint.save_optimizer_shard(
-                self.model_dir,
-                self.step,
-                self.rank,
-                self.world,
-                lo,
-                hi,
-                layout,
-                self.optimizer.state,
+                self.model_dir, self.step, own.index, own.count, own.lo, own.hi, layout, own.state
             )
-            shards = self.comm.gather(shard, root=0)
-        elif self.is_main:
+            shards = own.comm.gather(shard, root=0)
+        elif own is not None and self.is_main:
             full_state = {
-                key: {k: v.copy() for k, v in self.layout.views(buf).items()}
-                for key, buf in self.optimizer.state.items()
+                key: {k: v.copy() for k, v in s.layout.views(buf).items()}
+                for key, buf in own.state.items()
             }
+        params = s.checkpoint_parameters(self)  # collective among the holders
         if self.is_main:
             attrs = {
-                "model": self.model.name,
-                "world_size": self.world,
-                "zero_opt_level": self.params.runconfig.zero_opt_level,
+                "model": s.model.name,
+                "world_size": s.replicas,
+                "zero_opt_level": s.zero_level,
                 "optimizer_type": self.params.optimizer.optimizer_type,
                 "layout": layout,
+                **s.checkpoint_attrs(),
             }
             path = checkpoint.save(
                 self.model_dir,
                 self.step,
-                self.pviews,
+                params,
                 full_state,
                 attrs,
                 self.params.runconfig.keep_checkpoint_max,
@@ -359,75 +237,39 @@ class Run:
             self._bar.close()
         steps = self.step - t.first_step
         samples = steps * self.global_batch
-        # peak resident memory of the busiest rank (Linux reports ru_maxrss in KiB)
-        peak_rss = max(self.comm.allgather(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss))
-        sent = self.coll.bytes_sent - self._bytes_at_start
         rate = samples / t.train_time if t.train_time > 0 else 0.0
         self.log(
             f"Training finished with {samples} samples in {t.train_time:.3f} seconds, "
             f"{rate:.2f} samples/second."
         )
-        simulated = self.sim.finish(self.model_dir, self.global_batch)  # collective
-        if simulated and simulated["est_samples_per_sec"]:
-            self.log(
-                f"Simulated on {simulated['device_profile']}: "
-                f"{simulated['est_samples_per_sec']:.2f} samples/second "
-                f"({1e3 * simulated['est_step_time_s']:.3f} ms per step)."
-            )
-        inputs = input_report(  # collective: how long replicas waited on their input
-            self.comm,
-            getattr(self.data, "wait_s", 0.0),
-            t.train_time,
-            self.params.runconfig.input_workers_per_replica,
-        )
+        if not self.schedule.evaluates:
+            return
+        common = {
+            "total_samples": samples,
+            "total_time": t.train_time,
+            "samples_per_sec": rate,
+            "compile_time": t.compile_time,
+            "programming_time": t.programming_time,
+            "steps": steps,
+            "global_step": self.step,
+        }
+        perf = self.schedule.performance(self, common)  # collective
         if self.is_main:
-            perf = {
-                "total_samples": samples,
-                "total_time": t.train_time,
-                "samples_per_sec": rate,
-                "compile_time": t.compile_time,
-                "programming_time": t.programming_time,
-                "steps": steps,
-                "global_step": self.step,
-                "world_size": self.world,
-                "global_batch_size": self.global_batch,
-                "micro_batch_size": self.micro_batch,
-                "grad_accum_steps": self.params.optimizer.grad_accum_steps,
-                "zero_opt_level": self.params.runconfig.zero_opt_level,
-                "collective_algorithm": self.params.runconfig.collective_algorithm,
-                "gradient_algorithm": self.sync.algorithm,  # what "auto" resolved to
-                "nodes": self.placement.num_nodes,
-                "parameters": self.layout.numel,
-                "parameters_padded": self.layout.padded,
-                "memory_bytes": dict(self.memory.bytes),
-                "step_time_s": t.train_time / max(steps, 1),
-                "peak_rss_bytes": peak_rss * 1024,
-                # bytes this rank sent per step, summaries and checkpoint gathers included
-                "comm_bytes_sent_per_step": sent / max(steps, 1),
-                "host": socket.gethostname(),
-                **(simulated or {}),
-                **inputs,
-            }
             (self.model_dir / "performance.json").write_text(json.dumps(perf, indent=1))
 
     # ----------------------------------------------------------------- eval
     def evaluate(self) -> dict:
-        """Each rank scores a contiguous share of the held-out set; sums are combined."""
-        n = self.data.num_eval
-        lo, hi = n * self.rank // self.world, n * (self.rank + 1) // self.world
-        batch = self.params.eval_input.batch_size
-        loss_sum, correct = 0.0, 0
-        for start in range(lo, hi, batch):
-            x, y = self.data.eval_batch(start, min(start + batch, hi))
-            l, c = self.model.evaluate(self.pviews, x, y)
-            loss_sum, correct = loss_sum + l, correct + c
-        totals = self.coll.allreduce_scalars(np.array([loss_sum, correct], np.float64))
-        count = n * self.data.targets_per_sample
+        """The schedule's ranks score shares of the held-out set; the sums are combined."""
+        s = self.schedule
+        if not s.evaluates:
+            return {}
+        totals = s.coll.allreduce_scalars(s.eval_sums(self))
+        count = totals[2] * totals[3]
         result = {
             "global_step": self.step,
             "accuracy": totals[1] / count,
             "loss": totals[0] / count,
-            "eval_samples": n,
+            "eval_samples": int(totals[2]),
         }
         if self.is_main:
             self.log(f"eval: accuracy = {result['accuracy']:.4f}, loss = {result['loss']:.6f}")
@@ -438,15 +280,10 @@ class Run:
     def close(self) -> None:
         if self.events:
             self.events.close()
-        if hasattr(getattr(self, "data", None), "close"):  # input workers: STOP / END
-            self.data.close()
+        self.schedule.close()
 
     def log(self, message: str) -> None:
         self._log(message)
-
-    def open_log(self) -> None:
-        self._log.open()
-        self.log(f"model_dir: {self.model_dir}")
 
 
 class RunLog:
@@ -472,9 +309,9 @@ class RunLog:
             self.pending.clear()
 
 
-def write_summary(run, step: int, mean_loss: float, norm: float | None) -> None:
-    """Rank 0 of a run (pipelined or streaming): the summary line and TensorBoard scalars,
-    with the samples/s since the previous summary."""
+def write_summary(run: Run, step: int, mean_loss: float, norm: float | None) -> None:
+    """Rank 0: the summary line and TensorBoard scalars, with the samples/s since the
+    previous summary."""
     now = time.perf_counter()
     t0, s0 = run._summary_t
     rate = (step - s0) * run.global_batch / max(now - t0, 1e-9)
@@ -487,24 +324,69 @@ def write_summary(run, step: int, mean_loss: float, norm: float | None) -> None:
     run.events.flush()
 
 
-class _ProgressBar:
-    """A one-line progress bar on rank 0's terminal (off when output is not a terminal)."""
+class ProgressBar:
+    """Rank 0's progress bar (tqdm) on stderr, never in run.log or stdout.
 
-    def __init__(self, total: int, mode):
-        self.total = total
-        self.on = sys.stderr.isatty() if mode == "auto" else bool(mode)
+    ``runconfig.progress_bar``: true or false force it; ``auto`` shows it only when stderr
+    is a terminal and the ``CI`` environment variable is unset: a bar's carriage returns
+    only clutter a captured log, and CI services capture stderr even where they fake a
+    terminal."""
+
+    def __init__(self, total: int, initial: int, mode: str | bool):
+        on = sys.stderr.isatty() and not os.environ.get("CI") if mode == "auto" else bool(mode)
+        self.bar = None
+        if on:
+            from tqdm import tqdm
+
+            self.bar = tqdm(
+                total=total, initial=initial, file=sys.stderr, unit="step", dynamic_ncols=True
+            )
 
     def update(self, step: int, loss: float) -> None:
-        if self.on:
-            width = 30
-            done = int(width * step / max(self.total, 1))
-            bar = "#" * done + "." * (width - done)
-            sys.stderr.write(f"\r[{bar}] {step}/{self.total} loss {loss:.4f}")
-            sys.stderr.flush()
+        if self.bar is not None:
+            self.bar.update(step - self.bar.n)
+            self.bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
 
     def close(self) -> None:
-        if self.on:
-            sys.stderr.write("\n")
+        if self.bar is not None:
+            self.bar.close()
+
+
+def schedule_for(params: Params, comm) -> Schedule:
+    """This rank's execution mode. Collective over ``comm`` (every rank calls it): with
+    weight servers or input workers the ranks first split into roles
+    (``simdist.comm.groups``)."""
+    r = params.runconfig
+    if r.execution_mode != "weight_streaming" and not r.input_workers_per_replica:
+        if not r.enable_data_parallel and comm.Get_size() > 1:
+            raise ConfigError(
+                f"runconfig.enable_data_parallel is false but {comm.Get_size()} ranks were "
+                "started; enable data parallelism or run one rank"
+            )
+        return DataParallel(comm)
+    opts = options_from(params)
+    W = opts.weight_servers if opts.execution_mode == "weight_streaming" else 0
+    roles = Roles.plan(comm.Get_size(), W, opts.input_workers_per_replica)
+    if not r.enable_data_parallel and roles.replicas > 1:
+        raise ConfigError(
+            f"runconfig.enable_data_parallel is false but the ranks make {roles.replicas} "
+            "replicas; enable data parallelism or use fewer ranks"
+        )
+    groups = Groups(comm, roles)
+    if groups.role == WORKER:
+        return InputWorkers(groups, _alone(comm))
+    if opts.execution_mode == "weight_streaming":
+        return WeightStreaming(groups, opts)
+    return DataParallel(groups.devices, groups)
+
+
+def _alone(comm):
+    """A communicator of this rank alone: its barriers and agreements are trivial
+    (MPI_Comm_create_group involves only the group's members, here this rank)."""
+    group = comm.Get_group().Incl([comm.Get_rank()])
+    alone = comm.Create_group(group)
+    group.Free()
+    return alone
 
 
 def setup(argv: list[str], started: float) -> Run:
@@ -518,16 +400,23 @@ def setup(argv: list[str], started: float) -> Run:
             f"but was started with {comm.Get_size()}; launch with mpirun -np "
             f"{r.min_world_size} (or more)"
         )
-    if r.execution_mode == "weight_streaming" or r.input_workers_per_replica:
-        from simdist.streaming import setup_roles  # ranks take roles: servers, workers
-
-        return setup_roles(params, comm, started)
-    if not r.enable_data_parallel and comm.Get_size() > 1:
-        raise ConfigError(
-            f"runconfig.enable_data_parallel is false but {comm.Get_size()} ranks were "
-            "started; enable data parallelism or run one rank"
-        )
-    run = Run(params, comm, started)
-    run.build()
-    run.data = MeasuredInput(run.data)  # times batch preparation (input bottleneck)
+    run = Run(params, schedule_for(params, comm), started)
+    if run.comm is comm:  # every rank runs the schedule: a failure is seen by all
+        run.build()
+    else:  # roles: the ranks of one role must not wait alone on a failure in another
+        error = None
+        try:
+            run.build()
+        except (ConfigError, checkpoint.CheckpointError) as e:  # reported through agreement
+            error = str(e)
+        results = comm.allgather((error, run.step if error is None else -1))
+        failed = [e for e, _ in results if e]
+        if failed:
+            raise ConfigError(failed[0])
+        run.step = max(0, max(s for _, s in results))  # servers resumed; devices learn it
+    run.schedule.feed(run)
+    run.open_log()
     return run
+
+
+__all__ = ["Run", "RunLog", "Timers", "agree", "report_config_error", "setup", "write_summary"]

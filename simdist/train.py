@@ -1,9 +1,10 @@
 """``mpirun -np N python -m simdist.train [--params FILE_OR_PRESET] [--section.key=value ...]``
 
-Synchronous data-parallel training (ZeRO-0/1/2) with one simulated accelerator per rank.
-``main`` sets the run up (``simdist.run.setup``), then the loop below is the whole of
-training: micro-batches forward/backward, gradient sync, clipping, update, parameter
-gather, summaries and checkpoints.
+Training in any execution mode: data parallel with ZeRO 0-2, weight streaming with weight
+servers, input workers (``simdist.schedules``). ``main`` sets the run up
+(``simdist.run.setup``: the mode's schedule built, a checkpoint resumed), then the loop
+below is the whole of training, the same for every mode: the schedule's step (which ranks
+do what, through which collectives), then summaries, progress and checkpoints.
 """
 
 from __future__ import annotations
@@ -21,39 +22,15 @@ from simdist.run import Run, setup
 
 
 def train(run: Run) -> None:
-    if getattr(run, "own_loop", False):  # weight-streaming ranks, input workers: their loop
-        return run.train()
-    p, model, sync = run.params, run.model, run.sync
-    accum = p.optimizer.grad_accum_steps
-    dloss = 1.0 / (run.micro_batch * accum)  # mean over this replica's samples this step
-    lo, hi = sync.update_range
     run.start_training()
     # guard: stall watchdog phases, the per-step agreement (NaN/Inf, stop signals), hooks
     with StepGuard(run) as guard:
-        hook = guard.hook  # test-only fault injection (SIMDIST_FAULT); None in real runs
-        for step in range(run.step, p.runconfig.max_steps):
-            n = step + 1  # this step produces global_step n
-            guard.enter("forward_backward", n)
-            loss = 0.0
-            for micro, indices in enumerate(run.sampler.indices(step)):
-                x, y = run.data.train_batch(indices)
-                if hook:
-                    hook.at_batch(n, micro, x)
-                loss += model.forward(run.pviews, x, y) / accum
-                model.backward(run.pviews, run.gradients(micro), dloss)
-                run.accumulate_gradients(micro)
-            guard.enter("reduce_gradients", n)
-            grads, own_sumsq = sync.reduce_gradients(run.grads)  # averaged, for [lo, hi)
-            sumsq, stop = guard.check(n, grads, loss, own_sumsq)  # NaN/Inf raise on all ranks
-            norm = run.clip(grads, sumsq)
-            guard.enter("update", n)
-            run.optimizer.step(run.params_flat[lo:hi], grads, n, run.learning_rate(step))
-            guard.enter("gather_parameters", n)
-            sync.gather_parameters(run.params_flat)
-            run.step = n
-            guard.enter("after_step", n)
-            run.after_step(loss, norm, stop)
-            if stop:  # a signal reached some rank: all checkpointed this step, all stop
+        for step in range(run.step, run.params.runconfig.max_steps):
+            result = run.schedule.step(run, step, guard)  # produces global_step step + 1
+            run.step = step + 1
+            guard.enter("after_step", run.step)
+            run.after_step(result)  # summaries, progress, checkpoints
+            if result.stop:  # a signal reached some rank: all checkpointed this step, all stop
                 raise guard.preempted()
     run.finish_training()
 

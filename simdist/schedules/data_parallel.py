@@ -1,0 +1,311 @@
+"""Synchronous data parallelism with ZeRO 0-2: every rank a replica.
+
+Every rank holds the whole model's parameters (in shared memory where the ranks share a
+node), its gradients (ZeRO-2: only its slice and a bucket) and the optimizer state of its
+update range (``simdist.parallel.GradientSync``). A step: each micro-batch forward and
+backward on this rank's samples, the gradient sync, the per-step agreement (non-finite
+check, stop flag; ``simdist.faults.StepGuard``), clipping, the update of this rank's range
+and the parameter gather. The simulated accelerator (``simdist.simulate``) hooks this
+object's calls, so it carries the attributes ``simulate.attach`` and ``memplan`` read.
+"""
+
+from __future__ import annotations
+
+import resource
+import socket
+import zlib
+from typing import Any
+
+import numpy as np
+
+from simdist import simulate
+from simdist.arena import Layout
+from simdist.comm import Collectives
+from simdist.comm.shm import window_room_error
+from simdist.comm.topology import Placement, placement
+from simdist.config import ConfigError
+from simdist.data.datasets import build_dataset
+from simdist.data.sampler import DistributedSampler
+from simdist.faults import describe_nonfinite
+from simdist.input_workers import device_input, input_report
+from simdist.kernels.optim import sum_of_squares
+from simdist.memplan import DeviceAllocator, check_device_memory
+from simdist.models import build_model
+from simdist.models.base import GradientViews
+from simdist.optim import Optimizer
+from simdist.parallel import GradientSync
+from simdist.schedules.base import Schedule, StateShard, StepResult
+
+
+class DataParallel(Schedule):
+    name = "pipelined"
+
+    def __init__(self, comm, groups=None):
+        """``comm``: the replicas (every rank, or the devices when input workers feed
+        them: ``groups``)."""
+        super().__init__(comm, comm.Get_size(), comm.Get_size())
+        self.groups = groups
+        self.rank, self.world = comm.Get_rank(), comm.Get_size()
+
+    # ----------------------------------------------------------------- set-up
+    def prepare(self, run) -> None:
+        self.params, r = run.params, run.params.runconfig
+        self.micro_batch = run.micro_batch
+        comm = self.comm
+        self.placement = (
+            placement(comm)
+            if r.ranks_per_node is None
+            else Placement.blocks(self.rank, self.world, r.ranks_per_node)
+        )
+        if r.collective_algorithm == "hierarchical" and not self.placement.uniform:
+            raise ConfigError(
+                "runconfig.collective_algorithm=hierarchical needs the same number of ranks on "
+                f"every node; this run has {list(self.placement.ranks_per_node)} on its "
+                f"{self.placement.num_nodes} nodes (use auto, ring or rhd, or place ranks evenly)"
+            )
+        if r.collective_algorithm == "shm" and self.placement.num_nodes > 1:
+            raise ConfigError(
+                "runconfig.collective_algorithm=shm needs every rank on one node (shared "
+                f"memory); this run has {self.placement.num_nodes} nodes (use auto, ring, rhd "
+                "or hierarchical)"
+            )
+        self.coll = Collectives(
+            comm, r.collective_algorithm, r.check_collectives, placement=self.placement
+        )
+        # the simulated accelerator (simdist.simulate); its accounted memory backs .memory
+        self.device = simulate.create_device(r, comm, self.placement)
+        self.memory = DeviceAllocator(self.device.memory, self.coll)
+        self.model = build_model(self.params.model)
+        self.data = build_dataset(self.params, self.micro_batch)
+        self._choose_shared_buffers(run)
+        check_device_memory(self)  # simulated OOM now, before any buffer exists
+        t = self.params.train_input
+        origin = "global given" if t.global_batch_size is not None else "per replica given"
+        run.log(
+            f"simdist: {self.world} replica(s), model {self.model.name}, micro-batch "
+            f"{self.micro_batch} x {self.params.optimizer.grad_accum_steps} accumulation, "
+            f"global batch {run.global_batch} ({origin}), ZeRO-{r.zero_opt_level}, "
+            f"collectives {r.collective_algorithm}; data: {self.data.source}"
+        )
+
+    def _choose_shared_buffers(self, run) -> None:
+        """Parameters and gradients (or ZeRO-2's bucket) in shared-memory windows, for the
+        "shm" collectives, where the ranks share a node and its shared memory has room."""
+        padded = Layout(self.model.parameter_specs(), self.world).padded
+        self.shared_buffers = self.coll.can_share(8 * padded)  # collective
+        if not self.shared_buffers:
+            self.memory.coll = None  # alloc(shared=True) gives plain arrays
+        if self.coll.shared and not self.shared_buffers:
+            room = window_room_error(8 * padded * self.world)
+            if self.params.runconfig.collective_algorithm == "shm":
+                raise ConfigError(
+                    f"runconfig.collective_algorithm=shm: {room}, or choose auto, ring or rhd"
+                )
+            run.log(f"shared memory: {room}; the gradients use message-passing collectives")
+
+    def allocate(self, run) -> None:
+        p, r = self.params, self.params.runconfig
+        self.zero_level = r.zero_opt_level
+        self.layout = layout = Layout(self.model.parameter_specs(), self.world)
+        # buffers of the training collectives: shared memory where the ranks share a node
+        self.params_flat = self.memory.alloc("parameters", "params", layout.padded, shared=True)
+        self.pviews = layout.views(self.params_flat)
+        accum = p.optimizer.grad_accum_steps
+        self.sync = GradientSync(
+            self.coll, layout, r.zero_opt_level, r.collective_algorithm, self.shared_buffers
+        )
+        place = self.placement
+        run.log(
+            f"placement: {place.num_nodes} node(s), ranks per node "
+            f"{list(dict.fromkeys(place.ranks_per_node))}"
+            f"{' (virtual: runconfig.ranks_per_node)' if r.ranks_per_node else ''}; "
+            f"gradient collectives: {self.sync.algorithm}"
+        )
+        self.micro_grads = None
+        if r.zero_opt_level == 2:
+            # gradients exist only as this rank's slice plus a bucket (see parallel.py)
+            self.grads = None
+            self.gviews = self.sync.make_sharded(self.model.gradient_groups(), self.memory.alloc)
+        else:
+            self.grads = self.memory.alloc("gradients", "grads", layout.padded, shared=True)
+            if accum > 1:  # the model writes each micro-batch into scratch, summed into grads
+                self.micro_grads = self.memory.alloc("gradients", "micro_grads", layout.padded)
+            self.gviews = GradientViews(layout.views(self.micro_grads if accum > 1 else self.grads))
+        nbytes = self.model.activation_bytes(self.micro_batch)
+        self.memory.reserve("activations", "model.arena", nbytes)  # accounted, then allocated
+        self.model.allocate(self.micro_batch)
+
+        lo, hi = self.sync.update_range
+        self.optimizer = Optimizer(p.optimizer, layout, lo, hi, self.memory.alloc)
+        self.sampler = DistributedSampler(
+            self.data.num_train,
+            run.global_batch,
+            self.world,
+            self.rank,
+            r.seed,
+            p.train_input.shuffle,
+            accum,
+        )
+        self.model.init_parameters(self.pviews, np.random.default_rng(r.seed))
+        self.coll.broadcast(self.params_flat, root=0)  # replicas start identical, as DDP
+        self.sim = simulate.attach(self)  # hooks the step's calls; per-step device time
+        self.state_shard = StateShard(
+            self.comm,
+            self.rank,
+            self.world,
+            lo,
+            hi,
+            self.optimizer.state,
+            sharded=self.sync.level > 0,
+            params=self.params_flat,  # every replica holds (and resumes) all parameters
+        )
+        plo, phi = self.sync.partition
+        self._own = slice(plo - lo, phi - lo)  # this rank's partition in the reduced grads
+        run.log(
+            f"parameters: {layout.numel:,} ({layout.padded:,} padded); memory per rank: "
+            + ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in self.memory.bytes.items())
+        )
+
+    def feed(self, run) -> None:
+        self.data = device_input(self.data, self.groups, self.micro_batch, run.step, self.params)
+
+    def start(self, run) -> None:
+        self._bytes_at_start = self.coll.bytes_sent
+
+    # ----------------------------------------------------------------- the step
+    def step(self, run, step: int, guard) -> StepResult:
+        p, model, sync = self.params, self.model, self.sync
+        n, accum = step + 1, p.optimizer.grad_accum_steps
+        dloss = 1.0 / (self.micro_batch * accum)  # mean over this replica's samples this step
+        lo, hi = sync.update_range
+        hook = guard.hook  # test-only fault injection (SIMDIST_FAULT); None in real runs
+        guard.enter("forward_backward", n)
+        loss = 0.0
+        for micro, indices in enumerate(self.sampler.indices(step)):
+            x, y = self.data.train_batch(indices)
+            if hook:
+                hook.at_batch(n, micro, x)
+            loss += model.forward(self.pviews, x, y) / accum
+            model.backward(self.pviews, self.gradients(micro), dloss)
+            self.accumulate_gradients(micro)
+        guard.enter("reduce_gradients", n)
+        grads, own_sumsq = sync.reduce_gradients(self.grads)  # averaged, for [lo, hi)
+        if own_sumsq is None:  # this rank's share of the global norm
+            own_sumsq = sum_of_squares(grads[self._own])
+        sumsq, _, stop = guard.check(n, own_sumsq, loss, lambda: self._nonfinite(n, grads, loss))
+        norm = self.clip(grads, sumsq)
+        guard.enter("update", n)
+        self.optimizer.step(self.params_flat[lo:hi], grads, n, run.learning_rate(step))
+        guard.enter("gather_parameters", n)
+        sync.gather_parameters(self.params_flat)
+        return StepResult(loss, norm, stop)
+
+    def _nonfinite(self, n: int, grads: np.ndarray, loss: float) -> str:
+        lo, hi = self.sync.partition
+        return describe_nonfinite(
+            self.comm,
+            n,
+            loss,
+            grads[self._own],
+            self.params_flat[lo:hi],
+            lo,
+            self.layout,
+            self.params.runconfig.model_dir,
+        )
+
+    def gradients(self, micro: int) -> GradientViews:
+        """Where the model writes micro-batch ``micro``'s gradients."""
+        if self.grads is None:
+            self.gviews.begin_micro_batch(micro)
+        return self.gviews
+
+    def accumulate_gradients(self, micro: int) -> None:
+        if self.micro_grads is None:
+            return
+        if micro == 0:
+            np.copyto(self.grads, self.micro_grads)
+        else:
+            np.add(self.grads, self.micro_grads, out=self.grads)
+
+    def clip(self, grads: np.ndarray, sumsq: float | None = None) -> float | None:
+        """Global-norm clipping; ``sumsq``: the global sum of squares if already reduced."""
+        max_norm = self.params.optimizer.max_gradient_norm
+        if max_norm is None:
+            return None
+        norm = self.sync.global_norm(grads) if sumsq is None else float(np.sqrt(sumsq))
+        coef = max_norm / (norm + 1e-6)  # as torch.nn.utils.clip_grad_norm_
+        if coef < 1.0:
+            np.multiply(grads, np.float32(coef), out=grads)
+        return norm
+
+    def mean_loss(self, run, result: StepResult) -> float:
+        mean = self.coll.allreduce_scalars(np.array([result.loss]))[0] / self.world
+        self.check_replicas(run.step)
+        return mean
+
+    def check_replicas(self, step: int) -> None:
+        """Replicas must hold bitwise-identical parameters: compare a hash across ranks."""
+        digest = zlib.crc32(self.params_flat.view(np.uint8))
+        digests = self.comm.allgather(digest)
+        if len(set(digests)) != 1:
+            raise RuntimeError(
+                f"replicas diverged at global_step {step}: parameter CRC32 per rank "
+                f"{[hex(d) for d in digests]}"
+            )
+
+    # ----------------------------------------------------------------- around the steps
+    def checkpoint_parameters(self, run) -> dict[str, np.ndarray] | None:
+        return self.pviews
+
+    def eval_sums(self, run) -> np.ndarray:
+        """Each rank scores a contiguous share of the held-out set."""
+        n = self.data.num_eval
+        lo, hi = n * self.rank // self.world, n * (self.rank + 1) // self.world
+        batch = self.params.eval_input.batch_size
+        loss_sum, correct = 0.0, 0
+        for start in range(lo, hi, batch):
+            x, y = self.data.eval_batch(start, min(start + batch, hi))
+            l, c = self.model.evaluate(self.pviews, x, y)
+            loss_sum, correct = loss_sum + l, correct + c
+        meta = (n, self.data.targets_per_sample) if self.rank == 0 else (0, 0)
+        return np.array([loss_sum, correct, *meta], np.float64)
+
+    def performance(self, run, common: dict[str, Any]) -> dict[str, Any] | None:
+        r, t, steps = self.params.runconfig, run.timers, common["steps"]
+        # peak resident memory of the busiest rank (Linux reports ru_maxrss in KiB)
+        peak_rss = max(self.comm.allgather(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss))
+        sent = self.coll.bytes_sent - self._bytes_at_start
+        simulated = self.sim.finish(run.model_dir, run.global_batch)  # collective
+        if simulated and simulated["est_samples_per_sec"]:
+            run.log(
+                f"Simulated on {simulated['device_profile']}: "
+                f"{simulated['est_samples_per_sec']:.2f} samples/second "
+                f"({1e3 * simulated['est_step_time_s']:.3f} ms per step)."
+            )
+        inputs = input_report(  # collective: how long replicas waited on their input
+            self.comm,
+            getattr(self.data, "wait_s", 0.0),
+            t.train_time,
+            r.input_workers_per_replica,
+        )
+        return {
+            **common,
+            "world_size": self.world,
+            "global_batch_size": run.global_batch,
+            "micro_batch_size": self.micro_batch,
+            "grad_accum_steps": self.params.optimizer.grad_accum_steps,
+            "zero_opt_level": r.zero_opt_level,
+            "collective_algorithm": r.collective_algorithm,
+            "gradient_algorithm": self.sync.algorithm,  # what "auto" resolved to
+            "nodes": self.placement.num_nodes,
+            "parameters": self.layout.numel,
+            "parameters_padded": self.layout.padded,
+            "memory_bytes": dict(self.memory.bytes),
+            "step_time_s": t.train_time / max(steps, 1),
+            "peak_rss_bytes": peak_rss * 1024,
+            # bytes this rank sent per step, summaries and checkpoint gathers included
+            "comm_bytes_sent_per_step": sent / max(steps, 1),
+            "host": socket.gethostname(),
+            **(simulated or {}),
+            **inputs,
+        }
