@@ -24,7 +24,6 @@ from typing import Any
 import numpy as np
 
 from simdist.arena import Layout
-from simdist.comm.p2p import DEPTH, SEGMENT
 from simdist.config import ConfigError
 from simdist.device import DeviceMemory, SimulatedOutOfMemoryError, format_bytes
 from simdist.models.base import ParamSpec
@@ -77,6 +76,8 @@ def scratch_bytes(setup: RankSetup, layout: Layout) -> int:
     hierarchical stages the buffer in chunk order (``comm/hierarchical.py``)."""
     if setup.world == 1:
         return 0
+    from simdist.comm.p2p import DEPTH, SEGMENT  # here: that module starts MPI, plan mode not
+
     need = DEPTH * SEGMENT
     if setup.algorithm == "native":
         need = max(need, layout.shard_size)

@@ -62,6 +62,7 @@ from .plan_shapes import (
     CountSpec,
     MLPSpec,
     TransformerSpec,
+    is_gpt2_layout,
     model_state_bytes,
 )
 
@@ -172,7 +173,9 @@ class Planner(AnalyticStep):
         step: float | None = None
         model_flops: float | None = None
 
-        if prof.execution == "weight_streaming":
+        if self._simdist_runs(spec):  # the run's own step, from the shapes
+            step, model_flops = self._simdist_step(spec, mem, dp, m, micro, seq, breakdown)
+        elif prof.execution == "weight_streaming":
             step, model_flops = self._weight_streaming(spec, mem, micro, seq, m, breakdown)
         else:
             mem.update(states)
@@ -220,6 +223,125 @@ class Planner(AnalyticStep):
             notes=self.notes + self._unknown_note(),
             plan_seconds=time.perf_counter() - t0,
         )
+
+    # ---- a configuration simdist.train runs: the run's step-time model on the shapes
+    def _simdist_runs(self, spec: Any) -> bool:
+        """Would ``simdist.train`` run this (fp32, data parallel / ZeRO 0-2, resident
+        weights, a model simdist implements)? Then the plan is the run's own step."""
+        c = self.cfg
+        model_ok = isinstance(spec, MLPSpec) or (
+            isinstance(spec, TransformerSpec) and is_gpt2_layout(spec)
+        )
+        return (
+            model_ok
+            and c.precision == "fp32"
+            and c.zero <= 2
+            and c.tp == c.pp == c.interleave == 1
+            and c.recompute == "none"
+            and not c.sequence_parallel
+            and c.overlap  # --no-overlap asks for the analytic rule (everything exposed)
+            and self.profile.execution != "weight_streaming"
+        )
+
+    def _simdist_model(self, spec: MLPSpec | TransformerSpec) -> Any:
+        """simdist's own model of ``spec``, built from its shapes (allocates nothing)."""
+        if isinstance(spec, MLPSpec):
+            from simdist.config import FCMNISTConfig
+            from simdist.models.fc_mnist import FCMNIST
+
+            sizes = spec.sizes
+            return FCMNIST(FCMNISTConfig("fc_mnist", list(sizes[1:-1]), sizes[0], sizes[-1]))
+        from simdist.models.gpt2 import GPT2, GPT2Config
+
+        return GPT2(GPT2Config(spec.n_layer, spec.n_head, spec.d_model, spec.seq_len, spec.vocab))
+
+    def _simdist_step(
+        self, spec: Any, mem: dict, dp: int, m: int, micro: int, seq: int, out: dict
+    ) -> tuple[float, float]:
+        """The events a simdist run of this configuration records on rank 0
+        (``dp_step_events``), played by the run's ``StepModel``; memory is the run's own
+        plan (``memplan.rank_entries``)."""
+        from simdist.arena import Layout
+        from simdist.comm.cost import choose_algorithm
+        from simdist.device.collective import Network
+        from simdist.memplan import RankSetup, by_category, rank_entries
+
+        from .clock import VirtualClock
+        from .dp_schedule import dp_step_events
+        from .step import StepModel, compute_dtype
+
+        c, prof = self.cfg, self.profile
+        model = self._simdist_model(spec)
+        tokens = isinstance(spec, TransformerSpec)
+        T = seq if tokens else None
+        if tokens and seq > spec.seq_len:
+            raise ValueError(f"seq ({seq}) exceeds {spec.name}'s context ({spec.seq_len})")
+        opt = "adamw" if c.optimizer == "adam" else "sgd"
+        algorithm = c.algorithm
+        if algorithm == "auto":  # what GradientSync resolves it to, without shared memory
+            padded = Layout(model.parameter_specs(), dp).padded
+            algorithm = choose_algorithm("reduce_scatter", 4 * padded, dp)
+            self.notes.append(
+                f"algorithm auto -> {algorithm} (a run with shared-memory buffers may pick shm)"
+            )
+        setup = RankSetup(
+            numel_specs=tuple((s.name, s.numel) for s in model.parameter_specs()),
+            groups=tuple((tuple(g.names), g.held) for g in model.gradient_groups()),
+            world=dp,
+            rank=0,
+            zero_level=c.zero,
+            accum=m,
+            optimizer_type=opt,
+            micro_batch=micro,
+            algorithm=algorithm,
+            activation_bytes=model.activation_bytes,
+            input_bytes_per_sample=0,
+        )
+        mem.update(by_category(rank_entries(setup)))
+        dpn = prof.devices_per_node
+        nodes = tuple(tuple(range(a, min(a + dpn, dp))) for a in range(0, dp, dpn))
+        net = Network(dp, 0, "intra" if len(nodes) == 1 else "inter", nodes)
+        # profiles keyed by the working set: what the ranks of a node keep resident
+        self.cost.working_set = float(sum(mem.values())) * len(nodes[0])
+        dtype, notes = compute_dtype(prof)
+        self.notes += notes
+        clock = VirtualClock(self.cost, 0, record_events=False)
+        step_model = StepModel(
+            clock,
+            self.cost,
+            dtype,
+            net,
+            c.zero,
+            (0, Layout(model.parameter_specs(), dp).shard_size),
+            model.kernel_costs,
+            self.notes,
+        )
+        events = dp_step_events(
+            model, world=dp, level=c.zero, micro_batch=micro, seq=T, accum=m,
+            optimizer_type=opt, algorithm=algorithm,
+        )  # fmt: skip
+        played = step_model.play(events)
+        summary = step_model.close(0.0, played)
+        fwd, bwd = step_model.kernels((micro, T))
+        out["forward_compute"] = m * sum(k.seconds for k in fwd)
+        out["backward_compute"] = m * sum(k.seconds for k in bwd)
+        out["optimizer"] = played.est.get("optimizer", 0.0)
+        out["other_compute"] = summary.compute_s - sum(out.values())  # accumulate, norm
+        out["dp_comm_total"] = summary.comm_s
+        out["dp_comm_exposed"] = summary.exposed_comm_s
+        self.notes.append(
+            f"schedule: simdist's own DP/ZeRO-{c.zero} step (simdist.sim.step, as a run "
+            "replays it): ZeRO-2's per-group reduce-scatters overlap the rest of the "
+            "backward, every other collective is exposed; no input or host time"
+        )
+        params = spec.param_count()
+        if tokens:
+            h, f, nl = spec.d_model, spec.ffn, spec.n_layer
+            per_token = nl * (8 * h * h + 4 * h * f + 4 * seq * h) + 2 * h * spec.vocab
+            flops = 3.0 * c.batch * dp * seq * per_token
+        else:
+            flops = float(6 * params * micro * m * dp)
+        return summary.total_s, flops
 
     def _unknown_note(self) -> list[str]:
         """Unpublished profile figures this plan could have used (other dtypes left out)."""

@@ -59,7 +59,7 @@ from simdist.device import Device, load_profile, write_chrome_trace
 from simdist.device.collective import STAGED_OPS, Network
 from simdist.memplan import scratch_bytes, setup_for
 
-from .step import COMPUTE_PHASES, Coll, Span, StepModel
+from .step import COMPUTE_PHASES, Coll, Span, StepModel, compute_dtype
 
 INPUT_BOTTLENECK_SHARE = 0.10  # input fetch above this share of the measured step: flagged
 TIMELINE = "timeline.json"
@@ -90,18 +90,6 @@ class RankDevice:
     @property
     def profile(self):
         return self.device.profile
-
-
-def compute_dtype(profile) -> tuple[str, list[str]]:
-    """The dtype the kernels are timed at: fp32 (simdist computes in float32) where the
-    profile publishes an fp32 matrix peak, else its first published matrix dtype."""
-    if profile.has_peak("matmul", "fp32"):
-        return "fp32", []
-    for dt in ("tf32", "bf16", "fp16"):
-        if profile.has_peak("matmul", dt):
-            note = f"{profile.name} publishes no fp32 matrix peak: kernels are timed at {dt}"
-            return dt, [note]
-    return "fp32", [f"{profile.name} publishes no matrix peak: compute is not modelled"]
 
 
 def create_device(runconfig, comm, place: Placement | None = None) -> RankDevice:

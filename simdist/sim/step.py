@@ -47,6 +47,18 @@ COMPUTE_PHASES = ("forward", "backward", "optimizer")  # "compute alone" of a st
 KernelCosts = Callable[[int, "int | None"], list[KernelCost]]  # (batch, seq) -> kernel calls
 
 
+def compute_dtype(profile) -> tuple[str, list[str]]:
+    """The dtype the kernels are timed at: fp32 (simdist computes in float32) where the
+    profile publishes an fp32 matrix peak, else its first published matrix dtype."""
+    if profile.has_peak("matmul", "fp32"):
+        return "fp32", []
+    for dt in ("tf32", "bf16", "fp16"):
+        if profile.has_peak("matmul", dt):
+            note = f"{profile.name} publishes no fp32 matrix peak: kernels are timed at {dt}"
+            return dt, [note]
+    return "fp32", [f"{profile.name} publishes no matrix peak: compute is not modelled"]
+
+
 @dataclass
 class Span:
     kind: str  # input | forward | backward | accumulate | sync | clip | optimizer | gather
@@ -330,4 +342,5 @@ __all__ = [
     "StepModel",
     "TimedKernel",
     "add_to",
+    "compute_dtype",
 ]
