@@ -113,7 +113,12 @@ class Run:
         self.model = build_model(p.model)
         self.data = build_dataset(p, self.micro_batch)
         self._choose_shared_buffers()
-        check_device_memory(self)  # simulated OOM now, before any buffer exists
+        from simdist.streaming import weight_streaming_tip  # the weights need not be resident
+
+        def tip(cap: int) -> str:
+            return weight_streaming_tip(self.model, p, self.micro_batch, self.world, cap)
+
+        check_device_memory(self, tip)  # simulated OOM now, before any buffer exists
         self.log(
             f"simdist: {self.world} replica(s), model {self.model.name}, micro-batch "
             f"{self.micro_batch} x {p.optimizer.grad_accum_steps} accumulation, global batch "

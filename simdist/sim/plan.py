@@ -2,8 +2,21 @@
 
     python -m simdist.plan --model gpt2-xl --devices 64 --profile a100-80gb --zero 2 --batch 8
 
-Everything is closed-form from the model's shapes, the device profile and the parallel
-layout, so a plan takes milliseconds. What it computes, per device:
+Everything comes from the model's shapes, the device profile and the parallel layout. Two
+schedules, one set of cost functions (``simdist.device``: kernels, collectives):
+
+* A configuration ``simdist.train`` runs itself (``--precision fp32``, data parallel / ZeRO
+  0-2, FC-MNIST or a GPT-2-layout transformer, resident weights, overlap on) is planned as
+  the run would simulate it: ``simdist.sim.dp_schedule`` writes down the step's events
+  (kernels of simdist's own model, every collective with its real blocks) and the run's
+  ``simdist.sim.step.StepModel`` times them; memory is the run's own plan
+  (``simdist.memplan.rank_entries``). The step equals a run's simulated compute + exposed
+  communication (``tests/test_simulate.py``); only the run's measured input and host time
+  are left out. (The first such plan in a process imports the model's numba kernels and
+  MPI: ~1 s once.)
+* Everything else (mixed precision, tensor / pipeline parallelism, ZeRO-3, recompute, weight
+  streaming) uses the closed forms below (``simdist.sim.plan_analytic``), which take
+  milliseconds. What they compute, per device:
 
 * Model states (ZeRO, Rajbhandari et al. 2020, arXiv 1910.02054 §5): Ψ parameters on this
   model-parallel shard, N data-parallel ranks, mixed-precision Adam K = 12 (fp32 master,
