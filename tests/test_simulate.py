@@ -439,3 +439,59 @@ def test_plan_predicts_the_runs_simulated_step_time(tmp_path, model, args, zero,
         assert r.breakdown_s["dp_comm_total"] - r.breakdown_s["dp_comm_exposed"] == (
             pytest.approx(p["est_overlapped_comm_s"], rel=1e-6)
         )
+
+
+# -- the simulator takes what it needs from a run as arguments ------------------------------
+
+SIMULATOR = ("simdist.sim", "simdist.simulate", "simdist.memplan", "simdist.plan",
+             "simdist.calibrate", "simdist.calibration", "simdist.device")  # fmt: skip
+RUN_SIDE = ("simdist.run", "simdist.streaming", "simdist.faults", "simdist.input_workers",
+            "simdist.schedules")  # fmt: skip
+
+
+def _simdist_imports() -> dict[str, set[str]]:
+    """Module -> the simdist modules it imports anywhere in its code (functions too)."""
+    import ast
+
+    root = Path(__file__).resolve().parents[1]
+    out: dict[str, set[str]] = {}
+    for path in sorted((root / "simdist").rglob("*.py")):
+        parts = list(path.relative_to(root).with_suffix("").parts)
+        is_pkg = parts[-1] == "__init__"
+        name = ".".join(parts[:-1] if is_pkg else parts)
+        package = name if is_pkg else name.rpartition(".")[0]
+        deps: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                mod = ".".join(base + [node.module or ""]) if node.level else node.module or ""
+                mod = mod.rstrip(".")
+                deps |= {f"{mod}.{a.name}" for a in node.names} | {mod}
+            elif isinstance(node, ast.Import):
+                deps |= {a.name for a in node.names}
+        out[name] = {d for d in deps if d.startswith("simdist")} - {name}
+    return out
+
+
+def test_simulator_never_imports_the_run_and_has_no_cycle():
+    graph = _simdist_imports()
+    sim = {m for m in graph if m.startswith(SIMULATOR)}
+    assert {"simdist.sim.step", "simdist.sim.plan", "simdist.memplan"} <= sim
+    for m in sorted(sim):
+        bad = {d for d in graph[m] if d.startswith(RUN_SIDE)}
+        assert not bad, f"{m} imports {sorted(bad)}: take what it needs as arguments"
+    # no cycle among the simulator's modules (depth-first search for a back edge)
+    edges = {m: {d for d in graph[m] if d in sim} for m in sim}
+    state: dict[str, int] = {}
+
+    def visit(m: str, path: list[str]) -> None:
+        state[m] = 1
+        for d in sorted(edges[m]):
+            assert state.get(d) != 1, f"import cycle: {' -> '.join([*path, m, d])}"
+            if d not in state:
+                visit(d, [*path, m])
+        state[m] = 2
+
+    for m in sorted(sim):
+        if m not in state:
+            visit(m, [])

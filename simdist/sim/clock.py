@@ -12,10 +12,26 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:  # typing only: the clock takes any object with these two methods
-    from simdist.device.cost import CostModel
+
+class Costs(Protocol):
+    """What the clock needs of ``simdist.device.cost.CostModel`` (not imported: this module
+    is a leaf, so ``simdist.device`` can build a clock)."""
+
+    def compute_time(
+        self,
+        flops: float,
+        bytes_moved: float,
+        kind: str = ...,
+        dtype: Any = ...,
+        shape: tuple = ...,
+        serial_flops: float = ...,
+    ) -> float: ...
+
+    def collective_time(
+        self, op: str, algorithm: str, nbytes: float, world: int, link: str = ...
+    ) -> float: ...
 
 
 @dataclass
@@ -57,7 +73,7 @@ class VirtualClock:
     arXiv 2507.03114 measures 18.9 % on average); the exposed/overlapped split is an ideal.
     """
 
-    def __init__(self, cost: CostModel, rank: int = 0, *, record_events: bool = True):
+    def __init__(self, cost: Costs, rank: int = 0, *, record_events: bool = True):
         self.cost = cost
         self.rank = rank
         self.record_events = record_events

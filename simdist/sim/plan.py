@@ -13,7 +13,7 @@ schedules, one set of cost functions (``simdist.device``: kernels, collectives):
   (``simdist.memplan.rank_entries``). The step equals a run's simulated compute + exposed
   communication (``tests/test_simulate.py``); only the run's measured input and host time
   are left out. (The first such plan in a process imports the model's numba kernels and
-  MPI: ~1 s once.)
+  MPI: 0.4 s here, once; later ones take milliseconds.)
 * Everything else (mixed precision, tensor / pipeline parallelism, ZeRO-3, recompute, weight
   streaming) uses the closed forms below (``simdist.sim.plan_analytic``), which take
   milliseconds. What they compute, per device:
