@@ -434,6 +434,11 @@ def test_plan_predicts_the_runs_simulated_step_time(tmp_path, model, args, zero,
     assert r.step_s == pytest.approx(parts["compute"] + parts["exposed_comm"], rel=1e-9)
     assert r.breakdown_s["dp_comm_exposed"] == pytest.approx(parts["exposed_comm"], rel=1e-9)
     assert parts["exposed_comm"] > 0  # the collectives are really in both
+    peak = p["device_memory_peak_bytes"]  # memory: the run's own plan (memplan) in both
+    for cat in ("parameters", "gradients", "optimizer_state", "workspace", "buckets"):
+        assert r.memory_bytes[cat] == peak[cat], cat
+    # the run also holds the dataset's input batch buffers (a plan has no dataset)
+    assert 0 <= peak["activations"] - r.memory_bytes["activations"] <= batch * 4096
     if zero == 2:  # ZeRO-2's reduce-scatters overlap the backward in both
         assert p["est_overlapped_comm_s"] > 0
         assert r.breakdown_s["dp_comm_total"] - r.breakdown_s["dp_comm_exposed"] == (

@@ -10,10 +10,11 @@ schedules, one set of cost functions (``simdist.device``: kernels, collectives):
   the run would simulate it: ``simdist.sim.dp_schedule`` writes down the step's events
   (kernels of simdist's own model, every collective with its real blocks) and the run's
   ``simdist.sim.step.StepModel`` times them; memory is the run's own plan
-  (``simdist.memplan.rank_entries``). The step equals a run's simulated compute + exposed
-  communication (``tests/test_simulate.py``); only the run's measured input and host time
-  are left out. (The first such plan in a process imports the model's numba kernels and
-  MPI: 0.4 s here, once; later ones take milliseconds.)
+  (``simdist.memplan.rank_entries``, less the dataset's input batch buffers). The step
+  equals a run's simulated compute + exposed communication (``tests/test_simulate.py``);
+  only the run's measured input and host time are left out. (The first such plan in a
+  process imports the model's numba kernels and MPI: 0.4 s here, once; later ones take
+  milliseconds.)
 * Everything else (mixed precision, tensor / pipeline parallelism, ZeRO-3, recompute, weight
   streaming) uses the closed forms below (``simdist.sim.plan_analytic``), which take
   milliseconds. What they compute, per device:
