@@ -37,6 +37,9 @@ from __future__ import annotations
 
 import math
 
+# the clock moved to simdist.sim.clock (a leaf module); kept importable from here
+from simdist.sim.clock import StepSummary, VirtualClock
+
 from .collective_cost import (
     ALGORITHMS,
     LINK_CLASSES,
@@ -269,6 +272,8 @@ __all__ = [
     "LINK_CLASSES",
     "OP_ALIASES",
     "ProfileError",
+    "StepSummary",
+    "VirtualClock",
     "canonical_op",
     "collective_time",
     "efficiency",

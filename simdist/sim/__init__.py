@@ -11,7 +11,10 @@ module                   holds
                          shapes (what the run records, predicted), for plan mode
 ``rank``                 the run side: the device of a rank, the recording hooks, the
                          per-run report (critical path, performance.json, timeline)
-``plan``                 plan mode: memory and step time from shapes, no run
+``plan``                 plan mode (``python -m simdist.plan``): memory and step time from
+                         shapes; a configuration simdist runs goes through ``step``
+``plan_shapes``          plan mode's model shapes and closed-form memory formulas
+``plan_analytic``        plan mode's Megatron / DDP schedule for what simdist does not run
 =======================  ===================================================================
 
 Per-kernel and per-collective costs, profiles and memory live in ``simdist.device``. No
