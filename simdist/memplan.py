@@ -18,13 +18,13 @@ old ``alloc(category, name, n)`` call sites), and ``plan_matches`` compares the 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from simdist.arena import Layout
-from simdist.comm.p2p import DEPTH, SEGMENT
 from simdist.config import ConfigError
 from simdist.device import DeviceMemory, SimulatedOutOfMemoryError, format_bytes
 from simdist.models.base import ParamSpec
@@ -77,6 +77,8 @@ def scratch_bytes(setup: RankSetup, layout: Layout) -> int:
     hierarchical stages the buffer in chunk order (``comm/hierarchical.py``)."""
     if setup.world == 1:
         return 0
+    from simdist.comm.p2p import DEPTH, SEGMENT  # here: that module starts MPI, plan mode not
+
     need = DEPTH * SEGMENT
     if setup.algorithm == "native":
         need = max(need, layout.shard_size)
@@ -201,9 +203,11 @@ def suggestions(setup: RankSetup, capacity: int) -> str:
     return "; ".join(tips)
 
 
-def check_device_memory(run: Any) -> list[Entry]:
+def check_device_memory(run: Any, extra_hint: Callable[[int], str] | None = None) -> list[Entry]:
     """Raise ``DeviceOutOfMemoryError`` if this rank's tensors exceed the device; else the
-    plan (also stored as ``run.memory.planned``). Allocates nothing."""
+    plan (also stored as ``run.memory.planned``). Allocates nothing. ``extra_hint(capacity)``:
+    the caller's own tip for the message (the run's: would weight streaming fit), so this
+    module needs nothing from the execution modes."""
     setup = setup_for(run)
     entries = rank_entries(setup)
     mem: DeviceMemory = run.memory.device_memory
@@ -212,9 +216,7 @@ def check_device_memory(run: Any) -> list[Entry]:
         for e in entries:
             trial.reserve(e.category, e.name, e.nbytes)
     except SimulatedOutOfMemoryError as err:
-        from simdist.streaming import weight_streaming_tip  # the weights need not be resident
-
-        tip = weight_streaming_tip(run.model, run.params, run.micro_batch, run.world, mem.capacity)
+        tip = extra_hint(mem.capacity) if extra_hint else ""
         tip = f"; {tip}" if tip else ""
         raise DeviceOutOfMemoryError(
             profile_name=err.profile_name,

@@ -370,3 +370,133 @@ def test_call_overhead_is_paid_once_per_collective():
         "allreduce", blocks, grid, base, base
     )
     assert extra == pytest.approx(4e-6)
+
+
+# -- plan mode and the run share one step-time model ---------------------------------------
+
+PLAN_VS_RUN = [
+    # (plan model, run params preset and overrides, zero level, grad_accum_steps)
+    ("fc-mnist", ["--params=fc_mnist", "--train_input.batch_size=32"], 0, 1),
+    ("fc-mnist", ["--params=fc_mnist", "--train_input.batch_size=32"], 1, 1),
+    ("fc-mnist", ["--params=fc_mnist", "--train_input.batch_size=32"], 2, 1),
+    ("fc-mnist", ["--params=fc_mnist", "--train_input.batch_size=16"], 0, 2),
+    ("gpt2-mini", ["--params=gpt2_mini", "--train_input.batch_size=2"], 0, 1),
+    ("gpt2-mini", ["--params=gpt2_mini", "--train_input.batch_size=2"], 2, 1),
+]
+
+
+@pytest.mark.parametrize(("model", "args", "zero", "accum"), PLAN_VS_RUN)
+def test_plan_predicts_the_runs_simulated_step_time(tmp_path, model, args, zero, accum):
+    """``python -m simdist.plan`` on the shapes and a 2-rank run of the same configuration
+    on a GPU profile give the same device time per step: both play their step's events
+    (the run: what it recorded; plan: ``dp_step_events`` from the shapes) through the same
+    ``StepModel``. The run's ``other`` time (input fetch and the loop's host work, measured)
+    is the one part a plan cannot know, so it is left out; the rest agrees to float
+    round-off (traced steps add kernel by kernel, the others in runs of kernels, and the
+    report averages over steps): rel 1e-9."""
+    from simdist.plan import plan
+
+    d = tmp_path / "run"
+    cmd = [
+        "-m",
+        "simdist.train",
+        *args,
+        "--profile=a100-80gb",
+        f"--zero_opt_level={zero}",
+        f"--optimizer.grad_accum_steps={accum}",
+        "--optimizer.max_gradient_norm=null",  # clipping's scaling pass is data-dependent
+        "--runconfig.collective_algorithm=ring",
+        "--runconfig.mode=train",
+        "--runconfig.max_steps=3",
+        "--runconfig.save_summary_steps=3",
+        "--runconfig.save_checkpoints_steps=0",
+        "--runconfig.progress_bar=false",
+        "--runconfig.trace_steps=1",
+        f"--runconfig.model_dir={d}",
+    ]
+    out = run_mpi(2, cmd, timeout=300)
+    assert out.returncode == 0, out.stdout
+    p = perf(d)
+    batch = int(args[1].split("=")[1])
+    r = plan(
+        model=model,
+        devices=2,
+        profile="a100-80gb",
+        zero=zero,
+        batch=batch * accum,
+        micro_batch=batch,
+        precision="fp32",
+        optimizer="adam",
+        algorithm="ring",
+    )
+    parts = p["est_step_time_breakdown_s"]
+    assert any("simdist's own DP/ZeRO" in n for n in r.notes), r.notes
+    assert r.step_s == pytest.approx(parts["compute"] + parts["exposed_comm"], rel=1e-9)
+    assert r.breakdown_s["dp_comm_exposed"] == pytest.approx(parts["exposed_comm"], rel=1e-9)
+    assert parts["exposed_comm"] > 0  # the collectives are really in both
+    peak = p["device_memory_peak_bytes"]  # memory: the run's own plan (memplan) in both
+    for cat in ("parameters", "gradients", "optimizer_state", "workspace", "buckets"):
+        assert r.memory_bytes[cat] == peak[cat], cat
+    # the run also holds the dataset's input batch buffers (a plan has no dataset)
+    assert 0 <= peak["activations"] - r.memory_bytes["activations"] <= batch * 4096
+    if zero == 2:  # ZeRO-2's reduce-scatters overlap the backward in both
+        assert p["est_overlapped_comm_s"] > 0
+        assert r.breakdown_s["dp_comm_total"] - r.breakdown_s["dp_comm_exposed"] == (
+            pytest.approx(p["est_overlapped_comm_s"], rel=1e-6)
+        )
+
+
+# -- the simulator takes what it needs from a run as arguments ------------------------------
+
+SIMULATOR = ("simdist.sim", "simdist.simulate", "simdist.memplan", "simdist.plan",
+             "simdist.calibrate", "simdist.calibration", "simdist.device")  # fmt: skip
+RUN_SIDE = ("simdist.run", "simdist.streaming", "simdist.faults", "simdist.input_workers",
+            "simdist.schedules")  # fmt: skip
+
+
+def _simdist_imports() -> dict[str, set[str]]:
+    """Module -> the simdist modules it imports anywhere in its code (functions too)."""
+    import ast
+
+    root = Path(__file__).resolve().parents[1]
+    out: dict[str, set[str]] = {}
+    for path in sorted((root / "simdist").rglob("*.py")):
+        parts = list(path.relative_to(root).with_suffix("").parts)
+        is_pkg = parts[-1] == "__init__"
+        name = ".".join(parts[:-1] if is_pkg else parts)
+        package = name if is_pkg else name.rpartition(".")[0]
+        deps: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                mod = ".".join(base + [node.module or ""]) if node.level else node.module or ""
+                mod = mod.rstrip(".")
+                deps |= {f"{mod}.{a.name}" for a in node.names} | {mod}
+            elif isinstance(node, ast.Import):
+                deps |= {a.name for a in node.names}
+        out[name] = {d for d in deps if d.startswith("simdist")} - {name}
+    return out
+
+
+def test_simulator_never_imports_the_run_and_has_no_cycle():
+    graph = _simdist_imports()
+    sim = {m for m in graph if m.startswith(SIMULATOR)}
+    assert {"simdist.sim.step", "simdist.sim.plan", "simdist.memplan"} <= sim
+    for m in sorted(sim):
+        bad = {d for d in graph[m] if d.startswith(RUN_SIDE)}
+        assert not bad, f"{m} imports {sorted(bad)}: take what it needs as arguments"
+    # no cycle among the simulator's modules (depth-first search for a back edge)
+    edges = {m: {d for d in graph[m] if d in sim} for m in sim}
+    state: dict[str, int] = {}
+
+    def visit(m: str, path: list[str]) -> None:
+        state[m] = 1
+        for d in sorted(edges[m]):
+            assert state.get(d) != 1, f"import cycle: {' -> '.join([*path, m, d])}"
+            if d not in state:
+                visit(d, [*path, m])
+        state[m] = 2
+
+    for m in sorted(sim):
+        if m not in state:
+            visit(m, [])

@@ -35,6 +35,7 @@ from simdist.models.base import GradientViews
 from simdist.optim import Optimizer
 from simdist.parallel import GradientSync
 from simdist.schedules.base import Schedule, StateShard, StepResult
+from simdist.streaming import weight_streaming_tip
 
 
 class DataParallel(Schedule):
@@ -78,7 +79,12 @@ class DataParallel(Schedule):
         self.model = build_model(self.params.model)
         self.data = build_dataset(self.params, self.micro_batch)
         self._choose_shared_buffers(run)
-        check_device_memory(self)  # simulated OOM now, before any buffer exists
+        p, m, world = self.params, self.model, self.world
+
+        def tip(capacity: int) -> str:  # the weights need not be resident: would streaming fit?
+            return weight_streaming_tip(m, p, self.micro_batch, world, capacity)
+
+        check_device_memory(self, tip)  # simulated OOM now, before any buffer exists
         t = self.params.train_input
         origin = "global given" if t.global_batch_size is not None else "per replica given"
         run.log(

@@ -1,0 +1,529 @@
+"""Analytic plan mode: memory per device and predicted step time, without running anything.
+
+    python -m simdist.plan --model gpt2-xl --devices 64 --profile a100-80gb --zero 2 --batch 8
+
+Everything comes from the model's shapes, the device profile and the parallel layout. Two
+schedules, one set of cost functions (``simdist.device``: kernels, collectives):
+
+* A configuration ``simdist.train`` runs itself (``--precision fp32``, data parallel / ZeRO
+  0-2, FC-MNIST or a GPT-2-layout transformer, resident weights, overlap on) is planned as
+  the run would simulate it: ``simdist.sim.dp_schedule`` writes down the step's events
+  (kernels of simdist's own model, every collective with its real blocks) and the run's
+  ``simdist.sim.step.StepModel`` times them; memory is the run's own plan
+  (``simdist.memplan.rank_entries``, less the dataset's input batch buffers). The step
+  equals a run's simulated compute + exposed communication (``tests/test_simulate.py``);
+  only the run's measured input and host time are left out. (The first such plan in a
+  process imports the model's numba kernels and MPI: 0.4 s here, once; later ones take
+  milliseconds.)
+* Everything else (mixed precision, tensor / pipeline parallelism, ZeRO-3, recompute, weight
+  streaming) uses the closed forms below (``simdist.sim.plan_analytic``), which take
+  milliseconds. What they compute, per device:
+
+* Model states (ZeRO, Rajbhandari et al. 2020, arXiv 1910.02054 §5): Ψ parameters on this
+  model-parallel shard, N data-parallel ranks, mixed-precision Adam K = 12 (fp32 master,
+  m, v): DP (2+2+K)Ψ, ZeRO-1 4Ψ + KΨ/N, ZeRO-2 2Ψ + (2+K)Ψ/N, ZeRO-3 (2+2+K)Ψ/N.
+  fp32 Adam (no master copy, K = 8): DP 16Ψ, ZeRO-1 8Ψ + 8Ψ/N, ZeRO-2 4Ψ + 12Ψ/N,
+  ZeRO-3 16Ψ/N. Shards are ceil(Ψ/N) elements (the paper's Ψ/N; no alignment padding).
+* Activations (Korthikanti et al. 2022, arXiv 2205.05198 §4): per layer, e = bytes per
+  activation element (2 mixed, 4 fp32), dropout masks 1 byte, f = d_ff::
+
+      attention  sbh(5e + 1) + as²b(2e + 1)     MLP  sbh(e + 1) + 2e·sbf     LN  2e·sbh
+
+  which for e = 2, f = 4h is the paper's sbh(34 + 5as/h); for fp32 it is sbh(66 + 9as/h).
+  Tensor parallel t splits the Q, K, V, projection-input, GELU and attention-score terms
+  (paper: sbh(10 + 24/t + 5as/(ht))); sequence parallel splits the rest; selective
+  recompute drops the as²b terms; full recompute keeps only the layer input (sbh·e) plus one
+  layer's working set during its backward. 1F1B pipelining keeps min(pp, m) micro-batches in
+  flight on the first stage (×(1 + (pp−1)/(pp·v)) interleaved); the last stage adds the
+  logits (s·b·V/t elements at e bytes, plus fp32 for the cross-entropy).
+* Step time: every kernel of one layer (GEMMs, attention core, softmax, dropout, LayerNorm,
+  GELU, residual) through the profile's kernel-time rule (``CostModel.compute_time``: the
+  roofline max, or the additive rule the GPU profiles' Calculon tables were fitted with,
+  see ``simdist.device.cost``); backward GEMMs are two GEMMs of the forward's size,
+  backward elementwise ops move 1.5× the bytes. Tensor
+  parallel all-reduces (or reduce-scatter/all-gather with sequence parallel, plus the
+  backward all-gather redo) are exposed, as in Megatron. Pipeline: (m + (pp−1)/v) stage
+  times (Narayanan et al. 2021, arXiv 2104.04473 §2.2) plus blocking p2p transfers.
+  Overlap rule for data parallel: the gradient reduction overlaps the backward pass of the
+  last micro-batch except one bucket (DDP, bucket 25 MB); ZeRO-1/2 add the parameter
+  all-gather after the optimizer step, exposed; ZeRO-2 reduce-scatters every micro-batch;
+  ZeRO-3 gathers parameters for forward and backward, hidden behind that pass's compute
+  except the first layer's gather. ``--no-overlap`` exposes everything (Megatron 2021).
+  Optimizer: one memory-bound pass over the owned shard.
+* Weight-streaming profiles (Cerebras): weights in external memory stream in for forward and
+  again for backward while gradients stream out; the step is bounded by that I/O, and
+  compute is left out where the vendor publishes no peak.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from simdist.device.cost import CostModel
+from simdist.device.memory import CATEGORIES, DeviceMemory, SimulatedOutOfMemoryError
+from simdist.device.profile import DeviceProfile, ProfileError, load_profile
+
+from .plan_analytic import DDP_BUCKET_BYTES, AnalyticStep
+from .plan_shapes import (
+    MODELS,
+    CountSpec,
+    MLPSpec,
+    TransformerSpec,
+    is_gpt2_layout,
+    model_state_bytes,
+)
+
+# -- plan inputs and result ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PlanConfig:
+    model: str = "gpt2"
+    params_count: int | None = None
+    devices: int = 1
+    profile: str = "a100-80gb"
+    zero: int = 0
+    batch: int = 8  # per data-parallel replica per optimizer step
+    micro_batch: int | None = None  # default: batch (no gradient accumulation)
+    seq: int | None = None
+    precision: str = "mixed"  # mixed | fp32
+    half: str | None = None  # fp16 | bf16 for mixed; default fp16 where published, else bf16
+    devices_per_node: int | None = None
+    tp: int = 1
+    pp: int = 1
+    interleave: int = 1
+    recompute: str = "none"  # none | selective | full
+    sequence_parallel: bool = False
+    overlap: bool = True
+    algorithm: str = "ring"
+    optimizer: str = "adam"  # adam | sgd (momentum)
+    bucket_bytes: int = DDP_BUCKET_BYTES
+
+
+@dataclass
+class PlanResult:
+    config: dict[str, Any]
+    model: str
+    params: int
+    params_per_device: int
+    profile: str
+    profile_sha256: str
+    dp: int
+    global_batch: int
+    micro_batches: int
+    seq: int
+    memory_bytes: dict[str, int]
+    total_bytes: int
+    capacity_bytes: int
+    fits: bool
+    oom_message: str | None
+    step_s: float | None
+    samples_per_s: float | None
+    tokens_per_s: float | None
+    breakdown_s: dict[str, float]
+    model_flops_per_step: float | None
+    mfu: float | None
+    notes: list[str] = field(default_factory=list)
+    plan_seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+# -- the planner ---------------------------------------------------------------------------
+
+
+class Planner(AnalyticStep):
+    """Turns a ``PlanConfig`` into a ``PlanResult``."""
+
+    def __init__(self, config: PlanConfig, profile: DeviceProfile | None = None):
+        self.cfg = config
+        prof = profile or load_profile(config.profile)
+        if config.devices_per_node:
+            prof = dataclasses.replace(prof, devices_per_node=config.devices_per_node)
+        self.profile = prof
+        self.notes: list[str] = []
+        if config.precision == "mixed":
+            half = config.half or ("fp16" if prof.has_peak("matmul", "fp16") else "bf16")
+            self.dtype, self.elem = half, 2
+        else:
+            self.dtype, self.elem = "fp32", 4
+        self.cost = CostModel(prof, self.dtype)
+
+    # ---- layout
+    def _layout(self) -> tuple[int, int]:
+        c = self.cfg
+        if c.devices < 1 or c.tp < 1 or c.pp < 1 or c.interleave < 1:
+            raise ValueError("devices, tp, pp and interleave must be >= 1")
+        if c.devices % (c.tp * c.pp):
+            raise ValueError(f"devices ({c.devices}) must be a multiple of tp*pp ({c.tp * c.pp})")
+        dp = c.devices // (c.tp * c.pp)
+        micro = c.micro_batch or c.batch
+        if c.batch < 1 or micro < 1 or c.batch % micro:
+            raise ValueError(f"batch ({c.batch}) must be a positive multiple of micro-batch")
+        return dp, c.batch // micro
+
+    def run(self) -> PlanResult:
+        t0 = time.perf_counter()
+        c, prof = self.cfg, self.profile
+        spec = self._spec()
+        dp, m = self._layout()
+        micro = c.micro_batch or c.batch
+        seq = c.seq or getattr(spec, "seq_len", 1)
+        params = spec.param_count()
+        params_dev = math.ceil(params / (c.tp * c.pp))
+        mem = dict.fromkeys(CATEGORIES, 0)
+        states = model_state_bytes(params_dev, dp, c.zero, c.precision, c.optimizer)
+        # profiles keyed by the working set (a CPU's caches): the model states at least
+        self.cost.working_set = float(sum(states.values()))
+        breakdown: dict[str, float] = {}
+        step: float | None = None
+        model_flops: float | None = None
+
+        if self._simdist_runs(spec):  # the run's own step, from the shapes
+            step, model_flops = self._simdist_step(spec, mem, dp, m, micro, seq, breakdown)
+        elif prof.execution == "weight_streaming":
+            step, model_flops = self._weight_streaming(spec, mem, micro, seq, m, breakdown)
+        else:
+            mem.update(states)
+            if isinstance(spec, TransformerSpec):
+                step, model_flops = self._transformer(spec, mem, dp, m, micro, seq, breakdown)
+            elif isinstance(spec, MLPSpec):
+                step, model_flops = self._mlp(spec, mem, dp, m, micro, breakdown)
+            else:
+                self.notes.append("parameter count only: activations and step time not planned")
+            grad_bytes = (2 if c.precision == "mixed" else 4) * params_dev
+            if c.zero == 3:  # gathered parameters of the current and the prefetched layer
+                layer = spec.layer_params() if isinstance(spec, TransformerSpec) else 0
+                mem["buckets"] = 2 * self.elem * math.ceil(layer / c.tp)
+            elif dp > 1:
+                mem["buckets"] = min(c.bucket_bytes, grad_bytes)
+
+        fits, oom = self._check(mem, spec, dp, micro, seq)
+        total = sum(mem.values())
+        gb = c.batch * dp
+        samples = gb / step if step else None
+        peak = self._peak_or_none()
+        mfu = model_flops / (step * c.devices * peak) if (model_flops and step and peak) else None
+        return PlanResult(
+            config=dataclasses.asdict(c),
+            model=spec.name,
+            params=params,
+            params_per_device=params_dev,
+            profile=prof.name,
+            profile_sha256=prof.sha256,
+            dp=dp,
+            global_batch=gb,
+            micro_batches=m,
+            seq=seq,
+            memory_bytes=mem,
+            total_bytes=total,
+            capacity_bytes=prof.memory_bytes,
+            fits=fits,
+            oom_message=oom,
+            step_s=step,
+            samples_per_s=samples,
+            tokens_per_s=samples * seq if samples and isinstance(spec, TransformerSpec) else None,
+            breakdown_s=breakdown,
+            model_flops_per_step=model_flops,
+            mfu=mfu,
+            notes=self.notes + self._unknown_note(),
+            plan_seconds=time.perf_counter() - t0,
+        )
+
+    # ---- a configuration simdist.train runs: the run's step-time model on the shapes
+    def _simdist_runs(self, spec: Any) -> bool:
+        """Would ``simdist.train`` run this (fp32, data parallel / ZeRO 0-2, resident
+        weights, a model simdist implements)? Then the plan is the run's own step."""
+        c = self.cfg
+        model_ok = isinstance(spec, MLPSpec) or (
+            isinstance(spec, TransformerSpec) and is_gpt2_layout(spec)
+        )
+        return (
+            model_ok
+            and c.precision == "fp32"
+            and c.zero <= 2
+            and c.tp == c.pp == c.interleave == 1
+            and c.recompute == "none"
+            and not c.sequence_parallel
+            and c.overlap  # --no-overlap asks for the analytic rule (everything exposed)
+            and self.profile.execution != "weight_streaming"
+        )
+
+    def _simdist_model(self, spec: MLPSpec | TransformerSpec) -> Any:
+        """simdist's own model of ``spec``, built from its shapes (allocates nothing)."""
+        if isinstance(spec, MLPSpec):
+            from simdist.config import FCMNISTConfig
+            from simdist.models.fc_mnist import FCMNIST
+
+            sizes = spec.sizes
+            return FCMNIST(FCMNISTConfig("fc_mnist", list(sizes[1:-1]), sizes[0], sizes[-1]))
+        from simdist.models.gpt2 import GPT2, GPT2Config
+
+        return GPT2(GPT2Config(spec.n_layer, spec.n_head, spec.d_model, spec.seq_len, spec.vocab))
+
+    def _simdist_step(
+        self, spec: Any, mem: dict, dp: int, m: int, micro: int, seq: int, out: dict
+    ) -> tuple[float, float]:
+        """The events a simdist run of this configuration records on rank 0
+        (``dp_step_events``), played by the run's ``StepModel``; memory is the run's own
+        plan (``memplan.rank_entries``)."""
+        from simdist.arena import Layout
+        from simdist.comm.cost import choose_algorithm
+        from simdist.device.collective import Network
+        from simdist.memplan import RankSetup, by_category, rank_entries
+
+        from .clock import VirtualClock
+        from .dp_schedule import dp_step_events
+        from .step import StepModel, compute_dtype
+
+        c, prof = self.cfg, self.profile
+        model = self._simdist_model(spec)
+        tokens = isinstance(spec, TransformerSpec)
+        T = seq if tokens else None
+        if tokens and seq > spec.seq_len:
+            raise ValueError(f"seq ({seq}) exceeds {spec.name}'s context ({spec.seq_len})")
+        opt = "adamw" if c.optimizer == "adam" else "sgd"
+        algorithm = c.algorithm
+        if algorithm == "auto":  # what GradientSync resolves it to, without shared memory
+            padded = Layout(model.parameter_specs(), dp).padded
+            algorithm = choose_algorithm("reduce_scatter", 4 * padded, dp)
+            self.notes.append(
+                f"algorithm auto -> {algorithm} (a run with shared-memory buffers may pick shm)"
+            )
+        setup = RankSetup(
+            numel_specs=tuple((s.name, s.numel) for s in model.parameter_specs()),
+            groups=tuple((tuple(g.names), g.held) for g in model.gradient_groups()),
+            world=dp,
+            rank=0,
+            zero_level=c.zero,
+            accum=m,
+            optimizer_type=opt,
+            micro_batch=micro,
+            algorithm=algorithm,
+            activation_bytes=model.activation_bytes,
+            input_bytes_per_sample=0,
+        )
+        mem.update(by_category(rank_entries(setup)))
+        dpn = prof.devices_per_node
+        nodes = tuple(tuple(range(a, min(a + dpn, dp))) for a in range(0, dp, dpn))
+        net = Network(dp, 0, "intra" if len(nodes) == 1 else "inter", nodes)
+        # profiles keyed by the working set: what the ranks of a node keep resident
+        self.cost.working_set = float(sum(mem.values())) * len(nodes[0])
+        dtype, notes = compute_dtype(prof)
+        self.notes += notes
+        clock = VirtualClock(self.cost, 0, record_events=False)
+        step_model = StepModel(
+            clock,
+            self.cost,
+            dtype,
+            net,
+            c.zero,
+            (0, Layout(model.parameter_specs(), dp).shard_size),
+            model.kernel_costs,
+            self.notes,
+        )
+        events = dp_step_events(
+            model, world=dp, level=c.zero, micro_batch=micro, seq=T, accum=m,
+            optimizer_type=opt, algorithm=algorithm,
+        )  # fmt: skip
+        played = step_model.play(events)
+        summary = step_model.close(0.0, played)
+        fwd, bwd = step_model.kernels((micro, T))
+        out["forward_compute"] = m * sum(k.seconds for k in fwd)
+        out["backward_compute"] = m * sum(k.seconds for k in bwd)
+        out["optimizer"] = played.est.get("optimizer", 0.0)
+        out["other_compute"] = summary.compute_s - sum(out.values())  # accumulate, norm
+        out["dp_comm_total"] = summary.comm_s
+        out["dp_comm_exposed"] = summary.exposed_comm_s
+        self.notes.append(
+            f"schedule: simdist's own DP/ZeRO-{c.zero} step (simdist.sim.step, as a run "
+            "replays it): ZeRO-2's per-group reduce-scatters overlap the rest of the "
+            "backward, every other collective is exposed; no input or host time"
+        )
+        params = spec.param_count()
+        if tokens:
+            h, f, nl = spec.d_model, spec.ffn, spec.n_layer
+            per_token = nl * (8 * h * h + 4 * h * f + 4 * seq * h) + 2 * h * spec.vocab
+            flops = 3.0 * c.batch * dp * seq * per_token
+        else:
+            flops = float(6 * params * micro * m * dp)
+        return summary.total_s, flops
+
+    def _unknown_note(self) -> list[str]:
+        """Unpublished profile figures this plan could have used (other dtypes left out)."""
+        other = [f"tflops.{d}" for d in ("fp32", "tf32", "bf16", "fp16") if d != self.dtype]
+        missing = [u for u in self.profile.unknown if not u.endswith(tuple(other))]
+        return [f"profile leaves out (not published): {', '.join(missing)}"] if missing else []
+
+    def _peak_or_none(self) -> float | None:
+        if self.profile.has_peak("matmul", self.dtype):
+            return self.profile.peak("matmul", self.dtype)
+        return None
+
+    def _spec(self) -> TransformerSpec | MLPSpec | CountSpec:
+        c = self.cfg
+        if c.params_count is not None:
+            return CountSpec(f"custom-{c.params_count}", int(c.params_count))
+        try:
+            return MODELS[c.model]
+        except KeyError:
+            raise ValueError(
+                f"unknown model '{c.model}'; available: {', '.join(MODELS)} (or --params-count)"
+            ) from None
+
+    # ---- memory check with a hint
+    def _check(
+        self, mem: dict[str, int], spec: Any, dp: int, micro: int, seq: int
+    ) -> tuple[bool, str | None]:
+        c = self.cfg
+        cap = self.profile.memory_bytes
+
+        def hint(_shortfall: int) -> str:
+            tips = []
+            if c.zero < 3 and dp > 1:
+                for z in range(c.zero + 1, 4):
+                    st = model_state_bytes(
+                        math.ceil(spec.param_count() / (c.tp * c.pp)),
+                        dp,
+                        z,
+                        c.precision,
+                        c.optimizer,
+                    )
+                    if sum(st.values()) + mem["activations"] + mem["buckets"] <= cap:
+                        tips.append(f"zero_opt_level {z} would fit")
+                        break
+            if mem["activations"] and micro > 1:
+                per = mem["activations"] / micro  # activations scale ~linearly with the batch
+                fixed = sum(mem.values()) - mem["activations"]
+                room = cap - fixed
+                fit_b = int(room // per) if room > 0 else 0
+                if 0 < fit_b < micro:
+                    tips.append(f"micro-batch {fit_b} would fit")
+            if c.recompute != "full" and isinstance(spec, TransformerSpec):
+                tips.append("activation recompute (--recompute full) saves the most")
+            return "; ".join(tips) or "use more devices or a smaller model"
+
+        dm = DeviceMemory(cap, self.profile.name, hint=hint)
+        try:
+            for cat in CATEGORIES:
+                dm.reserve(cat, cat, mem[cat])
+        except SimulatedOutOfMemoryError as err:
+            return False, str(err)
+        return True, None
+
+
+# -- formatting and CLI ----------------------------------------------------------------------
+
+
+def _gb(n: float) -> str:
+    return f"{n / 1e9:9.3f} GB"
+
+
+def format_plan(r: PlanResult) -> str:
+    c = r.config
+    lines = [
+        f"plan: {r.model} ({r.params:,} params, {r.params_per_device:,} per model shard) on "
+        f"{c['devices']} x {r.profile}",
+        f"  layout: dp={r.dp} tp={c['tp']} pp={c['pp']} zero={c['zero']} precision="
+        f"{c['precision']} batch/replica={c['batch']} micro-batches={r.micro_batches} "
+        f"global batch={r.global_batch} seq={r.seq} recompute={c['recompute']}",
+        "  memory per device (GB = 1e9 bytes, as in the ZeRO paper):",
+    ]
+    for cat, n in r.memory_bytes.items():
+        lines.append(f"    {cat:<16}{_gb(n)}")
+    lines.append(
+        f"    {'total':<16}{_gb(r.total_bytes)}  of {_gb(r.capacity_bytes).strip()}"
+        f"  -> {'fits' if r.fits else 'DOES NOT FIT'}"
+    )
+    if r.oom_message:
+        lines += ["    " + ln for ln in r.oom_message.splitlines()]
+    if r.step_s:
+        lines.append(
+            f"  predicted step time: {r.step_s * 1e3:.2f} ms  ->  "
+            f"{r.samples_per_s:,.1f} samples/s"
+            + (f", {r.tokens_per_s:,.0f} tokens/s" if r.tokens_per_s else "")
+        )
+        if r.mfu:
+            lines.append(f"  model FLOPs utilisation: {100 * r.mfu:.1f} % of peak")
+        for k, v in r.breakdown_s.items():
+            if v:
+                lines.append(f"    {k:<22}{v * 1e3:12.3f} ms")
+    for note in r.notes:
+        lines.append(f"  note: {note}")
+    lines.append(f"  (planned in {r.plan_seconds * 1e3:.1f} ms)")
+    return "\n".join(lines)
+
+
+def plan(**kwargs: Any) -> PlanResult:
+    """Programmatic entry: ``plan(model="gpt2-xl", devices=64, zero=2, batch=8)``."""
+    return Planner(PlanConfig(**kwargs)).run()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m simdist.plan", description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="gpt2", help=f"one of: {', '.join(MODELS)}")
+    p.add_argument("--params-count", type=float, default=None, help="plan model states only")
+    p.add_argument("--devices", type=int, default=1)
+    p.add_argument("--profile", default="a100-80gb", help="profile name or YAML path")
+    p.add_argument("--zero", type=int, default=0, choices=(0, 1, 2, 3))
+    p.add_argument("--batch", type=int, default=8, help="samples per data-parallel replica")
+    p.add_argument("--micro-batch", type=int, default=None)
+    p.add_argument("--seq", type=int, default=None, help="sequence length (default: context)")
+    p.add_argument("--precision", default="mixed", choices=("mixed", "fp32"))
+    p.add_argument("--half", default=None, choices=("fp16", "bf16"))
+    p.add_argument("--devices-per-node", type=int, default=None)
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (within a node)")
+    p.add_argument("--pp", type=int, default=1, help="pipeline stages")
+    p.add_argument("--interleave", type=int, default=1, help="virtual stages per device")
+    p.add_argument("--recompute", default="none", choices=("none", "selective", "full"))
+    p.add_argument("--sequence-parallel", action="store_true")
+    p.add_argument("--no-overlap", action="store_true", help="expose all DP communication")
+    p.add_argument("--algorithm", default="ring", choices=("ring", "rhd", "hierarchical", "auto"))
+    p.add_argument("--optimizer", default="adam", choices=("adam", "sgd"))
+    p.add_argument("--bucket-mb", type=float, default=DDP_BUCKET_BYTES / 2**20)
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        result = plan(
+            model=args.model,
+            params_count=None if args.params_count is None else int(args.params_count),
+            devices=args.devices,
+            profile=args.profile,
+            zero=args.zero,
+            batch=args.batch,
+            micro_batch=args.micro_batch,
+            seq=args.seq,
+            precision=args.precision,
+            half=args.half,
+            devices_per_node=args.devices_per_node,
+            tp=args.tp,
+            pp=args.pp,
+            interleave=args.interleave,
+            recompute=args.recompute,
+            sequence_parallel=args.sequence_parallel,
+            overlap=not args.no_overlap,
+            algorithm=args.algorithm,
+            optimizer=args.optimizer,
+            bucket_bytes=int(args.bucket_mb * 2**20),
+        )
+    except (ValueError, ProfileError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(json.dumps(result.as_dict(), indent=2) if args.json else format_plan(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,413 @@
+"""Plan mode's analytic step for what simdist does not run itself: Megatron-LM's schedule.
+
+Mixed precision, tensor and pipeline parallelism, ZeRO-3, recompute and weight streaming
+(the formulas and the overlap rules are in ``simdist.sim.plan``'s docstring): each kernel
+through the same ``CostModel.compute_time`` and each collective through the same closed
+forms (``simdist.device.collective_cost``) as a run, put together with Megatron's and
+DDP's published overlap rules instead of ``simdist.sim.step``'s, since no simdist run
+exists to replay. ``AnalyticStep`` is a mixin of ``simdist.sim.plan.Planner``: it uses the
+planner's ``cfg``, ``profile``, ``cost``, ``dtype``, ``elem`` and ``notes``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from simdist.device.collective_cost import collective_time
+from simdist.device.profile import Link, ProfileError
+
+from .plan_shapes import MLPSpec, TransformerSpec, layer_activation_bytes, model_state_bytes
+
+DDP_BUCKET_BYTES = 25 * 2**20  # PyTorch DDP bucket_cap_mb default (torch docs)
+
+
+# -- kernels of one layer ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Op:
+    name: str
+    kind: str  # matmul | vector | comm
+    flops: float = 0.0
+    bytes: float = 0.0
+    collective: str = ""  # for comm ops
+    count: int = 1  # identical kernels (e.g. the two backward GEMMs)
+
+
+def transformer_layer_ops(
+    spec: TransformerSpec, b: int, s: int, t: int, sp: bool, e: int
+) -> tuple[list[Op], list[Op]]:
+    """(forward, backward) kernels of one layer on one TP rank, per micro-batch."""
+    h, f, a = spec.d_model, spec.ffn, spec.n_head
+    tok = b * s
+    hs, fs, heads = h / t, f / t, a / t
+    rows = tok / t if sp else tok  # sequence-parallel regions hold 1/t of the tokens
+    scores = b * heads * s * s
+    act = e * tok * h  # bytes of one full [s, b, h] activation
+
+    def gemm(name: str, m: float, k: float, n: float) -> Op:
+        return Op(name, "matmul", 2 * m * k * n, e * (m * k + k * n + m * n))
+
+    def ew(name: str, n: float, flops_per: float, bytes_per: float) -> Op:
+        return Op(name, "vector", n * flops_per, n * bytes_per)
+
+    tp_out = "reduce_scatter" if sp else "allreduce"
+    fwd: list[Op] = [ew("ln1", rows * h, 8, 2 * e)]
+    if sp and t > 1:
+        fwd.append(Op("tp.allgather.attn", "comm", bytes=act, collective="allgather"))
+    fwd += [
+        gemm("qkv", tok, h, 3 * hs),
+        Op("attn.qk", "matmul", 2 * scores * (h / a), e * (2 * tok * hs + scores)),
+        ew("attn.softmax", scores, 5, 2 * e),
+        ew("attn.dropout", scores, 1, 2 * e + 1),
+        Op("attn.av", "matmul", 2 * scores * (h / a), e * (scores + 2 * tok * hs)),
+        gemm("attn.proj", tok, hs, h),
+    ]
+    if t > 1:
+        fwd.append(Op(f"tp.{tp_out}.attn", "comm", bytes=act, collective=tp_out))
+    fwd += [ew("attn.dropout_residual", rows * h, 2, 3 * e + 1), ew("ln2", rows * h, 8, 2 * e)]
+    if sp and t > 1:
+        fwd.append(Op("tp.allgather.mlp", "comm", bytes=act, collective="allgather"))
+    fwd += [gemm("mlp.fc1", tok, h, fs), ew("mlp.gelu", tok * fs, 8, 2 * e)]
+    fwd.append(gemm("mlp.fc2", tok, fs, h))
+    if t > 1:
+        fwd.append(Op(f"tp.{tp_out}.mlp", "comm", bytes=act, collective=tp_out))
+    fwd.append(ew("mlp.dropout_residual", rows * h, 2, 3 * e + 1))
+
+    bwd: list[Op] = []
+    for op in reversed(fwd):
+        if op.kind == "matmul":  # data gradient and weight gradient, same size each
+            bwd.append(dataclasses.replace(op, name=op.name + ".bwd", count=2))
+        elif op.kind == "vector":  # read grad + saved input, write grad: ~1.5x the bytes
+            bwd.append(dataclasses.replace(op, name=op.name + ".bwd", bytes=1.5 * op.bytes))
+        else:  # the conjugate collective (Megatron's f/g operators)
+            conj = {"allreduce": "allreduce", "reduce_scatter": "allgather"}
+            bwd.append(
+                dataclasses.replace(
+                    op, name=op.name + ".bwd", collective=conj.get(op.collective, "reduce_scatter")
+                )
+            )
+            if sp and op.collective == "allgather":  # redo the gather for the weight gradient
+                bwd.append(dataclasses.replace(op, name=op.name + ".redo"))
+    return fwd, bwd
+
+
+ATTENTION_CORE = ("attn.qk", "attn.softmax", "attn.dropout", "attn.av")
+
+
+def _attention_core(fwd: list[Op]) -> list[Op]:
+    """The kernels selective recompute re-runs (Korthikanti §5)."""
+    return [op for op in fwd if op.name in ATTENTION_CORE]
+
+
+class AnalyticStep:
+    """The step-time methods of ``Planner`` for the analytic (Megatron / DDP) schedule."""
+
+    cfg: Any
+    profile: Any
+    cost: Any
+    dtype: str
+    elem: int
+    notes: list[str]
+
+    def _dp_link(self, dp: int) -> tuple[Link, int]:
+        """Link a data-parallel ring sees and how many DP ranks share a node."""
+        prof, c = self.profile, self.cfg
+        mp = c.tp * c.pp
+        k_dp = max(1, prof.devices_per_node // mp) if mp < prof.devices_per_node else 1
+        if dp <= k_dp:
+            return prof.intra, k_dp
+        if mp == 1:  # the DP group fills whole nodes: the flat multi-node ring
+            return self.cost.link("inter", dp), k_dp
+        nic = prof.inter
+        if not nic.known:
+            return nic, k_dp
+        # the DP groups of a node share its NICs: this group gets k_dp/devices_per_node of them
+        share = k_dp / prof.devices_per_node
+        usable = nic.effective_bandwidth * prof.nics_per_node * share
+        if k_dp > 1 and prof.intra.known:
+            usable = min(usable, prof.intra.effective_bandwidth)
+        return Link("dp", usable, nic.latency, 1.0, nic.gamma), k_dp
+
+    def _dp_time(self, op: str, nbytes: float, dp: int) -> float:
+        if dp <= 1 or nbytes <= 0:
+            return 0.0
+        link, k_dp = self._dp_link(dp)
+        alg = self.cfg.algorithm
+        if alg in ("hierarchical", "auto") and 1 < k_dp < dp:
+            rail = self.cost.rail(self.profile.devices_per_node)
+            return collective_time(
+                op, alg, nbytes, dp, self.profile.intra, inter=rail, devices_per_node=k_dp
+            )
+        return collective_time(op, "ring" if alg == "hierarchical" else alg, nbytes, dp, link)
+
+    def _op_time(self, op: Op) -> float:
+        if op.kind == "comm":
+            return op.count * self.cost.collective_time(
+                op.collective, "ring", op.bytes, self.cfg.tp, "intra"
+            )
+        return op.count * self.cost.compute_time(op.flops, op.bytes, op.kind, self.dtype)
+
+    def _ops_time(self, ops: list[Op]) -> tuple[float, float]:
+        """(compute seconds, exposed TP-communication seconds)."""
+        comp = comm = 0.0
+        for op in ops:
+            if op.kind == "comm":
+                comm += self._op_time(op)
+            else:
+                comp += self._op_time(op)
+        return comp, comm
+
+    def _transformer(
+        self, spec: TransformerSpec, mem: dict, dp: int, m: int, micro: int, seq: int, out: dict
+    ) -> tuple[float | None, float]:
+        c, e = self.cfg, self.elem
+        t, pp, v = c.tp, c.pp, c.interleave
+        sp = c.sequence_parallel and t > 1
+        if spec.n_layer % pp:
+            self.notes.append(f"{spec.n_layer} layers do not split evenly over pp={pp}")
+        layers = math.ceil(spec.n_layer / pp)
+
+        # activations: first stage holds min(pp, m) micro-batches of its layers
+        per_layer = layer_activation_bytes(
+            spec, micro, seq, tp=t, sequence_parallel=sp, recompute=c.recompute, elem=e
+        )
+        in_flight = min(pp, m)
+        factor = 1 + (pp - 1) / (pp * v) if v > 1 and pp > 1 else 1.0
+        stored = per_layer * layers * in_flight * factor
+        working = 0
+        if c.recompute != "none":  # the layer being recomputed holds its full set again
+            working = layer_activation_bytes(
+                spec, micro, seq, tp=t, sequence_parallel=sp, recompute="none", elem=e
+            )
+        tok = micro * seq
+        logits = tok * spec.vocab / t * (e + 4)  # logits + fp32 cross-entropy (vocab-parallel)
+        embed = tok * spec.d_model * (e + 1) / (t if sp else 1)
+        first = stored + working + embed + (logits if pp == 1 else 0)
+        last = per_layer * layers * factor + working + logits
+        mem["activations"] = int(max(first, last))
+        coef = (
+            f"sbh({16 * e + 2} + {2 * e + 1}as/h)" if spec.ffn == 4 * spec.d_model else "sbh(...)"
+        )
+        self.notes.append(
+            f"activations: Korthikanti et al. 2022, {coef} bytes per layer before TP/SP/"
+            f"recompute ({e}-byte elements, 1-byte dropout masks), {layers} layers x "
+            f"{in_flight} micro-batch(es) in flight, + logits"
+            + (", + the working set of the layer being recomputed" if working else "")
+        )
+
+        # compute of one micro-batch on one stage
+        fwd, bwd = transformer_layer_ops(spec, micro, seq, t, sp, e)
+        f_c, f_tp = self._ops_time(fwd)
+        b_c, b_tp = self._ops_time(bwd)
+        r_c = r_tp = 0.0
+        if c.recompute == "full":
+            r_c, r_tp = f_c, f_tp
+        elif c.recompute == "selective":
+            r_c, r_tp = self._ops_time(_attention_core(fwd))
+        h, vcb = spec.d_model, spec.vocab
+        head = [
+            Op(
+                "logits",
+                "matmul",
+                2 * tok * h * vcb / t,
+                e * (tok * h + h * vcb / t + tok * vcb / t),
+            ),
+            Op("cross_entropy", "vector", 5 * tok * vcb / t, (e + 4) * tok * vcb / t),
+        ]
+        head_bwd = [dataclasses.replace(head[0], count=2), dataclasses.replace(head[1])]
+        emb = [Op("embedding", "vector", tok * h, 3 * e * tok * h)]
+        hf_c, _ = self._ops_time(head)
+        hb_c, _ = self._ops_time(head_bwd)
+        ef_c, _ = self._ops_time(emb)
+        eb_c, _ = self._ops_time([dataclasses.replace(emb[0], bytes=2 * emb[0].bytes)])
+        if t > 1:  # vocab-parallel cross-entropy: all-reduce of max and sum per token
+            hf_c += 2 * self.cost.collective_time("allreduce", "ring", 4 * tok, t, "intra")
+        layer_f = layers * (f_c + f_tp)
+        layer_b = layers * (b_c + b_tp + r_c + r_tp)
+        first_stage = layer_f + layer_b + ef_c + eb_c + (hf_c + hb_c if pp == 1 else 0)
+        last_stage = layer_f + layer_b + hf_c + hb_c
+        stage = max(first_stage, last_stage)
+        p2p = 0.0
+        if pp > 1:  # scatter-gather p2p (Narayanan §4.1): 1/t of the activation per TP rank
+            nbytes = e * tok * h / t
+            dpn = self.profile.devices_per_node
+            link = self.cost.rail(dpn) if t * pp > dpn else self.profile.intra
+            one = collective_time("p2p", "ring", nbytes, 2, link)
+            if t > 1:
+                one += self.cost.collective_time("allgather", "ring", nbytes * t, t, "intra")
+            p2p = 2 * v * one  # forward activation and backward gradient per virtual stage
+        per_micro = stage + p2p
+        pipeline = (m + (pp - 1) / v) * per_micro if pp > 1 else m * per_micro
+        out["forward_compute"] = m * layers * f_c
+        out["backward_compute"] = m * layers * b_c
+        out["recompute"] = m * layers * r_c
+        out["head_and_embedding"] = m * (stage - layer_f - layer_b)
+        out["tp_comm"] = m * layers * (f_tp + b_tp + r_tp)
+        out["pp_p2p"] = m * p2p
+        out["pp_bubble"] = pipeline - m * per_micro
+
+        # data parallel and optimizer
+        params_dev = math.ceil(spec.param_count() / (t * pp))
+        dp_exposed, dp_total = self._dp_sync(params_dev, dp, m, f_c * layers, b_c * layers)
+        out["dp_comm_total"] = dp_total
+        out["dp_comm_exposed"] = dp_exposed
+        self._overlap_note(dp)
+        opt = self._optimizer_time(params_dev, dp)
+        out["optimizer"] = opt
+        step = pipeline + dp_exposed + opt
+        # model FLOPs (no recompute) per step, whole job: Narayanan eq. (3) with 72
+        gb = c.batch * dp
+        nl = spec.n_layer
+        # per token: 3 passes x (layers x (QKV+proj 8h^2, MLP 4hf, scores 4sh) + logits 2hV);
+        # for f = 4h this is Narayanan et al. eq. (3) without recompute (factor 72)
+        ff = spec.ffn
+        model_flops = 3.0 * gb * seq * (nl * (8 * h * h + 4 * h * ff + 4 * seq * h) + 2 * h * vcb)
+        return step, model_flops
+
+    def _dp_sync(
+        self, params_dev: int, dp: int, m: int, fwd_s: float, bwd_s: float
+    ) -> tuple[float, float]:
+        """(exposed, total) seconds of data-parallel communication per step."""
+        c = self.cfg
+        if dp <= 1:
+            return 0.0, 0.0
+        try:
+            g = (2 if c.precision == "mixed" else 4) * params_dev
+            w = self.elem * params_dev
+            bucket = min(1.0, c.bucket_bytes / g) if g else 1.0
+            window = bwd_s * (1 - bucket) if c.overlap else 0.0
+
+            def hidden(t_comm: float, win: float) -> float:
+                return max(t_comm - win, t_comm * bucket) if c.overlap else t_comm
+
+            if c.zero == 0:
+                t_ar = self._dp_time("allreduce", g, dp)
+                return hidden(t_ar, window), t_ar
+            t_rs = self._dp_time("reduce_scatter", g, dp)
+            t_ag = self._dp_time("allgather", w, dp)
+            if c.zero in (1, 2):
+                n_rs = m if c.zero == 2 else 1  # ZeRO-2 reduces every micro-batch
+                return n_rs * hidden(t_rs, window) + t_ag, n_rs * t_rs + t_ag
+            # ZeRO-3: per micro-batch gather for forward and backward, reduce-scatter grads
+            first = t_ag / max(1, self._spec_layers())
+            fwd_exp = max(first, t_ag - fwd_s) if c.overlap else t_ag
+            bwd_exp = max(0.0, t_ag + t_rs - bwd_s) if c.overlap else t_ag + t_rs
+            return m * (fwd_exp + bwd_exp), m * (2 * t_ag + t_rs)
+        except ProfileError as err:
+            self.notes.append(f"data-parallel communication not modelled: {err}")
+            return 0.0, 0.0
+
+    def _overlap_note(self, dp: int) -> None:
+        c = self.cfg
+        if dp <= 1:
+            return
+        if not c.overlap:
+            self.notes.append("overlap: none (--no-overlap): all DP communication is exposed")
+            return
+        rule = {
+            0: "gradient all-reduce hidden behind the last micro-batch's backward except one "
+            f"{c.bucket_bytes / 2**20:g} MiB bucket",
+            1: "gradient reduce-scatter hidden as for DP; parameter all-gather after the "
+            "optimizer step exposed",
+            2: "reduce-scatter every micro-batch, hidden behind its backward except one bucket; "
+            "parameter all-gather after the step exposed",
+            3: "parameter all-gathers hidden behind forward/backward compute except the first "
+            "layer's; gradient reduce-scatter behind backward",
+        }[c.zero]
+        self.notes.append(f"overlap: {rule}; compute slowdown from overlap not modelled")
+
+    def _spec_layers(self) -> int:
+        spec = self._spec()
+        return spec.n_layer if isinstance(spec, TransformerSpec) else 1
+
+    def _optimizer_time(self, params_dev: int, dp: int) -> float:
+        """One memory-bound pass over the owned parameters (fused Adam / SGD)."""
+        c = self.cfg
+        owned = math.ceil(params_dev / dp) if c.zero >= 1 else params_dev
+        # bytes per parameter read + written: Adam 28 (fp32: g,p,m,v in; p,m,v out;
+        # mixed: fp16 g in, fp16 p out instead of one fp32 each way: also 28); SGD 20
+        per = 28 if c.optimizer == "adam" else 20
+        return self.cost.compute_time(12 * owned, per * owned, "vector", "fp32")
+
+    # ---- MLP
+    def _mlp(
+        self, spec: MLPSpec, mem: dict, dp: int, m: int, micro: int, out: dict
+    ) -> tuple[float, float]:
+        e = self.elem
+        sizes = spec.sizes
+        # same workspace as simdist.models.fc_mnist: outputs, hidden grads, probs, losses
+        elems = micro * (sum(sizes[1:]) + sum(sizes[1:-1]) + sizes[-1] + 1)
+        mem["activations"] = e * elems
+        f = b = 0.0
+        for i, (n_in, n_out) in enumerate(zip(sizes, sizes[1:], strict=False)):
+            gemm = Op(
+                f"fc{i}",
+                "matmul",
+                2 * micro * n_in * n_out,
+                e * (micro * n_in + n_in * n_out + micro * n_out),
+            )
+            act = Op(f"act{i}", "vector", 2 * micro * n_out, 3 * e * micro * n_out)
+            f += self._op_time(gemm) + self._op_time(act)
+            b += 2 * self._op_time(gemm) + self._op_time(act)
+        loss = Op("softmax_ce", "vector", 5 * micro * sizes[-1], 3 * e * micro * sizes[-1])
+        f += self._op_time(loss)
+        b += self._op_time(loss)
+        params = spec.param_count()
+        dp_exp, dp_total = self._dp_sync(params, dp, m, f, b)
+        self._overlap_note(dp)
+        opt = self._optimizer_time(params, dp)
+        out.update(
+            forward_compute=m * f,
+            backward_compute=m * b,
+            dp_comm_total=dp_total,
+            dp_comm_exposed=dp_exp,
+            optimizer=opt,
+        )
+        flops = 6 * params * micro * m * dp
+        return m * (f + b) + dp_exp + opt, float(flops)
+
+    # ---- weight streaming (Cerebras)
+    def _weight_streaming(
+        self, spec: Any, mem: dict, micro: int, seq: int, m: int, out: dict
+    ) -> tuple[float, None]:
+        c, e, prof = self.cfg, self.elem, self.profile
+        assert prof.streaming is not None
+        params = spec.param_count()
+        store = sum(model_state_bytes(params, 1, 0, c.precision, c.optimizer).values())
+        if store > prof.streaming.capacity_bytes:
+            self.notes.append(
+                f"model states {store / 1e12:.2f} TB exceed the weight store "
+                f"({prof.streaming.capacity_bytes / 1e12:.1f} TB)"
+            )
+        layer = spec.layer_params() if isinstance(spec, TransformerSpec) else params
+        mem["parameters"] = e * layer  # one streamed layer on the wafer at a time
+        mem["gradients"] = e * layer
+        if isinstance(spec, TransformerSpec):
+            per_layer = layer_activation_bytes(spec, micro, seq, recompute=c.recompute, elem=e)
+            mem["activations"] = per_layer * spec.n_layer
+        self.notes.append(
+            "weight streaming: optimizer state and master weights live in the weight store "
+            "(MemoryX); the step below is the streaming I/O bound"
+        )
+        io = prof.streaming.bandwidth
+        w = e * params
+        # per micro-batch: weights in for forward, in again for backward while the gradients
+        # (same size) stream out on the other direction of the full-duplex links
+        t_io = m * 2 * w / io
+        out["weight_streaming_io"] = t_io
+        if not prof.has_peak("matmul", self.dtype):
+            self.notes.append(f"{prof.name} publishes no {self.dtype} peak: compute not modelled")
+        return t_io, None
+
+
+__all__ = [
+    "ATTENTION_CORE",
+    "DDP_BUCKET_BYTES",
+    "AnalyticStep",
+    "Op",
+    "transformer_layer_ops",
+]
