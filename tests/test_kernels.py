@@ -28,7 +28,14 @@ from simdist.kernels.linear import (
     linear_relu_forward,
 )
 from simdist.kernels.loss import softmax_cross_entropy_backward, softmax_cross_entropy_forward
-from simdist.kernels.optim import adamw_update, scale_inplace, sgd_update, sum_of_squares
+from simdist.kernels.optim import (
+    adamw_update,
+    adamw_update_segments,
+    scale_inplace,
+    sgd_update,
+    sgd_update_segments,
+    sum_of_squares,
+)
 from simdist.kernels.reduce import add_divide
 
 F32 = np.float32
@@ -464,6 +471,35 @@ def test_sgd_matches_torch_bitwise(momentum, wd):
             assert max_ulp(buf, opt.state[tp]["momentum_buffer"].numpy()) == 0
 
 
+@pytest.mark.parametrize("wd", [0.0, 0.1])
+def test_segment_updates_are_bitwise_the_per_segment_calls(wd):
+    """adamw/sgd_update_segments (one call per step) == one adamw/sgd_update per segment
+    with that segment's weight decay; gaps between segments (padding) stay untouched."""
+    rng = np.random.default_rng(31)
+    n = 103
+    segs = np.array([[0, 10, 1], [10, 11, 0], [11, 60, 1], [64, 100, 0]], np.int64)
+    p0, g = randn(rng, n), randn(rng, n)
+    m0, v0 = randn(rng, n), np.abs(randn(rng, n))
+    for step in (1, 2, 7):
+        p, m, v = p0.copy(), m0.copy(), v0.copy()
+        adamw_update_segments(p, g, m, v, segs, 1e-2, 0.9, 0.95, 1e-8, wd, step)
+        rp, rm, rv = p0.copy(), m0.copy(), v0.copy()
+        for lo, hi, decays in segs:
+            sl = slice(lo, hi)
+            adamw_update(rp[sl], g[sl], rm[sl], rv[sl], 1e-2, 0.9, 0.95, 1e-8, wd * decays, step)
+        for a, b in ((p, rp), (m, rm), (v, rv)):
+            np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(p[60:64], p0[60:64])
+        p, m = p0.copy(), m0.copy()
+        sgd_update_segments(p, g, m, segs, 1e-2, 0.9, wd, step)
+        rp, rm = p0.copy(), m0.copy()
+        for lo, hi, decays in segs:
+            sl = slice(lo, hi)
+            sgd_update(rp[sl], g[sl], rm[sl], 1e-2, 0.9, wd * decays, step)
+        np.testing.assert_array_equal(p, rp)
+        np.testing.assert_array_equal(m, rm)
+
+
 @pytest.mark.parametrize("n", [0, 1, 3, 4, 7, 669_706])
 def test_sum_of_squares_is_float64_accurate(n):
     rng = np.random.default_rng(n)
@@ -604,6 +640,9 @@ def test_kernels_do_not_allocate():
     assert nrt_allocations(optim._adamw_kernel, *adamw_args) == 0
     sgd_args = (p, g, m, F32(-0.1), F32(0.9), F32(1e-4), False)
     assert nrt_allocations(optim._sgd_kernel, *sgd_args) == 0
+    segs = np.array([[0, 4, 1], [4, 10, 0]], np.int64)
+    assert nrt_allocations(optim._adamw_segments, *adamw_args[:4], segs, *adamw_args[4:]) == 0
+    assert nrt_allocations(optim._sgd_segments, *sgd_args[:3], segs, *sgd_args[3:]) == 0
     # Positive control: the counter does see an allocation.
     assert nrt_allocations(_allocating, dinp, inp) >= 1
 
@@ -623,7 +662,7 @@ def test_warm_all_compiles_every_kernel_in_a_fresh_process():
     )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
-    assert int(res.stdout) == 13
+    assert int(res.stdout) == 15
 
 
 def test_registry_skips_only_missing_modules(monkeypatch):
