@@ -2,65 +2,49 @@
 
 qkv is (B, T, 3C) laid out as [q | k | v] along the last axis, each split into n_head heads
 of hs = C / n_head columns (Hugging Face's c_attn layout). Scores are scaled by
-1/sqrt(hs) (folded into q while it is gathered), masked causally and normalised with a
+1/sqrt(hs), masked causally and normalised with a
 max-subtracted softmax (``rowops.exp_f32``, which vectorises); the probabilities are saved
 for backward. The output is the heads' results side by side, (B, T, C), before c_proj.
 
-Per (batch, head) the products go through BLAS ``np.dot(a, b, out)``: the head's q, k, v
-columns are strided inside qkv, and BLAS in numba would copy (allocate) a non-contiguous
-operand, so they are first gathered into a caller-provided contiguous ``scratch`` of shape
-(7, T, hs) (forward uses 4 of its slots) and, for backward, ``dscores`` of shape (T, T).
-The scratch comes in those shapes rather than flat because carving a flat buffer inside
-the kernel needs numba's ``reshape``, whose size check computes in float64. The products
-are dense T x T; the masked half is zeroed, not skipped, which BLAS still does faster than
-a triangular loop at GPT-2's head sizes (64).
+Per (batch, head) the products go through BLAS (``blas.gemm``), which reads the head's q, k,
+v columns in place inside qkv (row stride 3C) and writes y, dq, dk, dv straight into the
+head's columns of out and dqkv: no gather or scatter pass, no copy. The 1/sqrt(hs) scale
+is BLAS's alpha (exact for hs = 64, a power of 4). Backward needs one caller-provided
+``dscores`` of shape (T, T). The products are dense T x T; the masked half is zeroed, not
+skipped, which BLAS still does faster than a triangular loop at GPT-2's head sizes (64).
 """
 
 import numpy as np
 
 from ._jit import kernel
+from .blas import gemm
 from .rowops import exp_f32, row_dot, row_max, row_sum
 
 F32 = np.float32
 
 
-SCRATCH_SLOTS = 7  # q, k, v, dy (y in forward), dq, dk, dv
-
-
-def attention_scratch_shapes(T: int, head_size: int) -> tuple[tuple[int, ...], tuple[int, int]]:
-    """Shapes of ``scratch`` and ``dscores`` for sequences of length T."""
-    return (SCRATCH_SLOTS, T, head_size), (T, T)
-
-
 @kernel
-def attention_forward(out, att, qkv, scratch, n_head):
+def attention_forward(out, att, qkv, n_head):
     """out = softmax(mask(q k^T / sqrt(hs))) v per head; saves the probabilities in att."""
-    # out: (B, T, C); att: (B, NH, T, T); qkv: (B, T, 3C); scratch: (>= 4, T, hs)
+    # out: (B, T, C); att: (B, NH, T, T); qkv: (B, T, 3C)
     B, T, C3 = qkv.shape
     C = C3 // 3
     hs = C // n_head
-    if scratch.shape[0] < 4 or scratch.shape[1] != T or scratch.shape[2] != hs:
-        raise ValueError("attention scratch must have shape (>= 4, T, head_size)")
+    if out.shape != (B, T, C) or att.shape != (B, n_head, T, T) or hs * n_head != C:
+        raise ValueError("attention shapes: out (B, T, C), att (B, n_head, T, T), qkv (B, T, 3C)")
     scale = F32(1.0) / np.sqrt(F32(hs))
     zero = F32(0.0)
     one = F32(1.0)
-    q = scratch[0]  # (T, hs) each, C-contiguous
-    k = scratch[1]
-    v = scratch[2]
-    y = scratch[3]
     for b in range(B):
+        x = qkv[b]  # (T, 3C)
+        y = out[b]  # (T, C)
         for h in range(n_head):
             oq = h * hs
-            ok = C + h * hs
-            ov = 2 * C + h * hs
-            for t in range(T):
-                src = qkv[b, t]
-                for i in range(hs):
-                    q[t, i] = src[oq + i] * scale  # (q / sqrt(hs)) k^T: scale T*hs, not T*T
-                    k[t, i] = src[ok + i]
-                    v[t, i] = src[ov + i]
+            q = x[:, oq : oq + hs]  # (T, hs) views, row stride 3C: BLAS reads them in place
+            k = x[:, C + oq : C + oq + hs]
+            v = x[:, 2 * C + oq : 2 * C + oq + hs]
             p = att[b, h]  # (T, T), C-contiguous
-            np.dot(q, k.T, p)  # scaled scores, (T, T)
+            gemm(q, k.T, p, scale, zero)  # scaled scores (T, T)
             for t in range(T):
                 row = p[t]
                 n = t + 1  # causal: position t sees 0..t
@@ -72,51 +56,37 @@ def attention_forward(out, att, qkv, scratch, n_head):
                     row[j] *= inv
                 for j in range(n, T):
                     row[j] = zero  # future positions: zero probability
-            np.dot(p, v, y)  # (T, hs)
-            for t in range(T):
-                dst = out[b, t]
-                for i in range(hs):
-                    dst[oq + i] = y[t, i]
+            gemm(p, v, y[:, oq : oq + hs], one, zero)  # straight into the head's columns
 
 
 @kernel
-def attention_backward(dqkv, dout, qkv, att, scratch, dscores, n_head):
+def attention_backward(dqkv, dout, qkv, att, dscores, n_head):
     """dqkv from dout, the saved probabilities and qkv; overwrites dqkv."""
-    # dqkv, qkv: (B, T, 3C); dout: (B, T, C); att: (B, NH, T, T);
-    # scratch: (7, T, hs); dscores: (T, T)
+    # dqkv, qkv: (B, T, 3C); dout: (B, T, C); att: (B, NH, T, T); dscores: (T, T)
     B, T, C3 = qkv.shape
     C = C3 // 3
     hs = C // n_head
-    if scratch.shape[0] < 7 or scratch.shape[1] != T or scratch.shape[2] != hs:
-        raise ValueError("attention scratch must have shape (7, T, head_size)")
+    if dqkv.shape != qkv.shape or dout.shape != (B, T, C) or att.shape != (B, n_head, T, T):
+        raise ValueError("attention shapes: dqkv (B, T, 3C), dout (B, T, C), att (B, n_head, T, T)")
     if dscores.shape[0] != T or dscores.shape[1] != T:
         raise ValueError("attention dscores must have shape (T, T)")
     scale = F32(1.0) / np.sqrt(F32(hs))
     zero = F32(0.0)
-    q = scratch[0]  # (T, hs) each, C-contiguous
-    k = scratch[1]
-    v = scratch[2]
-    dy = scratch[3]
-    dq = scratch[4]
-    dk = scratch[5]
-    dv = scratch[6]
+    one = F32(1.0)
     ds = dscores
     for b in range(B):
+        x = qkv[b]
+        dx = dqkv[b]
+        g = dout[b]
         for h in range(n_head):
             oq = h * hs
-            ok = C + h * hs
-            ov = 2 * C + h * hs
-            for t in range(T):
-                src = qkv[b, t]
-                g = dout[b, t]
-                for i in range(hs):
-                    q[t, i] = src[oq + i] * scale  # the scaled q of the forward
-                    k[t, i] = src[ok + i]
-                    v[t, i] = src[ov + i]
-                    dy[t, i] = g[oq + i]
+            q = x[:, oq : oq + hs]
+            k = x[:, C + oq : C + oq + hs]
+            v = x[:, 2 * C + oq : 2 * C + oq + hs]
+            dy = g[:, oq : oq + hs]
             p = att[b, h]  # (T, T)
-            np.dot(dy, v.T, ds)  # dP = dY V^T, (T, T)
-            np.dot(p.T, dy, dv)  # dV = P^T dY, (T, hs)
+            gemm(dy, v.T, ds, one, zero)  # dP = dY V^T, (T, T)
+            gemm(p.T, dy, dx[:, 2 * C + oq : 2 * C + oq + hs], one, zero)  # dV = P^T dY
             # softmax backward per row: dS = P * (dP - sum_j P dP); rows are causal, so
             # only j <= t carries gradient
             for t in range(T):
@@ -128,14 +98,9 @@ def attention_backward(dqkv, dout, qkv, att, scratch, dscores, n_head):
                     drow[j] = prow[j] * (drow[j] - s)
                 for j in range(n, T):
                     drow[j] = zero
-            np.dot(ds, k, dq)  # d(scaled q) = dS K, (T, hs)
-            np.dot(ds.T, q, dk)  # dK = dS^T (scaled q), (T, hs)
-            for t in range(T):
-                dst = dqkv[b, t]
-                for i in range(hs):
-                    dst[oq + i] = dq[t, i] * scale  # chain rule through q * scale
-                    dst[ok + i] = dk[t, i]
-                    dst[ov + i] = dv[t, i]
+            # scores = scale * q k^T: dq = scale * dS K, dk = scale * dS^T q
+            gemm(ds, k, dx[:, oq : oq + hs], scale, zero)
+            gemm(ds.T, q, dx[:, C + oq : C + oq + hs], scale, zero)
 
 
 def _warm() -> None:
@@ -145,8 +110,6 @@ def _warm() -> None:
     qkv = np.ones((B, T, 3 * C), dtype=np.float32)
     out = np.zeros((B, T, C), dtype=np.float32)
     att = np.zeros((B, NH, T, T), dtype=np.float32)
-    shape, dshape = attention_scratch_shapes(T, hs)
-    scratch = np.zeros(shape, dtype=np.float32)
-    dscores = np.zeros(dshape, dtype=np.float32)
-    attention_forward(out, att, qkv, scratch, NH)
-    attention_backward(qkv.copy(), out, qkv, att, scratch, dscores, NH)
+    dscores = np.zeros((T, T), dtype=np.float32)
+    attention_forward(out, att, qkv, NH)
+    attention_backward(qkv.copy(), out, qkv, att, dscores, NH)

@@ -1,23 +1,26 @@
 """Fully connected layer: out = inp @ weight + bias, weight stored (in, out) like GPT-2's Conv1D.
 
-The three matrix products go through BLAS (``np.dot(a, b, out)`` inside njit calls SciPy's
-sgemm with alpha=1, beta=0, so the destination is overwritten). Transposed operands are
-``.T`` views: the transpose of a C-contiguous array is F-contiguous, which numba hands to
-gemm as a transpose flag, so nothing is copied or allocated. Biases are added and reduced
-by plain float32 loops.
+The three matrix products go through BLAS (``blas.gemm``: sgemm with alpha=1, beta=0, so
+the destination is overwritten). Transposed operands are ``.T`` views, which gemm hands to
+BLAS as a transpose flag, so nothing is copied or allocated. Biases are added and reduced
+by plain float32 loops; ``linear_relu_forward`` adds the bias and applies ReLU in the same
+pass (FC-MNIST's hidden layers), ``linear_relu_backward`` masks the input gradient by the
+previous layer's ReLU right after its product, while the rows are still in cache.
 """
 
 import numpy as np
 
 from ._jit import kernel
+from .blas import gemm
 
 F32 = np.float32
+ONE, ZERO = F32(1.0), F32(0.0)
 
 
 @kernel
 def linear_forward(out, inp, weight, bias):
     """out[B,OC] = inp[B,C] @ weight[C,OC] + bias[OC] (out is overwritten)."""
-    np.dot(inp, weight, out)  # sgemm, beta = 0
+    gemm(inp, weight, out, ONE, ZERO)  # sgemm, beta = 0
     B, OC = out.shape
     for b in range(B):
         for o in range(OC):
@@ -27,7 +30,7 @@ def linear_forward(out, inp, weight, bias):
 @kernel
 def linear_backward_params(dweight, dbias, dout, inp):
     """dweight[C,OC] = inp[B,C].T @ dout[B,OC]; dbias[OC] = sum over B of dout (overwritten)."""
-    np.dot(inp.T, dout, dweight)  # inp.T is an F-layout view: gemm with transa, no copy
+    gemm(inp.T, dout, dweight, ONE, ZERO)  # inp.T: a transpose flag, no copy
     B, OC = dout.shape
     for o in range(OC):
         dbias[o] = F32(0.0)
@@ -40,7 +43,36 @@ def linear_backward_params(dweight, dbias, dout, inp):
 @kernel
 def linear_backward(dinp, dweight, dbias, dout, inp, weight):
     """dinp[B,C] = dout[B,OC] @ weight[C,OC].T, plus the parameter gradients (all overwritten)."""
-    np.dot(dout, weight.T, dinp)  # weight.T is an F-layout view: gemm with transb, no copy
+    gemm(dout, weight.T, dinp, ONE, ZERO)  # weight.T: a transpose flag, no copy
+    linear_backward_params(dweight, dbias, dout, inp)
+
+
+@kernel
+def linear_relu_forward(out, inp, weight, bias):
+    """out[B,OC] = relu(inp[B,C] @ weight[C,OC] + bias[OC]): bias and ReLU in one pass.
+
+    Bitwise ``linear_forward`` then ``relu_forward``; NaN passes through as there.
+    """
+    gemm(inp, weight, out, ONE, ZERO)
+    B, OC = out.shape
+    for b in range(B):
+        row = out[b]
+        for o in range(OC):
+            x = row[o] + bias[o]
+            row[o] = ZERO if x <= ZERO else x
+
+
+@kernel
+def linear_relu_backward(dinp, dweight, dbias, dout, inp, weight):
+    """``linear_backward`` with dinp then masked by the ReLU whose output is ``inp``
+    (dinp = 0 where inp <= 0): bitwise ``linear_backward`` then ``relu_backward``."""
+    gemm(dout, weight.T, dinp, ONE, ZERO)
+    B, C = dinp.shape
+    for b in range(B):
+        d = dinp[b]
+        x = inp[b]
+        for c in range(C):
+            d[c] = d[c] if x[c] > ZERO else ZERO
     linear_backward_params(dweight, dbias, dout, inp)
 
 
@@ -55,3 +87,5 @@ def _warm() -> None:
     dinp, dweight, dbias = np.empty_like(inp), np.empty_like(weight), np.empty_like(bias)
     linear_backward(dinp, dweight, dbias, out, inp, weight)
     linear_backward_params(dweight, dbias, out, inp)
+    linear_relu_forward(out, inp, weight, bias)
+    linear_relu_backward(dinp, dweight, dbias, out, inp, weight)

@@ -8,22 +8,25 @@ which BLAS reads as a transposed operand at no cost.
 import numpy as np
 
 from ._jit import kernel
+from .blas import gemm
+
+ONE, ZERO = np.float32(1.0), np.float32(0.0)
 
 
 @kernel
 def lm_head_forward(logits, inp, wte):
     """logits = inp @ wte.T."""
     # logits: (N, V); inp: (N, C); wte: (V, C)
-    np.dot(inp, wte.T, logits)
+    gemm(inp, wte.T, logits, ONE, ZERO)
 
 
 @kernel
 def lm_head_backward(dinp, dwte, dlogits, inp, wte):
     """dinp = dlogits @ wte and dwte = dlogits.T @ inp; overwrites both."""
     # dinp: (N, C); dwte: (V, C); dlogits: (N, V); inp: (N, C); wte: (V, C)
-    np.dot(dlogits, wte, dinp)
+    gemm(dlogits, wte, dinp, ONE, ZERO)
     # the embedding's backward adds its share into dwte afterwards (weights are tied)
-    np.dot(dlogits.T, inp, dwte)
+    gemm(dlogits.T, inp, dwte, ONE, ZERO)
 
 
 def _warm() -> None:

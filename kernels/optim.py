@@ -59,6 +59,62 @@ def _adamw_kernel(param, grad, m, v, decay, w1, beta2, w2, neg_step_size, bc2_sq
         v[i] = vi
 
 
+@kernel
+def _adamw_segments(param, grad, m, v, segs, decay, w1, beta2, w2, neg_step_size, bc2_sqrt, eps):
+    """_adamw_kernel on each [lo, hi) row of segs (lo, hi, decays): one call per step."""
+    one = F32(1.0)
+    for s in range(segs.shape[0]):
+        lo, hi = segs[s, 0], segs[s, 1]
+        d = decay if segs[s, 2] != 0 else one
+        _adamw_kernel(
+            param[lo:hi], grad[lo:hi], m[lo:hi], v[lo:hi], d, w1, beta2, w2, neg_step_size,
+            bc2_sqrt, eps,
+        )  # fmt: skip
+
+
+def _adamw_scalars(lr, beta1, beta2, eps, weight_decay, step) -> tuple:
+    """The float32 coefficients of one AdamW step, rounded from float64 as torch does."""
+    # Scalars exactly as torch.optim.adam._single_tensor_adam computes them: Python
+    # float64 (torch keeps its step counter as a float32 tensor; integers < 2**24 are exact
+    # either way), then one rounding to float32 where the tensor op consumes them. float()
+    # keeps np.float32 arguments from turning this into float32 arithmetic (NEP 50).
+    lr, beta1, beta2 = float(lr), float(beta1), float(beta2)
+    eps, weight_decay = float(eps), float(weight_decay)
+    bc1 = 1 - beta1**step
+    bc2 = 1 - beta2**step
+    decay = 1 - lr * weight_decay if weight_decay != 0 else 1.0
+    return (
+        F32(decay),
+        F32(1 - beta1),
+        F32(beta2),
+        F32(1 - beta2),
+        F32(-(lr / bc1)),
+        F32(bc2**0.5),
+        F32(eps),
+    )
+
+
+def adamw_update_segments(
+    param: np.ndarray,
+    grad: np.ndarray,
+    m: np.ndarray,
+    v: np.ndarray,
+    segs: np.ndarray,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    weight_decay: float,
+    step: int,
+) -> None:
+    """``adamw_update`` on every segment of ``segs`` (int64 rows: lo, hi, decays) of the
+    1-D buffers in one call, weight decay only where decays != 0: bitwise the per-segment
+    calls, without their Python overhead (GPT-2 has 4 + 12 per layer tensors)."""
+    _adamw_segments(
+        param, grad, m, v, segs, *_adamw_scalars(lr, beta1, beta2, eps, weight_decay, step)
+    )
+
+
 def adamw_update(
     param: np.ndarray,
     grad: np.ndarray,
@@ -79,28 +135,7 @@ def adamw_update(
     Pass the hyperparameters as Python floats, as torch receives them: np.float32(0.9) is
     0.89999998, and 1 - that rounds to a different float32 than 1 - 0.9 does.
     """
-    # Scalars exactly as torch.optim.adam._single_tensor_adam computes them: Python
-    # float64 (torch keeps its step counter as a float32 tensor; integers < 2**24 are exact
-    # either way), then one rounding to float32 where the tensor op consumes them. float()
-    # keeps np.float32 arguments from turning this into float32 arithmetic (NEP 50).
-    lr, beta1, beta2 = float(lr), float(beta1), float(beta2)
-    eps, weight_decay = float(eps), float(weight_decay)
-    bc1 = 1 - beta1**step
-    bc2 = 1 - beta2**step
-    decay = 1 - lr * weight_decay if weight_decay != 0 else 1.0
-    _adamw_kernel(
-        param,
-        grad,
-        m,
-        v,
-        F32(decay),
-        F32(1 - beta1),
-        F32(beta2),
-        F32(1 - beta2),
-        F32(-(lr / bc1)),
-        F32(bc2**0.5),
-        F32(eps),
-    )
+    _adamw_kernel(param, grad, m, v, *_adamw_scalars(lr, beta1, beta2, eps, weight_decay, step))
 
 
 @kernel
@@ -118,6 +153,33 @@ def _sgd_kernel(param, grad, buf, neg_lr, momentum, weight_decay, first):
             g = g if first else buf[i] * momentum + g
             buf[i] = g
         param[i] = _fma(g, neg_lr, p)  # param.add_(buf, alpha=-lr)
+
+
+@kernel
+def _sgd_segments(param, grad, buf, segs, neg_lr, momentum, weight_decay, first):
+    """_sgd_kernel on each [lo, hi) row of segs (lo, hi, decays)."""
+    zero = F32(0.0)
+    for s in range(segs.shape[0]):
+        lo, hi = segs[s, 0], segs[s, 1]
+        wd = weight_decay if segs[s, 2] != 0 else zero
+        _sgd_kernel(param[lo:hi], grad[lo:hi], buf[lo:hi], neg_lr, momentum, wd, first)
+
+
+def sgd_update_segments(
+    param: np.ndarray,
+    grad: np.ndarray,
+    momentum_buf: np.ndarray,
+    segs: np.ndarray,
+    lr: float,
+    momentum: float,
+    weight_decay: float,
+    step: int,
+) -> None:
+    """``sgd_update`` on every segment of ``segs`` in one call (see adamw_update_segments)."""
+    lr, momentum, weight_decay = float(lr), float(momentum), float(weight_decay)
+    _sgd_segments(
+        param, grad, momentum_buf, segs, F32(-lr), F32(momentum), F32(weight_decay), step == 1
+    )
 
 
 def sgd_update(
@@ -147,6 +209,8 @@ def sum_of_squares(x):
     error stays ~1e-16 * N, so the global gradient norm used for clipping does not depend on
     how the flat buffer is sliced (up to that tiny error). Four interleaved accumulators in a
     fixed order (twice as fast as one; same result on every call for the same input).
+    That order is a contract: weight streaming rebuilds this exact sum from pieces
+    (``streaming.lane_sum_of_squares``), so a faster, wider order must change both at once.
     """
     n = x.size
     a0 = a1 = a2 = a3 = 0.0
@@ -182,3 +246,6 @@ def _warm() -> None:
     sgd_update(param, grad, m, 1e-2, 0.9, 1e-4, 1)
     sum_of_squares(grad)
     scale_inplace(grad, F32(0.5))
+    segs = np.array([[0, 1, 1], [1, 2, 0]], np.int64)
+    adamw_update_segments(param, grad, m, v, segs, 1e-3, 0.9, 0.999, 1e-8, 0.01, 1)
+    sgd_update_segments(param, grad, m, segs, 1e-2, 0.9, 1e-4, 1)

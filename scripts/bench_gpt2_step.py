@@ -5,8 +5,9 @@
 
 Prints tokens/s, the achieved GFLOP/s (``GPT2.flops_per_sample``: matrix products only,
 nanoGPT's 6N + 12LCT convention) and, measured in the same run, the single-core float32
-GEMM rate of NumPy and of numba's ``np.dot(a, b, out)`` (SciPy's OpenBLAS, which the
-kernels use) on a 256x768 @ 768x3072 product. ``--profile`` adds time per kernel, next to
+GEMM rate of NumPy and of the kernels' ``blas.gemm`` (oneMKL on Intel where installed, else
+SciPy's OpenBLAS) on a 256x768 @ 768x3072 product, and the CPU model and ISA flags
+(``--json FILE`` writes them with the figures). ``--profile`` adds time per kernel, next to
 what the simulated device of ``--device-profile`` (default ``host``) predicts for it
 (``GPT2.kernel_costs`` on the cost model: which kernels the host model gets wrong);
 ``--torch`` times the PyTorch eager twin of tests/test_gpt2_parity.py on the same shapes,
@@ -21,6 +22,7 @@ import simdist  # noqa: F401, I001  (first: pins one thread per process before n
 # isort: split
 import argparse
 import dataclasses
+import json
 import os
 import platform
 import sys
@@ -39,16 +41,17 @@ from simdist.optim import Optimizer
 
 
 def gemm_rates(reps: int = 10, rounds: int = 3) -> tuple[float, float]:
-    """GFLOP/s of numpy and numba-in-kernel float32 GEMM, 256x768 @ 768x3072, one thread.
+    """GFLOP/s of numpy and the kernels' float32 GEMM, 256x768 @ 768x3072, one thread.
 
     Best of ``rounds`` rounds of ``reps`` products: on a shared machine the best round is
     the closest to what the core can do.
     """
-    from simdist.kernels._jit import kernel
+    from simdist.kernels.blas import gemm
 
-    @kernel
+    one, zero = np.float32(1.0), np.float32(0.0)
+
     def dot_out(a, b, out):
-        np.dot(a, b, out)
+        gemm(a, b, out, one, zero)
 
     rng = np.random.default_rng(0)
     a = rng.standard_normal((256, 768), dtype=np.float32)
@@ -159,6 +162,7 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--torch", action="store_true")
     ap.add_argument("--device-profile", default="host", help="profile of --profile's predictions")
+    ap.add_argument("--json", help="write the figures, CPU model and ISA flags to this file")
     args = ap.parse_args()
 
     cfg = resolve_config(args.preset)
@@ -206,7 +210,16 @@ def main() -> None:
     flops = flops_per_sample(dataclasses.replace(cfg, block_size=T)) * B
     np_rate, nb_rate = gemm_rates()
 
+    from bench_train import cpu_info
+    from simdist.kernels.blas import BACKEND
+
+    cpu = cpu_info()
     print(f"# {platform.processor() or platform.machine()}, python {platform.python_version()}")
+    print(
+        f"# cpu: {cpu['model']} ({cpu['vendor']}, family/model/stepping "
+        f"{cpu['family_model_stepping']}); ISA: {' '.join(cpu['isa']) or '-'}; "
+        f"kernels' BLAS: {BACKEND}; load {os.getloadavg()[0]:.2f}"
+    )
     env = {k: os.environ.get(k, "(unset)") for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")}
     print(f"# {env}")
     print(
@@ -215,7 +228,23 @@ def main() -> None:
     )
     print(f"  tokens/s        {B * T / step_s:10.0f}   (best step {B * T / best_s:.0f})")
     print(f"  GFLOP/s (step)  {flops / step_s / 1e9:10.1f}   ({flops / 1e9:.2f} GFLOP per step)")
-    print(f"  GEMM GFLOP/s    {np_rate:10.1f} numpy, {nb_rate:.1f} numba np.dot(a, b, out)")
+    print(f"  GEMM GFLOP/s    {np_rate:10.1f} numpy, {nb_rate:.1f} kernels' gemm ({BACKEND})")
+    print(
+        f"  step / GEMM     {flops / step_s / 1e9 / max(np_rate, nb_rate):10.3f}   (of the faster)"
+    )
+    result = {
+        "cpu": cpu,
+        "kernels_blas": BACKEND,
+        "loadavg": os.getloadavg(),
+        "preset": args.preset,
+        "batch": B,
+        "seq": T,
+        "step_ms": step_s * 1e3,
+        "tokens_per_sec": B * T / step_s,
+        "gflops": flops / step_s / 1e9,
+        "gemm_gflops_numpy": np_rate,
+        "gemm_gflops_kernels": nb_rate,
+    }
     if torch_step is not None:
         torch_s = float(np.median(torch_times[2:]))
         print(
@@ -238,6 +267,12 @@ def main() -> None:
             print(f"    {name:34s} {ms:7.2f} ms  {calls:3d} calls   predicted {p:7.2f} ms {err}")
         for name, t in pred.items():  # costed work outside the timed kernel calls
             print(f"    {name:34s}       -              predicted {t * 1e3:7.2f} ms")
+        result["kernels_ms"] = {n: sum(v) / n_steps * 1e3 for n, v in times.items()}
+    if torch_step is not None:
+        result["torch_tokens_per_sec"] = B * T / float(np.median(torch_times[2:]))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
 
 
 if __name__ == "__main__":

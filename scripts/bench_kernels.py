@@ -1,11 +1,15 @@
-"""Throughput of the linear kernels against NumPy's own matmul (printed, never asserted).
+"""Throughput of the linear kernels and of the GEMM shapes the models run, against NumPy's
+own matmul and (where installed) torch.mm (printed, never asserted).
 
-    python scripts/bench_kernels.py [--reps 50]
+    python scripts/bench_kernels.py [--reps 50] [--gemm-only]
 
 One thread (simdist pins it). Forward is 2*B*C*OC FLOP; backward twice that (dinp and
 dweight). NumPy's reference runs the same three products with ``out=`` so neither side
-allocates; numba's np.dot uses SciPy's OpenBLAS, NumPy its own, so differences are BLAS
-builds as much as numba overhead.
+allocates. The kernels call ``kernels.blas.gemm`` (oneMKL on Intel where installed, else
+SciPy's OpenBLAS; ``SIMDIST_BLAS`` forces one), NumPy its own OpenBLAS, torch its oneMKL, so
+differences are BLAS builds as much as call overhead. The GEMM table times each product by
+the CPU time of this thread (best of ``--reps``), which a shared machine's load disturbs
+less than wall time; run it once per ``SIMDIST_BLAS`` value to compare the libraries.
 """
 
 import simdist  # noqa: F401  (one thread per process, before numpy loads)
@@ -20,6 +24,7 @@ from collections.abc import Callable
 import numba
 import numpy as np
 import scipy
+from simdist.kernels.blas import BACKEND, gemm
 from simdist.kernels.linear import linear_backward, linear_forward
 
 F32 = np.float32
@@ -65,18 +70,88 @@ def bench_shape(B: int, C: int, OC: int, reps: int) -> None:
         print(f"{f'{B}x{C}x{OC}':>16} {name:>9} {f / k / 1e9:12.1f} {f / n / 1e9:11.1f}")
 
 
+# (name, m, k, n, layout): FC-MNIST at batch 128, gpt2-mini at B*T = 1024, one attention head
+GEMM_SHAPES = [
+    ("fc1 forward", 128, 784, 512, "nn"),
+    ("fc2 forward", 128, 512, 512, "nn"),
+    ("fc2 dinput", 128, 512, 512, "nt"),
+    ("fc2 dweight", 512, 128, 512, "tn"),
+    ("fc1 dweight", 784, 128, 512, "tn"),
+    ("gpt2 c_attn", 1024, 256, 768, "nn"),
+    ("gpt2 c_fc", 1024, 256, 1024, "nn"),
+    ("gpt2 mlp c_proj", 1024, 1024, 256, "nn"),
+    ("gpt2 c_fc dinput", 1024, 1024, 256, "nt"),
+    ("gpt2 c_fc dweight", 256, 1024, 1024, "tn"),
+    ("gpt2 lm_head", 1024, 256, 256, "nt"),
+    ("attention q k^T", 128, 64, 128, "nt"),
+    ("attention p v", 128, 128, 64, "nn"),
+    ("square 1024", 1024, 1024, 1024, "nn"),
+]
+
+
+def cpu_seconds(fn: Callable[[], object], reps: int, inner: int = 10) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(reps):
+        t = time.thread_time()
+        for _ in range(inner):
+            fn()
+        best = min(best, (time.thread_time() - t) / inner)
+    return best
+
+
+def bench_gemm_shapes(reps: int) -> None:
+    try:
+        import torch
+
+        torch.set_num_threads(1)
+    except ImportError:
+        torch = None
+    rng = np.random.default_rng(0)
+    one, zero = F32(1.0), F32(0.0)
+    print(f"\n{'GEMM m x k x n':>34} {'kernels':>8} {'numpy':>7} {'torch':>7}  GFLOP/s (CPU time)")
+    for name, m, k, n, layout in GEMM_SHAPES:
+        a = rng.standard_normal((m, k) if layout[0] == "n" else (k, m), dtype=F32)
+        b = rng.standard_normal((k, n) if layout[1] == "n" else (n, k), dtype=F32)
+        a = a if layout[0] == "n" else a.T  # a transposed view, as the kernels pass it
+        b = b if layout[1] == "n" else b.T
+        out = np.empty((m, n), F32)
+        flop = 2.0 * m * k * n
+        calls = [
+            lambda a=a, b=b, out=out: gemm(a, b, out, one, zero),
+            lambda a=a, b=b, out=out: np.matmul(a, b, out=out),
+        ]
+        if torch is not None:
+            ta, tb, to = torch.from_numpy(a), torch.from_numpy(b), torch.from_numpy(out)
+            calls.append(lambda ta=ta, tb=tb, to=to: torch.mm(ta, tb, out=to))
+        rates = [flop / cpu_seconds(fn, reps) / 1e9 for fn in calls]
+        cells = " ".join(f"{r:7.1f}" for r in rates)
+        print(f"{name:>17} {f'{m}x{k}x{n} {layout}':>16} {cells}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=50)
-    reps = parser.parse_args().reps
+    parser.add_argument("--gemm-only", action="store_true")
+    args = parser.parse_args()
+    reps = args.reps
+    from bench_train import cpu_info
+
+    cpu = cpu_info()
     print(
         f"{platform.processor() or platform.machine()}, affinity {len(os.sched_getaffinity(0))}"
         f" cores; numba {numba.__version__}, numpy {np.__version__}, scipy {scipy.__version__};"
-        f" best of {reps}"
+        f" best of {reps}; load {os.getloadavg()[0]:.2f}"
     )
-    print(f"{'B x C x OC':>16} {'op':>9} {'kernel GF/s':>12} {'numpy GF/s':>11}")
-    for B, C, OC in [(128, 784, 512), (128, 512, 512)]:
-        bench_shape(B, C, OC, reps)
+    print(
+        f"cpu: {cpu['model']} ({cpu['vendor']}); ISA: {' '.join(cpu['isa'])}; "
+        f"kernels' BLAS: {BACKEND}"
+    )
+    if not args.gemm_only:
+        print(f"{'B x C x OC':>16} {'op':>9} {'kernel GF/s':>12} {'numpy GF/s':>11}")
+        for B, C, OC in [(128, 784, 512), (128, 512, 512)]:
+            bench_shape(B, C, OC, reps)
+    bench_gemm_shapes(max(3, reps // 10))
 
 
 if __name__ == "__main__":

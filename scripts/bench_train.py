@@ -26,8 +26,12 @@ synchronisation cost nothing). Efficiencies are given as the ratio of the median
 on a shared virtual machine whose speed drifts by 10-20 % over tens of seconds, the paired
 figure is the steadier one.
 
-Also printed: the machine's load, the BLAS kernel in use (threadpoolctl), and the
-single-core float32 GEMM rate measured in this run (the ceiling for GPT-2's GFLOP/s).
+Also printed (and in the JSON's "machine"): the machine's load, the CPU model and the ISA
+flags that decide which kernels BLAS and LLVM pick (AVX2, AVX-512, AVX512_BF16, AMX...), the
+BLAS kernel in use (threadpoolctl) and the one simdist's kernels call (``kernels.blas``:
+oneMKL on Intel where installed, else OpenBLAS), and the single-core float32 GEMM rate
+measured in this run, both NumPy's and the kernels' (the better of the two is the ceiling
+for GPT-2's GFLOP/s, ``fraction_of_gemm_rate``).
 Benchmarks run as on a user's machine: unset OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE
 together in the command (never in tests or CI).
 """
@@ -60,7 +64,52 @@ MODELS = {
 }
 
 
+ISA_FLAGS = (
+    "avx2",
+    "fma",
+    "avx512f",
+    "avx512bw",
+    "avx512vl",
+    "avx512_vnni",
+    "avx512_bf16",
+    "avx512_fp16",
+    "avx_vnni",
+    "amx_tile",
+    "amx_bf16",
+    "amx_int8",
+)
+
+
+def cpu_info() -> dict:
+    """CPU model, vendor, family/model/stepping (a virtual machine may hide the name) and
+    the ISA flags (of ISA_FLAGS) /proc/cpuinfo lists."""
+    info = {"model": "unknown", "vendor": "unknown", "family_model_stepping": "", "isa": []}
+    fms = {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                key, value = key.strip(), value.strip()
+                if key == "model name":
+                    info["model"] = value
+                elif key == "vendor_id":
+                    info["vendor"] = value
+                elif key in ("cpu family", "model", "stepping"):
+                    fms[key] = value
+                elif key == "flags":
+                    flags = set(value.split())
+                    info["isa"] = [f for f in ISA_FLAGS if f in flags]
+                    break  # the first processor's entry is enough
+    except OSError:
+        pass
+    info["family_model_stepping"] = "/".join(
+        fms.get(k, "?") for k in ("cpu family", "model", "stepping")
+    )
+    return info
+
+
 def machine_info() -> dict:
+    from simdist.kernels.blas import BACKEND
     from threadpoolctl import threadpool_info
 
     blas = [
@@ -73,21 +122,31 @@ def machine_info() -> dict:
         "host": socket.gethostname(),
         "cpus": os.cpu_count(),
         "loadavg": os.getloadavg(),
+        "cpu": cpu_info(),
         "blas": blas,
+        "kernels_blas": BACKEND,
         "OPENBLAS_CORETYPE": os.environ.get("OPENBLAS_CORETYPE", "(unset)"),
     }
 
 
-def gemm_gflops(n: int = 1024, reps: int = 5) -> float:
+def gemm_gflops(n: int = 1024, reps: int = 5) -> tuple[float, float]:
+    """Single-core float32 GEMM GFLOP/s, n^3, best of ``reps``: NumPy's np.dot and the
+    kernels' ``blas.gemm`` (the BLAS simdist's kernels call)."""
+    from simdist.kernels.blas import gemm
+
     a = np.random.default_rng(0).standard_normal((n, n), dtype=np.float32)
     out = np.empty_like(a)
-    np.dot(a, a, out)
-    best = float("inf")
-    for _ in range(reps):
-        t = time.perf_counter()
-        np.dot(a, a, out)
-        best = min(best, time.perf_counter() - t)
-    return 2 * n**3 / best / 1e9
+    one, zero = np.float32(1.0), np.float32(0.0)
+    rates = []
+    for fn in (lambda: np.dot(a, a, out), lambda: gemm(a, a, out, one, zero)):
+        fn()
+        best = float("inf")
+        for _ in range(reps):
+            t = time.perf_counter()
+            fn()
+            best = min(best, time.perf_counter() - t)
+        rates.append(2 * n**3 / best / 1e9)
+    return rates[0], rates[1]
 
 
 def simdist_args(model: str, steps: int, model_dir: str) -> list[str]:
@@ -251,9 +310,18 @@ def main() -> int:
         return independent_worker(args.independent, args.steps, args.dir)
 
     info = machine_info()
+    cpu = info["cpu"]
+    print(
+        f"# cpu: {cpu['model']} ({cpu['vendor']}, family/model/stepping "
+        f"{cpu['family_model_stepping']}); ISA: {' '.join(cpu['isa']) or '-'}"
+    )
     print(f"# machine: {info}")
-    gemm = gemm_gflops()
-    print(f"# single-core float32 GEMM (numpy, 1024^3, best of 5): {gemm:.1f} GFLOP/s")
+    gemm_np, gemm_kernels = gemm_gflops()
+    gemm = max(gemm_np, gemm_kernels)  # the ceiling: the faster BLAS on this machine
+    print(
+        f"# single-core float32 GEMM (1024^3, best of 5): numpy {gemm_np:.1f}, "
+        f"kernels ({info['kernels_blas']}) {gemm_kernels:.1f} GFLOP/s"
+    )
     have_torch = not args.no_torch
     if have_torch:
         try:
@@ -301,7 +369,15 @@ def main() -> int:
     if args.json:
         args.json.write_text(
             json.dumps(
-                {"machine": info, "gemm_gflops": gemm, "rows": rows, "summary": summary}, indent=1
+                {
+                    "machine": info,
+                    "gemm_gflops": gemm,
+                    "gemm_gflops_numpy": gemm_np,
+                    "gemm_gflops_kernels": gemm_kernels,
+                    "rows": rows,
+                    "summary": summary,
+                },
+                indent=1,
             )
         )
     return 0

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from simdist.config import OptimizerConfig
-from simdist.kernels.optim import adamw_update, sgd_update
+from simdist.kernels.optim import adamw_update_segments, sgd_update_segments
 
 from .arena import Layout
 
@@ -25,6 +25,10 @@ class Optimizer:
             (s.lo - lo, s.hi - lo, cfg.weight_decay if s.weight_decay else 0.0)
             for s in layout.segments(lo, hi)
         ]
+        # the same as an int64 table for the kernels: one call per step updates them all
+        self._segs = np.array(
+            [(a, b, int(wd != 0.0)) for a, b, wd in self.segments], np.int64
+        ).reshape(-1, 3)
         n = hi - lo
         if cfg.optimizer_type == "adamw":
             self.state = {
@@ -39,20 +43,22 @@ class Optimizer:
         # Hyper-parameters go in as Python floats: the kernels derive torch's per-step
         # scalars (1 - beta1, bias corrections) in float64 and round each once, as torch does.
         c = self.cfg
-        for a, b, wd in self.segments:
-            p, g = params[a:b], grads[a:b]
-            if c.optimizer_type == "adamw":
-                adamw_update(
-                    p,
-                    g,
-                    self.state["exp_avg"][a:b],
-                    self.state["exp_avg_sq"][a:b],
-                    lr,
-                    c.beta1,
-                    c.beta2,
-                    c.eps,
-                    wd,
-                    step,
-                )
-            else:
-                sgd_update(p, g, self.state["momentum_buffer"][a:b], lr, c.momentum, wd, step)
+        if c.optimizer_type == "adamw":
+            adamw_update_segments(
+                params,
+                grads,
+                self.state["exp_avg"],
+                self.state["exp_avg_sq"],
+                self._segs,
+                lr,
+                c.beta1,
+                c.beta2,
+                c.eps,
+                c.weight_decay,
+                step,
+            )
+        else:
+            sgd_update_segments(
+                params, grads, self.state["momentum_buffer"], self._segs, lr, c.momentum,
+                c.weight_decay, step,
+            )  # fmt: skip

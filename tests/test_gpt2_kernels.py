@@ -234,11 +234,9 @@ def test_attention_forward_backward(B, T, n_head, hs):
     qkv = rng.standard_normal((B, T, 3 * C)).astype(F32)
     out = np.full((B, T, C), np.nan, F32)
     att = np.full((B, n_head, T, T), np.nan, F32)
-    # NaN scratch: any read of a slot before it is written poisons the result
-    shape, dshape = attention.attention_scratch_shapes(T, hs)
-    scratch = np.full(shape, np.nan, F32)
-    dscores = np.full(dshape, np.nan, F32)
-    attention.attention_forward(out, att, qkv, scratch, n_head)
+    # NaN scratch: any read of dscores before it is written poisons the result
+    dscores = np.full((T, T), np.nan, F32)
+    attention.attention_forward(out, att, qkv, n_head)
     ref_out, ref_p = ref_attention(qkv.astype(np.float64), n_head)
     assert rel_err(out, ref_out) < FWD_TOL
     assert rel_err(att, ref_p) < FWD_TOL
@@ -246,20 +244,22 @@ def test_attention_forward_backward(B, T, n_head, hs):
 
     G = rng.standard_normal((B, T, C))
     dqkv = np.full_like(qkv, np.nan)
-    attention.attention_backward(dqkv, G.astype(F32), qkv, att, scratch, dscores, n_head)
+    attention.attention_backward(dqkv, G.astype(F32), qkv, att, dscores, n_head)
     fd = fd_grad(lambda a: ref_attention(a, n_head)[0], [qkv], 0, G)
     assert rel_err(dqkv, fd) < GRAD_TOL
 
 
-def test_attention_rejects_wrong_scratch():
+def test_attention_rejects_wrong_buffers():
     qkv = np.zeros((1, 4, 12), F32)  # T = 4, C = 4, n_head = 2, hs = 2
     out, att = np.zeros((1, 4, 4), F32), np.zeros((1, 2, 4, 4), F32)
-    with pytest.raises(ValueError, match="scratch"):
-        attention.attention_forward(out, att, qkv, np.zeros((7, 5, 2), F32), 2)
+    with pytest.raises(ValueError, match="shapes"):
+        attention.attention_forward(out, np.zeros((1, 2, 4, 3), F32), qkv, 2)
+    with pytest.raises(ValueError, match="shapes"):
+        attention.attention_forward(np.zeros((1, 4, 5), F32), att, qkv, 2)
     with pytest.raises(ValueError, match="dscores"):
-        attention.attention_backward(
-            qkv.copy(), out, qkv, att, np.zeros((7, 4, 2), F32), np.zeros((4, 3), F32), 2
-        )
+        attention.attention_backward(qkv.copy(), out, qkv, att, np.zeros((4, 3), F32), 2)
+    with pytest.raises(ValueError, match="shapes"):
+        attention.attention_backward(qkv[:, :, :9].copy(), out, qkv, att, np.zeros((4, 4), F32), 2)
 
 
 # ------------------------------------------------- float32 discipline and allocation
@@ -296,8 +296,7 @@ def test_kernels_do_not_allocate():
     x, y, w, b = f(B, T, C), f(B, T, C), f(C), f(C)
     mean, rstd = f(N), f(N)
     qkv, dqkv, att = f(B, T, 3 * C), f(B, T, 3 * C), f(B, NH, T, T)
-    shape, dshape = attention.attention_scratch_shapes(T, hs)
-    scratch, dscores = f(*shape), f(*dshape)
+    dscores = f(T, T)
     wte, wpe, logits = f(V, C), f(T, C), f(N, V)
     x2, y2 = x.reshape(N, C), y.reshape(N, C)
     calls = [
@@ -315,8 +314,8 @@ def test_kernels_do_not_allocate():
         (residual.residual_forward, (y.reshape(-1), x.reshape(-1), y.reshape(-1))),
         (matmul.lm_head_forward, (logits, x2, wte)),
         (matmul.lm_head_backward, (y2, wte.copy(), logits, x2, wte)),
-        (attention.attention_forward, (x, att, qkv, scratch, NH)),
-        (attention.attention_backward, (dqkv, x, qkv, att, scratch, dscores, NH)),
+        (attention.attention_forward, (x, att, qkv, NH)),
+        (attention.attention_backward, (dqkv, x, qkv, att, dscores, NH)),
     ]
     counts = {fn.__name__: nrt_allocations(fn, *args) for fn, args in calls}
     assert all(n == 0 for n in counts.values()), counts

@@ -19,9 +19,23 @@ from kernel_checks import central_fd, directional_fd, float64_ops, max_ulp, nrt_
 from numba import njit
 from simdist.kernels import registry
 from simdist.kernels.activation import relu_backward, relu_forward
-from simdist.kernels.linear import linear_backward, linear_backward_params, linear_forward
+from simdist.kernels.blas import gemm
+from simdist.kernels.linear import (
+    linear_backward,
+    linear_backward_params,
+    linear_forward,
+    linear_relu_backward,
+    linear_relu_forward,
+)
 from simdist.kernels.loss import softmax_cross_entropy_backward, softmax_cross_entropy_forward
-from simdist.kernels.optim import adamw_update, scale_inplace, sgd_update, sum_of_squares
+from simdist.kernels.optim import (
+    adamw_update,
+    adamw_update_segments,
+    scale_inplace,
+    sgd_update,
+    sgd_update_segments,
+    sum_of_squares,
+)
 from simdist.kernels.reduce import add_divide
 
 F32 = np.float32
@@ -184,6 +198,55 @@ def test_relu_backward_central_differences():
     fd = central_fd(lambda z: float((np.maximum(z, 0) * dout).sum()), x.astype(np.float64))
     # Piecewise linear: FD is exact up to ~1e-10 and the kernel copies dout exactly.
     np.testing.assert_allclose(dinp, fd, rtol=0, atol=1e-8)
+
+
+def test_fused_linear_relu_is_bitwise_the_unfused_pair():
+    """linear_relu_forward == linear_forward + relu_forward and linear_relu_backward ==
+    linear_backward + relu_backward(dinp, dinp, inp), bit for bit (NaN, +-0 included)."""
+    rng = np.random.default_rng(21)
+    B, C, OC = 33, 40, 24
+    inp, weight, bias, dout = linear_case(rng, B, C, OC)
+    bias[:3] = [np.nan, -0.0, 0.0]
+    out_ref, out = np.empty((B, OC), F32), np.full((B, OC), 7.0, F32)
+    linear_forward(out_ref, inp, weight, bias)
+    relu_forward(out_ref, out_ref)
+    linear_relu_forward(out, inp, weight, bias)
+    np.testing.assert_array_equal(out, out_ref)
+    assert np.isnan(out[:, 0]).all()
+    x = np.maximum(inp, 0)  # the backward's inp is a ReLU output: zeros where masked
+    refs = [np.empty_like(x), np.empty_like(weight), np.empty_like(bias)]
+    got = [np.full_like(a, 7.0) for a in refs]
+    linear_backward(*refs, dout, x, weight)
+    relu_backward(refs[0], refs[0], x)
+    linear_relu_backward(*got, dout, x, weight)
+    for a, b in zip(got, refs, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert (got[0][x <= 0] == 0).all() and (got[0][x > 0] != 0).any()
+
+
+@pytest.mark.parametrize("ta,tb", [(False, False), (True, False), (False, True), (True, True)])
+def test_gemm_on_strided_and_transposed_views(ta, tb):
+    """blas.gemm: column slices (row stride > columns) and .T views, alpha and beta,
+    against float64; the rest of a strided destination is left alone."""
+    rng = np.random.default_rng(22)
+    m, k, n = 13, 9, 7
+    big_a = randn(rng, k, 3 * m) if ta else randn(rng, m, 3 * k)
+    a = big_a[:, m : 2 * m].T if ta else big_a[:, k : 2 * k]
+    big_b = randn(rng, n, 2 * k) if tb else randn(rng, k, 2 * n)
+    b = big_b[:, :k].T if tb else big_b[:, n:]
+    big_c = randn(rng, m, 3 * n)
+    before = big_c.copy()
+    c = big_c[:, n : 2 * n]
+    ref = 0.5 * (a.astype(np.float64) @ b.astype(np.float64)) + 2.0 * c.astype(np.float64)
+    gemm(a, b, c, F32(0.5), F32(2.0))
+    np.testing.assert_allclose(c, ref, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(big_c[:, :n], before[:, :n])
+    np.testing.assert_array_equal(big_c[:, 2 * n :], before[:, 2 * n :])
+    c.fill(np.nan)  # beta = 0 overwrites without reading (NaN * 0 would stay NaN)
+    gemm(a, b, c, F32(1.0), F32(0.0))
+    np.testing.assert_allclose(c, a.astype(np.float64) @ b.astype(np.float64), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError):
+        gemm(a, b[:-1], c, F32(1.0), F32(0.0))
 
 
 # ------------------------------------------------------------------ softmax + CE loss
@@ -408,6 +471,35 @@ def test_sgd_matches_torch_bitwise(momentum, wd):
             assert max_ulp(buf, opt.state[tp]["momentum_buffer"].numpy()) == 0
 
 
+@pytest.mark.parametrize("wd", [0.0, 0.1])
+def test_segment_updates_are_bitwise_the_per_segment_calls(wd):
+    """adamw/sgd_update_segments (one call per step) == one adamw/sgd_update per segment
+    with that segment's weight decay; gaps between segments (padding) stay untouched."""
+    rng = np.random.default_rng(31)
+    n = 103
+    segs = np.array([[0, 10, 1], [10, 11, 0], [11, 60, 1], [64, 100, 0]], np.int64)
+    p0, g = randn(rng, n), randn(rng, n)
+    m0, v0 = randn(rng, n), np.abs(randn(rng, n))
+    for step in (1, 2, 7):
+        p, m, v = p0.copy(), m0.copy(), v0.copy()
+        adamw_update_segments(p, g, m, v, segs, 1e-2, 0.9, 0.95, 1e-8, wd, step)
+        rp, rm, rv = p0.copy(), m0.copy(), v0.copy()
+        for lo, hi, decays in segs:
+            sl = slice(lo, hi)
+            adamw_update(rp[sl], g[sl], rm[sl], rv[sl], 1e-2, 0.9, 0.95, 1e-8, wd * decays, step)
+        for a, b in ((p, rp), (m, rm), (v, rv)):
+            np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(p[60:64], p0[60:64])
+        p, m = p0.copy(), m0.copy()
+        sgd_update_segments(p, g, m, segs, 1e-2, 0.9, wd, step)
+        rp, rm = p0.copy(), m0.copy()
+        for lo, hi, decays in segs:
+            sl = slice(lo, hi)
+            sgd_update(rp[sl], g[sl], rm[sl], 1e-2, 0.9, wd * decays, step)
+        np.testing.assert_array_equal(p, rp)
+        np.testing.assert_array_equal(m, rm)
+
+
 @pytest.mark.parametrize("n", [0, 1, 3, 4, 7, 669_706])
 def test_sum_of_squares_is_float64_accurate(n):
     rng = np.random.default_rng(n)
@@ -528,6 +620,9 @@ def test_kernels_do_not_allocate():
         "linear_forward": (linear_forward, out, inp, weight, bias),
         "linear_backward": (linear_backward, dinp, dweight, dbias, dout, inp, weight),
         "linear_backward_params": (linear_backward_params, dweight, dbias, dout, inp),
+        "linear_relu_forward": (linear_relu_forward, out, inp, weight, bias),
+        "linear_relu_backward": (linear_relu_backward, dinp, dweight, dbias, dout, inp, weight),
+        "gemm": (gemm, inp.T, dout, dweight, F32(1.0), F32(0.0)),
         "relu_forward": (relu_forward, out, out),
         "relu_backward": (relu_backward, dout, dout, out),
         "ce_forward": (softmax_cross_entropy_forward, losses, probs, out, targets),
@@ -545,6 +640,9 @@ def test_kernels_do_not_allocate():
     assert nrt_allocations(optim._adamw_kernel, *adamw_args) == 0
     sgd_args = (p, g, m, F32(-0.1), F32(0.9), F32(1e-4), False)
     assert nrt_allocations(optim._sgd_kernel, *sgd_args) == 0
+    segs = np.array([[0, 4, 1], [4, 10, 0]], np.int64)
+    assert nrt_allocations(optim._adamw_segments, *adamw_args[:4], segs, *adamw_args[4:]) == 0
+    assert nrt_allocations(optim._sgd_segments, *sgd_args[:3], segs, *sgd_args[3:]) == 0
     # Positive control: the counter does see an allocation.
     assert nrt_allocations(_allocating, dinp, inp) >= 1
 
@@ -564,7 +662,7 @@ def test_warm_all_compiles_every_kernel_in_a_fresh_process():
     )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
-    assert int(res.stdout) == 11
+    assert int(res.stdout) == 15
 
 
 def test_registry_skips_only_missing_modules(monkeypatch):

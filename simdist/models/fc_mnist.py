@@ -10,8 +10,12 @@ from __future__ import annotations
 import numpy as np
 
 from simdist.config import FCMNISTConfig
-from simdist.kernels.activation import relu_backward, relu_forward
-from simdist.kernels.linear import linear_backward, linear_backward_params, linear_forward
+from simdist.kernels.linear import (
+    linear_backward_params,
+    linear_forward,
+    linear_relu_backward,
+    linear_relu_forward,
+)
 from simdist.kernels.loss import softmax_cross_entropy_backward, softmax_cross_entropy_forward
 
 from .base import GradientGroup, KernelCost, ParamSpec, gemm, vector
@@ -72,9 +76,11 @@ class FCMNIST:
         x = inputs
         for i in range(self.n_layers):
             out = ws.acts[i]
-            linear_forward(out, x, params[f"fc{i + 1}.weight"], params[f"fc{i + 1}.bias"])
-            if i < self.n_layers - 1:
-                relu_forward(out, out)
+            w, b = params[f"fc{i + 1}.weight"], params[f"fc{i + 1}.bias"]
+            if i < self.n_layers - 1:  # hidden layer: bias and ReLU in one pass
+                linear_relu_forward(out, x, w, b)
+            else:
+                linear_forward(out, x, w, b)
             x = out
         softmax_cross_entropy_forward(ws.losses, ws.probs, ws.acts[-1], targets)
 
@@ -94,9 +100,9 @@ class FCMNIST:
             x, dx = ws.acts[i - 1], ws.dacts[i - 1]
             w = params[f"fc{i + 1}.weight"]
             names = (f"fc{i + 1}.weight", f"fc{i + 1}.bias")
-            linear_backward(dx, grads[names[0]], grads[names[1]], dout, x, w)
+            # dx comes out masked by the ReLU that produced x (fused, same bits)
+            linear_relu_backward(dx, grads[names[0]], grads[names[1]], dout, x, w)
             grads.done(names)
-            relu_backward(dx, dx, x)
             dout = dx
         linear_backward_params(grads["fc1.weight"], grads["fc1.bias"], dout, self._inputs)
         grads.done(("fc1.weight", "fc1.bias"))
@@ -124,19 +130,24 @@ class FCMNIST:
 
     def kernel_costs(self, batch: int, seq: int | None = None) -> list[KernelCost]:
         """The kernel calls of ``forward`` + ``backward`` on ``batch`` samples (no sequence
-        axis: ``seq`` is ignored). Softmax-CE: max, subtract, exp (libm), add, divide per
+        axis: ``seq`` is ignored). Softmax-CE: max, subtract, exp (rowops.exp_f32), add, divide per
         logit, counted as 28 FLOPs with exp as ~24 (its polynomial evaluation)."""
         B, sizes, L = batch, self.sizes, self.n_layers
         out: list[KernelCost] = []
         for i in range(L):
             n_in, n_out = sizes[i], sizes[i + 1]
             out.append(gemm(f"fc{i + 1}.matmul", B, n_in, n_out, "forward"))
-            out.append(vector(f"fc{i + 1}.bias", B * n_out, 2 * B * n_out + n_out, "forward"))
-            if i < L - 1:
-                out.append(vector(f"fc{i + 1}.relu", B * n_out, 2 * B * n_out, "forward"))
+            if i < L - 1:  # bias add and ReLU fused: one pass, 2 FLOPs per element
+                bias_relu = vector(
+                    f"fc{i + 1}.bias_relu", 2 * B * n_out, 2 * B * n_out + n_out, "forward"
+                )
+                out.append(bias_relu)
+            else:
+                out.append(vector(f"fc{i + 1}.bias", B * n_out, 2 * B * n_out + n_out, "forward"))
         K = sizes[-1]
-        # all but the division loop is scalar: running max, libm expf, running sum
-        out.append(vector("softmax_ce", 28 * B * K, 2 * B * K + 2 * B, "forward", 1, 27 * B * K))
+        # exp (rowops.exp_f32) and the division vectorise; the max and the sum are
+        # loop-carried (eight partials each)
+        out.append(vector("softmax_ce", 28 * B * K, 2 * B * K + 2 * B, "forward", 1, 2 * B * K))
         out.append(vector("softmax_ce.bwd", B * K, 2 * B * K + B, "backward"))
         for i in range(L - 1, -1, -1):
             n_in, n_out = sizes[i], sizes[i + 1]

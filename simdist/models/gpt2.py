@@ -31,11 +31,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from simdist.config import ConfigError
-from simdist.kernels.attention import (
-    SCRATCH_SLOTS,
-    attention_backward,
-    attention_forward,
-)
+from simdist.kernels.attention import attention_backward, attention_forward
 from simdist.kernels.embedding import embedding_backward_accumulate, embedding_forward
 from simdist.kernels.gelu import gelu_backward, gelu_forward
 from simdist.kernels.layernorm import (
@@ -194,8 +190,7 @@ def activation_shapes(cfg: GPT2Config, B: int, T: int) -> dict[str, tuple[int, .
         # d fch: a buffer of its own because GELU's backward writing over its dout in place
         # stops LLVM's vectoriser (the overlap check fails) and ran 16x slower (measured)
         "dfch": (N, 4 * C),
-        # attention scratch: gathered q, k, v, dy, dq, dk, dv of one head, and dscores
-        "att_scratch": (SCRATCH_SLOTS, T, cfg.head_size),
+        # attention backward's d scores of one (sequence, head)
         "att_dscores": (T, T),
     }
 
@@ -284,7 +279,7 @@ class _Views:
         self.dqkv2 = self.dqkv.reshape(N, 3 * C)
         self.dfch_gelu, self.dfch = v["dfch_gelu"], v["dfch"]
         self.dfch_gelu1, self.dfch1 = self.dfch_gelu.reshape(-1), self.dfch.reshape(-1)
-        self.att_scratch, self.att_dscores = v["att_scratch"], v["att_dscores"]
+        self.att_dscores = v["att_dscores"]
 
 
 class GPT2:
@@ -482,9 +477,7 @@ class GPT2:
         )
         # attention block: res2 = x + c_proj(attn(c_attn(ln_1(x))))
         linear_backward(v.datty2, grads[aprojw], grads[aprojb], v.dres, v.atty2[i], params[aprojw])
-        attention_backward(
-            v.dqkv, v.datty, v.qkv[i], v.att[i], v.att_scratch, v.att_dscores, cfg.n_head
-        )
+        attention_backward(v.dqkv, v.datty, v.qkv[i], v.att[i], v.att_dscores, cfg.n_head)
         linear_backward(v.dln, grads[attnw], grads[attnb], v.dqkv2, v.ln1[i], params[attnw])
         layernorm_backward_accumulate(
             v.dres,
@@ -588,7 +581,7 @@ class GPT2:
                 params[ln1b],
             )
         linear_forward(v.qkv2[i], v.ln1[i], params[attnw], params[attnb])
-        attention_forward(v.atty[i], v.att[i], v.qkv[i], v.att_scratch, cfg.n_head)
+        attention_forward(v.atty[i], v.att[i], v.qkv[i], cfg.n_head)
         linear_forward(v.res2[i], v.atty2[i], params[aprojw], params[aprojb])
         residual_layernorm_forward(
             v.res2[i],
