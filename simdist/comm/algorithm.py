@@ -43,6 +43,8 @@ class Algorithm(ABC):
         self.comm = comm
         self.placement = placement  # which node each rank is on (None: not known/needed)
         self.p2p = p2p
+        if placement is not None:  # copies across nodes are pipelined (see p2p)
+            p2p.place(placement.node_of)
         self.rank = comm.Get_rank()
         self.world = comm.Get_size()
 

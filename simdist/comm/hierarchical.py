@@ -72,6 +72,7 @@ class Hierarchical(Algorithm):
         self.cross = comm.Split(color=self.local_rank, key=self.node)
         self.intra = Ring(self.local, Exchanger(self.local))
         self.inter = Ring(self.cross, Exchanger(self.cross))
+        self.inter.p2p.place(range(self.nodes))  # cross rank m runs on node m
         self._staging = _EMPTY
 
     # ------------------------------------------------------------------ staging
