@@ -68,6 +68,12 @@ class Algorithm(ABC):
             average_block(buf[bounds[self.rank] : bounds[self.rank + 1]], self.world)
         self.allgather(buf, bounds)
 
+    @classmethod
+    def placement_error(cls, placement: Placement) -> str | None:
+        """Why this algorithm cannot run on ``placement`` (None: it can). Benchmarks ask it
+        to leave out what a run's placement rules out, as ``__init__`` would refuse it."""
+        return None
+
     def free(self) -> None:  # noqa: B027  (optional hook: most algorithms create nothing)
         """Release what ``__init__`` created (sub-communicators); called by Collectives.free."""
 
