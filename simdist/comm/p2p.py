@@ -21,7 +21,7 @@ and always ~140 ms right after a reduce exchange, so a 16 MiB ring all-reduce to
 instead of its halves' 70 + 70; in 1 MiB pieces, 2 in flight, it took 70 ms every time, and
 the all-reduce 140 ms (4 MiB pieces: 178 ms). Inside a node a copy stays one Sendrecv:
 MPICH's shared-memory path moves one large message about twice as fast as 1 MiB pieces
-(16 MiB exchange at np 2 on the development machine: 4.0 ms against 8.3 ms).
+(16 MiB exchange at np 2 on the development machine, load average 5: 4.0 ms against 8.3 ms).
 """
 
 from __future__ import annotations
