@@ -18,6 +18,10 @@ never asserted anywhere.
 One process runs all ops in turn, and state carries over: on MPICH 5.0.2 native all-gather
 was seen several-fold slower after the 64 MiB calls of an earlier op than in a fresh process.
 For the cleanest native figures run one op per process (``--ops allreduce``, and so on).
+
+Algorithms the ranks' placement cannot run (``Algorithm.placement_error``: shm across
+hosts, hierarchical with uneven nodes) are left out with a one-line note, in the JSON under
+``skipped``. The CPU's model and ISA extensions are printed and recorded (``machine.cpu``).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ import time
 from importlib import metadata
 
 import numpy as np
+from bench_link import cpu_info, cpu_line  # this directory (no MPI at import)
 
 from simdist.comm import ALGORITHMS, Collectives
 from simdist.comm.world import world
@@ -76,6 +81,7 @@ def machine_info() -> dict:
         "python": platform.python_version(),
         "numpy": np.__version__,
         "blas": "unknown (threadpoolctl not installed)",
+        "cpu": cpu_info(),
     }
     try:
         from threadpoolctl import threadpool_info
@@ -156,12 +162,23 @@ def main() -> int:
         sizes.append(size)
         size *= 4
     coll = Collectives(comm)
+    # Leave out, with a note, what this placement rules out (shm across hosts, hierarchical
+    # on uneven nodes) instead of stopping at its first call.
+    skipped = {}
+    for a in algorithms:
+        why = ALGORITHMS[a].placement_error(coll.placement)
+        if why:
+            skipped[a] = why
+    algorithms = [a for a in algorithms if a not in skipped]
     orders = list(itertools.permutations(algorithms))
 
     info = machine_info()
     if rank == 0:
         print(f"# simdist collective benchmark, np={p}, load average {info['loadavg']}")
+        print(f"# {cpu_line(info['cpu'])}")
         print(f"# BLAS: {info['blas']}")
+        for a, why in skipped.items():
+            print(f"# skipped {a}: {why.split('; ')[0]}")
         print(f"# MPI: {info['mpi']}; numpy {info['numpy']}; python {info['python']}")
         print(f"# rounds={args.rounds} warmup={args.warmup} iters={args.iters or 'by size'}")
         print(f"{'op':<15}{'algorithm':<10}{'np':>3}{'bytes':>11}{'time_us':>12}{'busbw_gbps':>12}")
@@ -247,7 +264,13 @@ def main() -> int:
             info["loadavg_end"] = list(os.getloadavg())
             with open(args.json, "w") as f:
                 json.dump(
-                    {"machine": info, "rows": rows, "ratios": ratios, "summary": summary},
+                    {
+                        "machine": info,
+                        "skipped": skipped,
+                        "rows": rows,
+                        "ratios": ratios,
+                        "summary": summary,
+                    },
                     f,
                     indent=1,
                 )

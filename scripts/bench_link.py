@@ -2,7 +2,7 @@
 """All-reduce bus bandwidth across rate-limited links, against the link rate.
 
     python scripts/bench_link.py [--hosts 2] [--ranks-per-host 1] [--rate 1gbit] \\
-        [--mpi mpich|openmpi] [--sizes 1,4,16] [--iters 5]
+        [--mpi mpich|openmpi] [--sizes 1,4,16] [--iters 5] [--json F]
     python scripts/bench_link.py --collectives [--hosts 2] [--ranks-per-host 2] \\
         [--rate 1gbit] [--min 1M] [--max 64M] [--algorithms ring,rhd,native] [--json F]
 
@@ -12,9 +12,12 @@ crossed the links.
 Default mode: float32 MPI_Allreduce(SUM) on preallocated buffers, one warm-up plus
 --iters timed calls per size, time per call = slowest rank, median over calls.
 
---collectives: scripts/bench_collectives.py (every algorithm in ``simdist.comm.ALGORITHMS``:
-ring, rhd, hierarchical and MPI's native one) with ``--ops allreduce`` from --min to --max,
-as that script measures and reports it.
+--collectives: scripts/bench_collectives.py (every algorithm in ``simdist.comm.ALGORITHMS``
+that the placement can run: ring, rhd, hierarchical and MPI's native one; shm, which needs
+one node, is left out with a note) with ``--ops allreduce`` from --min to --max, as that
+script measures and reports it.
+
+Both print the CPU's model and ISA extensions and record them (all flags) in --json.
 
 Bus bandwidth follows nccl-tests: bytes * 2(p-1)/p / time. For a flat ring it is what each
 rank's link must carry per second, so "of link" = busbw / link rate, with 100% the
@@ -40,6 +43,42 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+
+# ISA extensions that decide which kernels and BLAS paths a CPU takes (printed; the JSON
+# keeps every flag the kernel reports).
+ISA_OF_NOTE = (
+    "sse4_2", "avx", "avx2", "fma", "f16c", "avx_vnni", "avx512f", "avx512dq", "avx512bw",
+    "avx512vl", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8",
+)  # fmt: skip
+
+
+def cpu_info() -> dict:
+    """The CPU's model, vendor and ISA flags: from /proc/cpuinfo on Linux (first processor),
+    else from ``platform`` (no flags). ``isa``: the flags of ``ISA_OF_NOTE`` present."""
+    import platform
+
+    info: dict = {"model": platform.processor() or platform.machine(), "vendor": "", "flags": []}
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        text = ""
+    for line in text.split("\n\n", 1)[0].splitlines():
+        key, _, value = line.partition(":")
+        key, value = key.strip(), value.strip()
+        if key == "model name":
+            info["model"] = value
+        elif key == "vendor_id":
+            info["vendor"] = value
+        elif key == "flags":
+            info["flags"] = value.split()
+    have = set(info["flags"])
+    info["isa"] = [f for f in ISA_OF_NOTE if f in have]
+    return info
+
+
+def cpu_line(cpu: dict) -> str:
+    """One printable line: model and the ISA extensions of note."""
+    return f"CPU: {cpu['model']}; ISA: {' '.join(cpu['isa']) or 'unknown'}"
 
 
 def worker(sizes_mib: list[float], iters: int) -> None:
@@ -160,11 +199,15 @@ def collectives(args: argparse.Namespace) -> int:
             }
         )
     algorithms = list(dict.fromkeys(r["algorithm"] for r in rows))
+    cpu = result["machine"].get("cpu") or cpu_info()
     print(
         f"{args.hosts} hosts x {args.ranks_per_host} ranks, {args.mpi}, link {args.rate} "
         f"({link_Bps / 1e6:.0f} MB/s per direction); simdist all-reduce "
         f"({', '.join(algorithms)}), bench_collectives medians"
     )
+    print(cpu_line(cpu))
+    for name, why in result.get("skipped", {}).items():
+        print(f"skipped {name}: {why}")
     print("of link = busbw / link rate; ceiling = the same ratio with the busiest link")
     print("direction saturated, from the algorithm's messages (- = not modelled);")
     print("link use = of link / ceiling: how busy the algorithm keeps its busiest link")
@@ -201,7 +244,13 @@ def collectives(args: argparse.Namespace) -> int:
         f"1-min load average {load[0]} at start, {load[1]} at end"
     )
     if args.json:
-        summary = {"link": report, "rows": rows, "machine": result["machine"]}
+        summary = {
+            "link": report,
+            "rows": rows,
+            "machine": result["machine"],
+            "cpu": cpu,
+            "skipped": result.get("skipped", {}),
+        }
         args.json.write_text(json.dumps(summary, indent=1) + "\n")
     return 0
 
@@ -223,7 +272,7 @@ def main() -> int:
     ap.add_argument("--max", default="64M", help="--collectives: largest buffer")
     ap.add_argument("--algorithms", help="--collectives: subset (default: all registered)")
     ap.add_argument("--target", type=float, default=0.85, help="--collectives: busbw/link goal")
-    ap.add_argument("--json", type=Path, help="--collectives: write rows and link report")
+    ap.add_argument("--json", type=Path, help="write rows, link report and CPU here")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.ranks_per_host is None:
@@ -243,14 +292,20 @@ def main() -> int:
         return run.returncode or 1
     rows = [json.loads(ln[6:]) for ln in run.stdout.splitlines() if ln.startswith("BENCH ")]
     link_Bps = report["rate_bits"] / 8
+    cpu = cpu_info()  # the namespaced hosts share this machine's CPU
     print(f"{args.hosts} hosts x {args.ranks_per_host} ranks, {args.mpi}, link {args.rate} "
           f"({link_Bps / 1e6:.0f} MB/s per direction), median of {args.iters}")  # fmt: skip
+    print(cpu_line(cpu))
     print(f"{'size':>9} {'time/op':>10} {'busbw MB/s':>11} {'of link':>8}")
     for r in rows:
         print(f"{r['bytes'] / 2**20:7.0f} MiB {r['seconds'] * 1e3:8.1f} ms "
               f"{r['busbw_Bps'] / 1e6:11.1f} {r['busbw_Bps'] / link_Bps:8.0%}")  # fmt: skip
     total = report["total_bytes"]
     print(f"{total / 2**20:.1f} MiB crossed the links in {report['program_seconds']:.1f} s")
+    if args.json:
+        args.json.write_text(
+            json.dumps({"link": report, "rows": rows, "cpu": cpu}, indent=1) + "\n"
+        )
     return 0
 
 

@@ -43,6 +43,8 @@ class Algorithm(ABC):
         self.comm = comm
         self.placement = placement  # which node each rank is on (None: not known/needed)
         self.p2p = p2p
+        if placement is not None:  # copies across nodes are pipelined (see p2p)
+            p2p.place(placement.node_of)
         self.rank = comm.Get_rank()
         self.world = comm.Get_size()
 
@@ -65,6 +67,12 @@ class Algorithm(ABC):
         if average:
             average_block(buf[bounds[self.rank] : bounds[self.rank + 1]], self.world)
         self.allgather(buf, bounds)
+
+    @classmethod
+    def placement_error(cls, placement: Placement) -> str | None:
+        """Why this algorithm cannot run on ``placement`` (None: it can). Benchmarks ask it
+        to leave out what a run's placement rules out, as ``__init__`` would refuse it."""
+        return None
 
     def free(self) -> None:  # noqa: B027  (optional hook: most algorithms create nothing)
         """Release what ``__init__`` created (sub-communicators); called by Collectives.free."""

@@ -22,6 +22,34 @@ staging copies) with every rank on one node; there it wins from a few tens of Ki
 The constants are round figures measured on the development machine kind (2 cores, MPICH
 shared memory, Python loop overhead included); only their ratios matter.
 
+Why each term (the device model, ``simdist.device.schedule``, prices the same terms per step
+from the calibration probes; the constants here only rank algorithms against each other,
+and are round figures on the conservative side of the shipped host profile's calibration,
+``simdist/device/profiles/host.yaml``):
+
+- ``steps * ALPHA``: every step is one pairwise exchange (``p2p.Exchanger``), which pays
+  MPI's matching and rendezvous handshake and mpi4py's Python call before data moves.
+  Steps run one after another (each sends what the previous one produced), so their
+  latencies add up: that is what makes rhd (log2 p steps) win on small buffers. 10 us: the
+  profile's Sendrecv fit is 3.2 us and its per-call Python 1.4 us, and a step's own Python
+  (slicing, buffer specs) comes on top.
+- ``bytes copied * BETA``: the bytes one rank sends, counted one way only, because a step
+  sends and receives at once (full duplex: calibrate's Sendrecv probe moves both directions
+  in the time of one). Across nodes this holds because copies between nodes go in 1 MiB
+  pieces (``p2p``): one large Sendrecv each way over TCP was measured running the two
+  directions one after the other. 10 GB/s: the profile's Sendrecv runs at 13-30 GB/s from
+  1 to 16 MiB, and its pipelined reduce exchange, copy and addition together, at 9-13 GB/s.
+- ``bytes added * GAMMA``: the reduce-scatter's additions (two reads and a write per
+  element), 8 GB/s of bytes reduced: below ``np.add``'s rate on arrays beyond the caches
+  (42 GB/s of bytes read and written at 64 MiB, 14 GB/s reduced). Counted in full, not
+  overlapped with the copies: the device model uses the pipelined exchange's measured
+  rate instead, which overlaps them in part.
+- ``ALPHA_FENCE``: one shm fence (``Win_sync``, barrier, ``Win_sync``; the profile's direct
+  link: 4.0 us per fence as shm pays it, 2.5 us bare); shm pays 2 per all-reduce or per
+  half.
+- ``ALPHA_NET`` / ``BETA_NET``: a message leaving its node and the network's rate; round
+  figures (10 Gbit/s Ethernet, MPI over TCP), since the real link is unknown here.
+
 The choice for all-reduce, reduce-scatter and all-gather depends on ``(n, p)`` (and whether
 the buffer is registered) only, never on the operation: an all-reduce and a reduce-scatter
 + all-gather of the same buffer then run the same algorithm and give the same bits (DP vs

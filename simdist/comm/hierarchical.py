@@ -57,6 +57,14 @@ def check_placement(place: Placement) -> None:
 class Hierarchical(Algorithm):
     name = "hierarchical"
 
+    @classmethod
+    def placement_error(cls, placement: Placement) -> str | None:
+        try:
+            check_placement(placement)
+        except ValueError as e:
+            return str(e)
+        return None
+
     def __init__(self, comm: MPI.Comm, p2p: Exchanger, placement: Placement | None = None):
         super().__init__(comm, p2p, placement)
         place = placement if placement is not None else find_placement(comm)
@@ -72,6 +80,7 @@ class Hierarchical(Algorithm):
         self.cross = comm.Split(color=self.local_rank, key=self.node)
         self.intra = Ring(self.local, Exchanger(self.local))
         self.inter = Ring(self.cross, Exchanger(self.cross))
+        self.inter.p2p.place(range(self.nodes))  # cross rank m runs on node m
         self._staging = _EMPTY
 
     # ------------------------------------------------------------------ staging

@@ -134,6 +134,14 @@ class _Window:
 class SharedMemory(Algorithm):
     name = "shm"
 
+    @classmethod
+    def placement_error(cls, placement: Placement) -> str | None:
+        try:
+            check_single_node(placement)
+        except ValueError as e:
+            return str(e)
+        return None
+
     def __init__(self, comm: MPI.Comm, p2p: Exchanger, placement: Placement | None = None):
         super().__init__(comm, p2p, placement)
         check_single_node(placement)

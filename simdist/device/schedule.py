@@ -18,6 +18,69 @@ fold of the p − 2^k extra ranks is counted as the code runs it (whole buffer i
 block out). ``native`` (MPI's own collectives) has no schedule here: the closed form with
 MPICH's algorithm choice is used, on the total size.
 
+Why each term costs what it costs, and which calibration probe prices it
+(``simdist.calibrate``; ``scripts/validate_sim.py --calibrate`` runs the same probes on each
+collective's own buffer, between its calls):
+
+- ``messages·α`` (``Link.latency``): every step is one pairwise exchange, and each one pays
+  MPI's matching and rendezvous handshake plus mpi4py's call before a byte moves. α is the
+  intercept of the least-squares fit t = α + n·β (weights 1/t, so the small messages pin it)
+  to ``LinkProbe.exchange``, a Sendrecv of 8 B to 16 MiB between paired ranks. A rank whose
+  blocks are both empty pays nothing: ``p2p.Exchanger.copy`` skips empty messages on both
+  sides. A step's pieces (p2p's 1 MiB segments of a reducing step, or of a copy between
+  nodes) are not charged α each: a piece's handshake overlaps the previous piece's
+  transfer, and what it does cost is inside the measured rates below.
+- ``max(sent, received)·β(size)`` (``Link.beta_at``): the probe moves both directions at
+  once and costs the larger one, so a step does too (links are full duplex). β's table
+  (``size_efficiency``) is the probe's rate after α, s / (t − α) for s >= 32 KiB, as a
+  fraction of the fastest size: on a CPU a message that stays in cache moves faster than
+  one that goes through memory, so one rate does not fit all sizes. Across hosts the full
+  duplex holds only because copies between nodes go in pieces (p2p): one 8 MiB Sendrecv
+  each way over TCP ran the directions one after the other (2x this term) in many calls.
+- a step that adds what it receives, ``max(sent, received)`` at the reducing rate
+  (``Link.reducing_beta_at``, table ``reducing_efficiency``): ``LinkProbe.reduce`` times
+  p2p's pipelined reduce exchange as a whole (send one block, add the peer's copy of the
+  other into it), at each calibrate size. Timed as a whole because its addition of
+  segment k overlaps the transfer of segment k + 1, and the just-received segment is still
+  in cache when it is added: neither "copy + γ" nor "copy" alone describes it.
+  ``bytes added·γ`` (``gamma_at``: ``np.add``'s rate from the memory sweep, bytes reduced
+  per second) is the fallback where a link has no reducing table.
+- the step is its busiest rank: each exchange waits for its partner, so a slow rank holds
+  its neighbours back, step after step.
+- the collective is the sum of its steps: step s + 1 sends what step s produced (the ring
+  forwards the block it has just added into), so steps do not overlap.
+- ``call_overhead`` (once per call): ``LinkProbe.latencies`` "call", simdist's ring
+  all-gather of 16 floats less its p − 1 bare 32 B Sendrecvs: the argument checks and
+  dispatch of ``Collectives`` in Python.
+- shm (one node): the "messages" are fences at ``direct.latency`` ("step": half of shm's own
+  reduce-scatter of 16 floats less its addition); bytes at the rates of
+  ``LinkProbe.direct``: "add" (load the peer's values and add) for the reduce-scatter,
+  "copy" (load) for the all-gather, "store" for the all-reduce's second step, which the
+  probe times right after an untimed "add", as the all-reduce stores the block its own
+  addition has just left in cache.
+
+Why a one-node all-reduce can take less than its reduce-scatter plus its all-gather timed
+alone (seen on an AMD EPYC, Zen 5, at 16 MiB: 1.2 ms against 1.3 + 0.8 ms). The model sums
+the same steps either way, each priced by a probe that writes its whole buffer first
+(``buf[:2n].fill``), as ``validate_sim.py`` writes the collective's buffer before each call
+(the training loop's gradients are just written too). That is the state a half timed alone
+starts from: every line of the buffer dirty. Inside the all-reduce the all-gather starts
+from what the reduce-scatter left instead: the owned block just summed (dirty, and on Zen 5
+still in the 32 MiB L3: 8 MiB per rank at 16 MiB, np 2) and the rest only read by the sends
+(clean). The transfer streams MPI's bounce buffers and the peer's block through the cache;
+evicting a dirty line costs a write-back to memory, evicting a clean one costs nothing, so
+the all-gather inside the all-reduce has about half the write-back traffic of one timed
+alone, and its Sendrecv (or shm's stores) can run faster than the probe's rate. That is the
+likely reason (reasoned from the probes, not measured on that machine: this one, an Intel
+Xeon shared with other jobs, was too loaded to resolve it), and it predicts the model's
+all-reduce rows there high, by up to the all-gather's gain (the issue's AMD rows: 11-17 %
+off at 4-16 MiB, their halves within 8 %). A first half cannot gain this way (it starts
+from the same written buffer alone or not), so the all-reduce below its reduce-scatter
+alone (1.2 against 1.3 ms) is more likely those rows' run-to-run spread. The probe that would
+price the second half as it runs is a Sendrecv timed right after an untimed reduce exchange
+on the same buffer (as the shm "store" probe already follows an untimed "add"); calibrate
+(not in this module) does not take it yet.
+
 Pure Python on lists of ``world`` ints: microseconds per call, no MPI.
 """
 
