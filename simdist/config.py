@@ -43,7 +43,28 @@ class GPT2ModelConfig:
     vocab_size: int | None = None
 
 
-MODEL_CONFIGS: dict[str, type] = {"fc_mnist": FCMNISTConfig, "gpt2": GPT2ModelConfig}
+@dataclass(frozen=True)
+class BertModelConfig:
+    name: str = "bert"
+    preset: str | None = None  # bert-mini | bert-base | bert-large
+    num_hidden_layers: int | None = None
+    num_attention_heads: int | None = None
+    hidden_size: int | None = None
+    intermediate_size: int | None = None
+    max_position_embeddings: int | None = None
+    vocab_size: int | None = None
+    type_vocab_size: int | None = None
+    max_seq_length: int | None = None  # tokens per training sequence
+    max_predictions_per_seq: int | None = None  # masked positions per sequence
+    hidden_dropout_prob: float | None = None
+    attention_probs_dropout_prob: float | None = None
+
+
+MODEL_CONFIGS: dict[str, type] = {
+    "fc_mnist": FCMNISTConfig,
+    "gpt2": GPT2ModelConfig,
+    "bert": BertModelConfig,
+}
 
 
 @dataclass(frozen=True)
