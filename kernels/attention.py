@@ -293,5 +293,6 @@ def _warm() -> None:
     keys = np.arange(B, dtype=np.uint64)
     for causal, p in ((False, F32(0.1)), (True, F32(0.0))):
         mha_forward(out, att, q3, q3, q3, keep, scratch, dscores, NH, causal, keys, 0, p)
-        mha_backward(q3.copy(), q3.copy(), q3.copy(), out, q3, q3, q3, att, scratch, dscores,
-                     NH, causal, keys, 0, p)
+        dq, dk, dv = q3.copy(), q3.copy(), q3.copy()
+        args = (out, q3, q3, q3, att, scratch, dscores, NH, causal, keys, 0, p)
+        mha_backward(dq, dk, dv, *args)

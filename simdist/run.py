@@ -111,6 +111,8 @@ class Run:
     def build(self) -> None:
         p, r = self.params, self.params.runconfig
         self.model = build_model(p.model)
+        if hasattr(self.model, "bind_step"):  # dropout masks hash (seed, global step, sample)
+            self.model.bind_step(r.seed, lambda: self.step)
         self.data = build_dataset(p, self.micro_batch)
         self._choose_shared_buffers()
         check_device_memory(self)  # simulated OOM now, before any buffer exists
@@ -417,6 +419,9 @@ class Run:
         lo, hi = n * self.rank // self.world, n * (self.rank + 1) // self.world
         batch = self.params.eval_input.batch_size
         loss_sum, correct = 0.0, 0
+        extra = getattr(self.model, "extra_eval", None)  # {metric: [sum, count]}, fixed keys
+        for acc in (extra or {}).values():
+            acc[:] = [0.0, 0.0]
         for start in range(lo, hi, batch):
             x, y = self.data.eval_batch(start, min(start + batch, hi))
             l, c = self.model.evaluate(self.pviews, x, y)
@@ -429,6 +434,9 @@ class Run:
             "loss": totals[0] / count,
             "eval_samples": n,
         }
+        for key in sorted(extra or {}):  # the same keys on every rank (the model's)
+            num, den = self.coll.allreduce_scalars(np.array(extra[key], np.float64))
+            result[key] = num / max(den, 1.0)
         if self.is_main:
             self.log(f"eval: accuracy = {result['accuracy']:.4f}, loss = {result['loss']:.6f}")
             self.model_dir.mkdir(parents=True, exist_ok=True)

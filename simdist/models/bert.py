@@ -412,6 +412,10 @@ class Bert:
         self._seed = 0
         self._step: Callable[[], int] = lambda: 0
         self._dropout = False  # this forward applies dropout (training, p > 0)
+        self.extra_eval: dict[str, list[float]] = {
+            "nsp_accuracy": [0.0, 0.0],
+            "nsp_loss": [0.0, 0.0],
+        }
 
     # -------------------------------------------------------------- training-loop hook
     def bind_step(self, seed: int, step: Callable[[], int]) -> None:
@@ -479,7 +483,8 @@ class Bert:
 
     def evaluate(self, params, inputs: np.ndarray, targets: np.ndarray) -> tuple[float, int]:
         """(sum of the MLM token losses, correct MLM predictions) over the masked positions;
-        NSP statistics accumulate in ``nsp_eval`` (correct, count, loss sum)."""
+        NSP accuracy and loss accumulate in ``extra_eval`` ({metric: [sum, samples]}, which
+        the run zeroes before and reduces over the ranks after an evaluation)."""
         if self._arena is None:
             self.allocate(inputs.shape[0])
         loss_sum, correct = 0.0, 0
@@ -491,12 +496,13 @@ class Bert:
             loss_sum += float(v.mlm_losses.sum(dtype=np.float64))
             correct += int(np.count_nonzero(v.logits.argmax(axis=1) == v.labels))
             nsp_ok = int(np.count_nonzero(v.nsp_logits.argmax(axis=1) == v.nsp_labels))
-            c, n, s = self.nsp_eval
-            self.nsp_eval = (c + nsp_ok, n + v.B, s + float(v.nsp_losses.sum(dtype=np.float64)))
+            nsp_loss = float(v.nsp_losses.sum(dtype=np.float64))
+            for key, num in (("nsp_accuracy", nsp_ok), ("nsp_loss", nsp_loss)):
+                acc = self.extra_eval[key]
+                acc[0] += num
+                acc[1] += v.B
         self._saved = None
         return loss_sum, correct
-
-    nsp_eval: tuple[int, int, float] = (0, 0, 0.0)
 
     def backward(self, params, grads, dloss: float) -> None:
         v = self._saved
