@@ -34,13 +34,15 @@ def mix64(z):
 @kernel
 def site_key(key, site):
     """The key of one dropout site (layer, which dropout) for one sample."""
-    return mix64(key ^ mix64(U64(site) * _GOLDEN + U64(1)))
+    # U64(...) on every input: a Python int arrives as int64, and int64 op uint64 would
+    # compute in float64 in numba
+    return mix64(U64(key) ^ mix64(U64(site) * _GOLDEN + U64(1)))
 
 
 @kernel
 def uniform_f32(key, index):
     """A float32 in [0, 1) from (site key, element index): 24 hashed bits times 2^-24."""
-    bits = mix64(key + U64(index) * _GOLDEN) >> U64(40)
+    bits = mix64(U64(key) + U64(index) * _GOLDEN) >> U64(40)
     return F32(np.int32(bits)) * F32(5.9604644775390625e-08)
 
 
