@@ -170,3 +170,26 @@ def test_ten_adamw_steps_match_hugging_face(tmp_path):
     assert losses[-1][0] < losses[0][0]  # it learns
     for a, b in losses:
         assert abs(a - b) / abs(b) < TOL, losses
+
+
+def test_interop_round_trip_loads_into_hugging_face(tmp_path):
+    """HF -> simdist checkpoint (import) -> safetensors (export) -> HF: same tensors, and
+    the exported file loads into BertForPreTraining with only the tied decoder missing."""
+    from safetensors.numpy import load_file
+
+    cfg = _config()
+    hf = _hf_model(cfg, seed=2)
+    _load_into_simdist(hf, cfg, tmp_path)
+    out = interop.export(tmp_path / "bert.h5", tmp_path / "out.safetensors")
+    back = load_file(str(out))
+    state = hf.state_dict()
+    for name, value in back.items():
+        assert np.array_equal(value, state[name].numpy()), name
+    hf2 = _hf_model(cfg, seed=3)
+    missing, unexpected = hf2.load_state_dict(
+        {k: torch.from_numpy(v) for k, v in back.items()}, strict=False
+    )
+    assert not unexpected
+    assert set(missing) <= {"cls.predictions.decoder.weight", "cls.predictions.decoder.bias"}
+    for name, p in hf2.state_dict().items():
+        assert torch.equal(p, state[name]), name
