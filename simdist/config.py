@@ -175,6 +175,16 @@ FLAG_ALIASES: dict[str, tuple[str, str | None]] = {
     "--weight_servers": ("runconfig.weight_servers", "value"),
     "--prefetch_depth": ("runconfig.prefetch_depth", "value"),
     "--input_workers_per_replica": ("runconfig.input_workers_per_replica", "value"),
+    # SambaFlow's data-parallel BERT example (transformers_hook.py run --task_name mlm_ns)
+    "-b": ("train_input.batch_size", "value"),
+    "--max_seq_length": ("model.max_seq_length", "value"),
+    "--max_predictions_per_seq": ("model.max_predictions_per_seq", "value"),
+    "--warmup_steps": ("optimizer.warmup_steps", "value"),
+    "--logging_steps": ("runconfig.save_summary_steps", "value"),
+    "--weight_decay": ("optimizer.weight_decay", "value"),
+    "--learning_rate": ("optimizer.learning_rate", "value"),
+    "--adam_beta2": ("optimizer.beta2", "value"),
+    "--max_grad_norm_clip": ("optimizer.max_gradient_norm", "value"),
 }
 
 CHOICES: dict[str, tuple] = {
