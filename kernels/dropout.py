@@ -88,4 +88,8 @@ def _warm() -> None:
     keys = np.arange(2, dtype=np.uint64)
     dropout_forward(x, x, keys, 1, F32(0.1))
     dropout_backward(x, x, keys, 1, F32(0.1))
+    # the helpers too, so their Python-visible dispatchers carry a signature (a caller
+    # loaded from the cache never compiles them)
     uniform_f32(U64(1), 2)
+    site_key(U64(1), 2)
+    mix64(U64(3))

@@ -151,3 +151,25 @@ def build_bert_data(params: Params, micro_batch: int) -> BertData:
             f"got {spec!r}"
         )
     return BertData(text, cfg.max_seq_length, cfg.max_predictions_per_seq, micro_batch, source)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m simdist.data.bert [--max_seq_length 128] [--max_predictions_per_seq 19]``:
+    the example counts and the trivial MLM baseline on the shipped corpus."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m simdist.data.bert")
+    ap.add_argument("--max_seq_length", type=int, default=128)
+    ap.add_argument("--max_predictions_per_seq", type=int, default=19)
+    args = ap.parse_args(argv)
+    d = BertData(load_corpus_bytes(), args.max_seq_length, args.max_predictions_per_seq, 1, "")
+    top, acc = d.most_frequent_baseline()
+    nsp = float(np.mean(d.y_val[:, -1] == np.bincount(d.y_train[:, -1]).argmax()))
+    print(f"examples: {d.num_train} train, {d.num_eval} validation")
+    print(f"MLM baseline (always byte {bytes([top - NUM_SPECIAL])!r}): accuracy {acc:.4f}")
+    print(f"NSP baseline (always the majority label): accuracy {nsp:.4f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

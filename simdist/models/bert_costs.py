@@ -180,3 +180,11 @@ def plan_shape(cfg) -> dict:
         "learned_pos": True,
         "param_count": num_parameters(cfg),
     }
+
+
+def plan_models() -> dict[str, dict]:
+    """``plan_shape`` of every BERT preset, by preset name (bert-mini, bert-base, bert-large):
+    what ``python -m simdist.plan --model bert-large`` should look up."""
+    from .bert import PRESETS, resolve_config
+
+    return {name: plan_shape(resolve_config(name)) for name in PRESETS}
