@@ -328,6 +328,8 @@ def test_kernel_costs_cover_the_gradient_groups():
     costs = model.kernel_costs(2)
     done = [k.done for k in costs if k.done]
     assert done == [g.names for g in model.gradient_groups()]
+    matmul = sum(k.flops * k.count for k in costs if k.kind == "matmul")
+    assert matmul == 2 * model.flops_per_sample()
     assert model.activation_bytes(2) > 0 and model.flops_per_sample() > 0
     # plan shapes: bert-base has BERT-base's 110M parameters (with the MLM head's bias)
     from simdist.models.bert_costs import plan_shape
@@ -404,4 +406,16 @@ def test_config_errors_exit_2_and_write_nothing(tmp_path, flag, key):
     out = run_mpi(1, cmd, timeout=120)
     assert out.returncode == 2, out.stdout
     assert key in out.stdout, out.stdout
+    assert not d.exists()
+
+
+def test_simulated_oom_names_the_activations(tmp_path):
+    from test_simulate import toy_profile
+
+    d = tmp_path / "oom"
+    prof = toy_profile(tmp_path, capacity_gb=0.05)  # bert-mini's arena alone is 90 MiB
+    cmd = ["-m", "simdist.train", "--params=bert_mini", f"--profile={prof}"]
+    out = run_mpi(1, [*cmd, f"--runconfig.model_dir={d}", "--runconfig.max_steps=1"], 120)
+    assert out.returncode == 2, out.stdout
+    assert "simulated out of memory on toy" in out.stdout and "activations" in out.stdout
     assert not d.exists()
