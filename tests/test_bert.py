@@ -398,6 +398,7 @@ def test_resume_is_bitwise_identical_and_eval_reports_nsp(tmp_path):
         ("--model.vocab_size=200", "model.vocab_size"),
         ("--model.max_seq_length=1000", "model.max_seq_length"),
         ("--model.hidden_dropout_prob=1.5", "model.hidden_dropout_prob"),
+        ("--model.block_size=64", "model.block_size"),  # a GPT-2 (decoder) key
     ],
 )
 def test_config_errors_exit_2_and_write_nothing(tmp_path, flag, key):
