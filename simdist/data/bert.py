@@ -167,6 +167,10 @@ def main(argv: list[str] | None = None) -> int:
     nsp = float(np.mean(d.y_val[:, -1] == np.bincount(d.y_train[:, -1]).argmax()))
     print(f"examples: {d.num_train} train, {d.num_eval} validation")
     print(f"MLM baseline (always byte {bytes([top - NUM_SPECIAL])!r}): accuracy {acc:.4f}")
+    P = args.max_predictions_per_seq
+    counts = np.bincount(d.y_train[:, P : 2 * P].ravel(), minlength=VOCAB_SIZE) + 1e-9
+    unigram = float(-np.log(counts / counts.sum())[d.y_val[:, P : 2 * P]].mean())
+    print(f"MLM unigram baseline (training label frequencies): loss {unigram:.4f} nats")
     print(f"NSP baseline (always the majority label): accuracy {nsp:.4f}")
     return 0
 
