@@ -29,6 +29,10 @@ MODULES: list[str] = [
     "matmul",
     "residual",
     "reduce",
+    "dropout",
+    "transformer_act",
+    "linear_hf",
+    "embedding_seg",
 ]
 
 

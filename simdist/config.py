@@ -43,7 +43,28 @@ class GPT2ModelConfig:
     vocab_size: int | None = None
 
 
-MODEL_CONFIGS: dict[str, type] = {"fc_mnist": FCMNISTConfig, "gpt2": GPT2ModelConfig}
+@dataclass(frozen=True)
+class BertModelConfig:
+    name: str = "bert"
+    preset: str | None = None  # bert-mini | bert-base | bert-large
+    num_hidden_layers: int | None = None
+    num_attention_heads: int | None = None
+    hidden_size: int | None = None
+    intermediate_size: int | None = None
+    max_position_embeddings: int | None = None
+    vocab_size: int | None = None
+    type_vocab_size: int | None = None
+    max_seq_length: int | None = None  # tokens per training sequence
+    max_predictions_per_seq: int | None = None  # masked positions per sequence
+    hidden_dropout_prob: float | None = None
+    attention_probs_dropout_prob: float | None = None
+
+
+MODEL_CONFIGS: dict[str, type] = {
+    "fc_mnist": FCMNISTConfig,
+    "gpt2": GPT2ModelConfig,
+    "bert": BertModelConfig,
+}
 
 
 @dataclass(frozen=True)
@@ -154,6 +175,16 @@ FLAG_ALIASES: dict[str, tuple[str, str | None]] = {
     "--weight_servers": ("runconfig.weight_servers", "value"),
     "--prefetch_depth": ("runconfig.prefetch_depth", "value"),
     "--input_workers_per_replica": ("runconfig.input_workers_per_replica", "value"),
+    # SambaFlow's data-parallel BERT example (transformers_hook.py run --task_name mlm_ns)
+    "-b": ("train_input.batch_size", "value"),
+    "--max_seq_length": ("model.max_seq_length", "value"),
+    "--max_predictions_per_seq": ("model.max_predictions_per_seq", "value"),
+    "--warmup_steps": ("optimizer.warmup_steps", "value"),
+    "--logging_steps": ("runconfig.save_summary_steps", "value"),
+    "--weight_decay": ("optimizer.weight_decay", "value"),
+    "--learning_rate": ("optimizer.learning_rate", "value"),
+    "--adam_beta2": ("optimizer.beta2", "value"),
+    "--max_grad_norm_clip": ("optimizer.max_gradient_norm", "value"),
 }
 
 CHOICES: dict[str, tuple] = {

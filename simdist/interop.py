@@ -110,6 +110,27 @@ def normalize_hf(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return out
 
 
+def normalize_hf_bert(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Hugging Face BertForPreTraining names are simdist's; drop what simdist ties or
+    derives: the MLM decoder (tied to the word embeddings, its bias to
+    ``cls.predictions.bias``) and the ``position_ids`` / ``token_type_ids`` buffers."""
+    out = dict(tensors)
+    for tied, owner in (
+        ("cls.predictions.decoder.weight", "bert.embeddings.word_embeddings.weight"),
+        ("cls.predictions.decoder.bias", "cls.predictions.bias"),
+    ):
+        value = out.pop(tied, None)
+        if value is not None and owner in out and not np.array_equal(value, out[owner]):
+            raise InteropError(f"{tied} differs from {owner}: simdist's BERT ties them")
+    for name in list(out):
+        if name.endswith(("embeddings.position_ids", "embeddings.token_type_ids")):
+            del out[name]
+    return out
+
+
+HF_NORMALIZERS = {"bert": normalize_hf_bert}  # model -> HF names to simdist's (else GPT-2's)
+
+
 def export(ckpt: Path, out: Path) -> Path:
     attrs = checkpoint.verify(ckpt)
     with h5py.File(ckpt, "r") as f:
@@ -136,7 +157,8 @@ def import_(src: Path, out: Path, model: str = "gpt2") -> Path:
         # with PyTorch yourself and save it with safetensors.torch.save_file.
         raise InteropError(f"{src}: import reads .safetensors files only (no pickles)")
     tensors = read_safetensors(src)
-    tensors = {k: v.astype(np.float32) for k, v in normalize_hf(tensors).items()}
+    normalize = HF_NORMALIZERS.get(model, normalize_hf)
+    tensors = {k: v.astype(np.float32) for k, v in normalize(tensors).items()}
     names = list(tensors)
     shapes = [list(v.shape) for v in tensors.values()]
     offsets = np.concatenate([[0], np.cumsum([v.size for v in tensors.values()])[:-1]]).tolist()

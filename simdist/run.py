@@ -18,6 +18,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from simdist import checkpoint
 from simdist.comm.groups import WORKER, Groups, Roles
 from simdist.comm.world import world
@@ -263,6 +265,9 @@ class Run:
         s = self.schedule
         if not s.evaluates:
             return {}
+        extra = getattr(getattr(s, "model", None), "extra_eval", None)  # {metric: [sum, n]}
+        for acc in (extra or {}).values():
+            acc[:] = [0.0, 0.0]
         totals = s.coll.allreduce_scalars(s.eval_sums(self))
         count = totals[2] * totals[3]
         result = {
@@ -271,6 +276,9 @@ class Run:
             "loss": totals[0] / count,
             "eval_samples": int(totals[2]),
         }
+        for key in sorted(extra or {}):  # the same keys on every rank (the model's)
+            num, den = s.coll.allreduce_scalars(np.array(extra[key], np.float64))
+            result[key] = num / max(den, 1.0)
         if self.is_main:
             self.log(f"eval: accuracy = {result['accuracy']:.4f}, loss = {result['loss']:.6f}")
             self.model_dir.mkdir(parents=True, exist_ok=True)

@@ -52,4 +52,8 @@ def build_dataset(params: Params, micro_batch: int):
         from .tokens import build_token_data
 
         return build_token_data(params, micro_batch)
+    if model == "bert":
+        from .bert import build_bert_data
+
+        return build_bert_data(params, micro_batch)
     raise ConfigError(f"model.name: no dataset for model {model!r}")

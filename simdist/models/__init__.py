@@ -17,4 +17,8 @@ def build_model(config):
         from .gpt2 import build_gpt2
 
         return build_gpt2(config)
+    if config.name == "bert":
+        from .bert import build_bert
+
+        return build_bert(config)
     raise ConfigError(f"model.name: unknown model {config.name!r}")

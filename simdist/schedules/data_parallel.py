@@ -77,6 +77,8 @@ class DataParallel(Schedule):
         self.device = simulate.create_device(r, comm, self.placement)
         self.memory = DeviceAllocator(self.device.memory, self.coll)
         self.model = build_model(self.params.model)
+        if hasattr(self.model, "bind_step"):  # dropout masks hash (seed, global step, sample)
+            self.model.bind_step(r.seed, lambda: run.step)
         self.data = build_dataset(self.params, self.micro_batch)
         self._choose_shared_buffers(run)
         p, m, world = self.params, self.model, self.world

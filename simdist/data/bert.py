@@ -1,0 +1,179 @@
+"""BERT pretraining data from a text corpus: byte tokens, sentence pairs, static masking.
+
+Vocabulary (260 ids): 0 [PAD], 1 [CLS], 2 [SEP], 3 [MASK], then byte b is id b + 4. Text is
+the shipped corpus (Jane Austen's *Emma*) or a user's ``.txt`` file, runs of whitespace
+collapsed to one space; the last 10 % of it is the validation split.
+
+Sentence pairs for next-sentence prediction: sentence boundaries are ``. ! ?`` (optionally
+closed by a quote) followed by a space. Sample i is built around the i-th boundary that
+has room on both sides: segment A is the ``a`` bytes ending at that boundary, segment B
+the ``T - 3 - a`` bytes starting right after it (IsNext, label 0) or, with probability
+1/2, starting at another boundary at least T bytes away (NotNext, label 1); ``a`` is
+uniform in [T/4, 3T/4). So every sequence is ``[CLS] A [SEP] B [SEP]`` filling exactly T
+positions (no padding), A's sentence ends where B's starts for IsNext pairs, and the task
+needs the content of both segments, not their lengths.
+
+Masking (Devlin et al.): P = ``max_predictions_per_seq`` (15 % of T) positions, never [CLS]
+or [SEP], are chosen; 80 % become [MASK], 10 % a uniformly random byte, 10 % stay. Masks
+are static (fixed per sample, as the original ``create_pretraining_data.py`` with one
+duplicate): every sample is a pure function of (corpus, T, P, sample index), so any rank
+builds the same one. Batches are (inputs (B, 3, T), targets (B, 2P + 1)) as
+``simdist.models.bert`` reads them.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from simdist.config import ConfigError, Params
+
+from .text import VAL_FRACTION, load_corpus_bytes
+
+PAD, CLS, SEP, MASK = 0, 1, 2, 3
+NUM_SPECIAL = 4
+VOCAB_SIZE = NUM_SPECIAL + 256
+_BOUNDARY = re.compile(rb"[.!?][\"']? ")
+SALT_TRAIN, SALT_EVAL = 0x5EED, 0xE7A1
+
+
+def byte_ids(text: bytes) -> np.ndarray:
+    return np.frombuffer(text, np.uint8).astype(np.int32) + NUM_SPECIAL
+
+
+def normalise(text: bytes) -> bytes:
+    return re.sub(rb"\s+", b" ", text).strip()
+
+
+def make_examples(text: bytes, T: int, P: int, salt: int) -> tuple[np.ndarray, np.ndarray]:
+    """(inputs (n, 3, T), targets (n, 2P + 1)) int32 for every usable boundary of text."""
+    ids = byte_ids(text)
+    starts = np.array([m.end() for m in _BOUNDARY.finditer(text)], np.int64)
+    room = T  # bytes needed on each side of a boundary
+    ok = starts[(starts >= room) & (starts + room <= len(ids))]
+    n = len(ok)
+    if n < 2:
+        raise ValueError(f"text of {len(text)} bytes has fewer than 2 usable sentence pairs")
+    x = np.zeros((n, 3, T), np.int32)
+    y = np.zeros((n, 2 * P + 1), np.int32)
+    for i in range(n):
+        rng = np.random.Generator(np.random.Philox(key=[salt, i]))
+        s = int(ok[i])
+        a = int(rng.integers(T // 4, 3 * T // 4))
+        b = T - 3 - a
+        seg_a = ids[s - 1 - a : s - 1]  # up to the boundary's space
+        nsp = int(rng.random() < 0.5)
+        if nsp:  # NotNext: a boundary at least T bytes away from this one
+            while True:
+                r = int(ok[rng.integers(n)])
+                if abs(r - s) >= T:
+                    break
+            seg_b = ids[r : r + b]
+        else:
+            seg_b = ids[s : s + b]
+        row = x[i, 0]
+        row[0] = CLS
+        row[1 : 1 + a] = seg_a
+        row[1 + a] = SEP
+        row[2 + a : 2 + a + b] = seg_b
+        row[T - 1] = SEP
+        x[i, 1, 2 + a :] = 1
+        x[i, 2, 0] = i
+        cand = np.concatenate([np.arange(1, 1 + a), np.arange(2 + a, T - 1)])
+        pos = np.sort(rng.choice(cand, P, replace=False))
+        y[i, :P] = pos
+        y[i, P : 2 * P] = row[pos]
+        u = rng.random(P)
+        rand_tok = rng.integers(NUM_SPECIAL, VOCAB_SIZE, P)
+        row[pos] = np.where(u < 0.8, MASK, np.where(u < 0.9, rand_tok, row[pos]))
+        y[i, 2 * P] = nsp
+    return x, y
+
+
+class BertData:
+    """Sentence-pair MLM + NSP examples for the train and validation splits."""
+
+    def __init__(self, text: bytes, T: int, P: int, micro_batch: int, source: str):
+        text = normalise(text)
+        n_val = int(round(len(text) * VAL_FRACTION))
+        try:
+            self.x_train, self.y_train = make_examples(text[:-n_val], T, P, SALT_TRAIN)
+            self.x_val, self.y_val = make_examples(text[-n_val:], T, P, SALT_EVAL)
+        except ValueError as e:
+            raise ConfigError(f"train_input.data_dir: {e} at max_seq_length {T}") from None
+        self.x_val[:, 2, 0] += len(self.x_train)  # distinct sample indices
+        self.num_train, self.num_eval = len(self.x_train), len(self.x_val)
+        self.targets_per_sample = P  # eval accuracy and loss are per masked position
+        self.source = source
+        self._x = np.zeros((micro_batch, 3, T), np.int32)
+        self._y = np.zeros((micro_batch, 2 * P + 1), np.int32)
+
+    def train_batch(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        x, y = self._x[: len(indices)], self._y[: len(indices)]
+        np.take(self.x_train, indices, axis=0, out=x)
+        np.take(self.y_train, indices, axis=0, out=y)
+        return x, y
+
+    def eval_batch(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.x_val[lo:hi], self.y_val[lo:hi]
+
+    def most_frequent_baseline(self) -> tuple[int, float]:
+        """The trivial MLM baseline: the byte id most frequent among the training labels,
+        and the validation accuracy of always predicting it."""
+        P = self.targets_per_sample
+        top = int(np.bincount(self.y_train[:, P : 2 * P].ravel()).argmax())
+        return top, float(np.mean(self.y_val[:, P : 2 * P] == top))
+
+
+def build_bert_data(params: Params, micro_batch: int) -> BertData:
+    from simdist.models.bert import build_bert
+
+    cfg = build_bert(params.model).config
+    if cfg.vocab_size < VOCAB_SIZE:
+        raise ConfigError(
+            f"model.vocab_size ({cfg.vocab_size}) is smaller than the byte vocabulary the data "
+            f"uses ({VOCAB_SIZE}: 4 special tokens + 256 bytes)"
+        )
+    spec = params.train_input.data_dir
+    if spec is None:
+        text, source = load_corpus_bytes(), "simdist text corpus (Jane Austen, Emma; bytes)"
+    elif spec.endswith(".txt"):
+        try:
+            with open(spec, "rb") as f:
+                text = f.read()
+        except OSError as e:
+            raise ConfigError(f"train_input.data_dir: {e}") from None
+        source = spec
+    else:
+        raise ConfigError(
+            f"train_input.data_dir: BERT reads a .txt file (or null for the shipped corpus), "
+            f"got {spec!r}"
+        )
+    return BertData(text, cfg.max_seq_length, cfg.max_predictions_per_seq, micro_batch, source)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m simdist.data.bert [--max_seq_length 128] [--max_predictions_per_seq 19]``:
+    the example counts and the trivial MLM baseline on the shipped corpus."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m simdist.data.bert")
+    ap.add_argument("--max_seq_length", type=int, default=128)
+    ap.add_argument("--max_predictions_per_seq", type=int, default=19)
+    args = ap.parse_args(argv)
+    d = BertData(load_corpus_bytes(), args.max_seq_length, args.max_predictions_per_seq, 1, "")
+    top, acc = d.most_frequent_baseline()
+    nsp = float(np.mean(d.y_val[:, -1] == np.bincount(d.y_train[:, -1]).argmax()))
+    print(f"examples: {d.num_train} train, {d.num_eval} validation")
+    print(f"MLM baseline (always byte {bytes([top - NUM_SPECIAL])!r}): accuracy {acc:.4f}")
+    P = args.max_predictions_per_seq
+    counts = np.bincount(d.y_train[:, P : 2 * P].ravel(), minlength=VOCAB_SIZE) + 1e-9
+    unigram = float(-np.log(counts / counts.sum())[d.y_val[:, P : 2 * P]].mean())
+    print(f"MLM unigram baseline (training label frequencies): loss {unigram:.4f} nats")
+    print(f"NSP baseline (always the majority label): accuracy {nsp:.4f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

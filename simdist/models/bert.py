@@ -1,0 +1,767 @@
+"""BERT (Devlin et al. 2019) pretraining, masked LM + next-sentence prediction, llm.c-style.
+
+Like ``gpt2.py``: the configuration with presets (bert-mini, bert-base, bert-large), the
+parameter list in Hugging Face's ``BertForPreTraining`` state-dict names and layouts
+(``nn.Linear`` weights are (out, in); the MLM decoder is tied to the word embeddings, its
+bias is ``cls.predictions.bias``), one float32 activation arena, and forward / backward as
+kernel calls. Post-LN encoder layers: x -> LN(x + drop(attn(x))) -> LN(. + drop(ffn(.))).
+
+Inputs (``simdist.data.bert`` makes them):
+- ``inputs``: (B, 3, T) int32: token ids, segment (token type) ids, and in row 2 column 0
+  the sample's global index (the dropout masks hash it; the rest of row 2 is unused).
+  Keys whose token is ``pad_token_id`` are masked out of attention.
+- ``targets``: (B, 2P + 1) int32: the P masked positions, their original tokens, and the
+  NSP label (0: B follows A, 1: B is random), Hugging Face's convention.
+The loss of a sample is its mean MLM cross-entropy over its P predictions plus its NSP
+cross-entropy (Hugging Face's ``total_loss`` when every sample has P predictions); the
+micro-batch loss is the mean over samples. Only the P masked rows go through the MLM head
+(as the original BERT does with ``max_predictions_per_seq``), which changes no gradient.
+
+Dropout (hidden and attention probabilities) uses ``kernels/dropout.py``: masks hash
+(seed, global step, sample index, site), so they do not depend on rank or world size.
+The training loop tells the model the seed and step through ``bind_step``; evaluation
+runs without dropout. Layer norms use eps = 1e-5 (the shared kernels'; Hugging Face's
+BERT uses 1e-12, which differs only for rows of near-zero variance).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from simdist.config import ConfigError
+from simdist.kernels.attention import mha_backward, mha_forward
+from simdist.kernels.dropout import dropout_backward, dropout_forward, sample_keys
+from simdist.kernels.embedding_seg import (
+    segment_embedding_backward_accumulate,
+    segment_embedding_forward,
+)
+from simdist.kernels.layernorm import (
+    layernorm_backward,
+    layernorm_forward,
+    residual_layernorm_forward,
+)
+from simdist.kernels.linear_hf import (
+    gather_rows_backward,
+    gather_rows_forward,
+    linear_hf_backward,
+    linear_hf_forward,
+)
+from simdist.kernels.loss import softmax_cross_entropy_backward, softmax_cross_entropy_forward
+from simdist.kernels.residual import residual_forward
+from simdist.kernels.transformer_act import (
+    gelu_erf_backward,
+    gelu_erf_forward,
+    tanh_backward,
+    tanh_forward,
+)
+
+from . import bert_costs
+from .base import GradientGroup, KernelCost, ParamSpec
+
+F32 = np.float32
+INT_FIELDS = (
+    "num_hidden_layers",
+    "num_attention_heads",
+    "hidden_size",
+    "intermediate_size",
+    "max_position_embeddings",
+    "vocab_size",
+    "type_vocab_size",
+    "max_seq_length",
+    "max_predictions_per_seq",
+)
+
+
+@dataclass(frozen=True)
+class BertConfig:
+    num_hidden_layers: int
+    num_attention_heads: int
+    hidden_size: int
+    intermediate_size: int
+    max_position_embeddings: int
+    vocab_size: int
+    type_vocab_size: int
+    max_seq_length: int  # T of every training sequence (<= max_position_embeddings)
+    max_predictions_per_seq: int  # P masked positions per sequence
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+    pad_token_id: int = 0
+
+    def __post_init__(self) -> None:
+        for key in INT_FIELDS:
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"model.{key} must be a positive integer, got {value!r}")
+        if self.hidden_size % self.num_attention_heads:
+            raise ConfigError(
+                f"model.hidden_size ({self.hidden_size}) must be divisible by "
+                f"model.num_attention_heads ({self.num_attention_heads})"
+            )
+        if self.max_seq_length > self.max_position_embeddings:
+            raise ConfigError(
+                f"model.max_seq_length ({self.max_seq_length}) exceeds "
+                f"model.max_position_embeddings ({self.max_position_embeddings})"
+            )
+        if self.max_seq_length < 8:
+            raise ConfigError(f"model.max_seq_length must be >= 8, got {self.max_seq_length}")
+        if self.max_predictions_per_seq > self.max_seq_length - 3:
+            raise ConfigError(
+                f"model.max_predictions_per_seq ({self.max_predictions_per_seq}) must leave "
+                f"room for [CLS] and two [SEP] in max_seq_length ({self.max_seq_length})"
+            )
+        for key in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
+            p = getattr(self, key)
+            if not isinstance(p, int | float) or not 0.0 <= p < 1.0:
+                raise ConfigError(f"model.{key} must lie in [0, 1), got {p!r}")
+        if not 0 <= self.pad_token_id < self.vocab_size:
+            raise ConfigError(
+                f"model.pad_token_id must lie in [0, vocab_size), got {self.pad_token_id}"
+            )
+
+    @property
+    def head_size(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+
+def _preset(L: int, H: int, A: int, P: int, V: int, T: int) -> dict:
+    return dict(
+        num_hidden_layers=L,
+        num_attention_heads=A,
+        hidden_size=H,
+        intermediate_size=4 * H,
+        max_position_embeddings=P,
+        vocab_size=V,
+        type_vocab_size=2,
+        max_seq_length=T,
+        max_predictions_per_seq=max(1, round(0.15 * T)),
+    )
+
+
+# bert-mini: Turc et al.'s BERT-Mini shape (L4 H256 A4) on simdist's byte vocabulary
+# (simdist.data.bert: 4 special tokens + 256 bytes); base and large: Devlin et al.'s shapes
+# with the WordPiece vocabulary size, sequence 512 (for simulation and plan mode).
+PRESETS: dict[str, dict] = {
+    "bert-mini": _preset(4, 256, 4, 128, 260, 128),
+    "bert-base": _preset(12, 768, 12, 512, 30522, 512),
+    "bert-large": _preset(24, 1024, 16, 512, 30522, 512),
+}
+PRESETS["bert-base"]["max_predictions_per_seq"] = 80  # Devlin et al.: 20 at 128, 80 at 512
+PRESETS["bert-large"]["max_predictions_per_seq"] = 80
+
+
+def resolve_config(preset: str | None = None, **overrides) -> BertConfig:
+    """A preset with some fields replaced (None = keep); without a preset all are needed."""
+    fields = INT_FIELDS + ("hidden_dropout_prob", "attention_probs_dropout_prob", "pad_token_id")
+    unknown = set(overrides) - set(fields)
+    if unknown:
+        raise ConfigError(f"model: unknown BERT keys {sorted(unknown)}; known: {fields}")
+    if preset is not None:
+        if preset not in PRESETS:
+            raise ConfigError(f"model.preset: unknown {preset!r}; choose from {sorted(PRESETS)}")
+        values = dict(PRESETS[preset])
+    else:
+        values = {}
+    given = {k: v for k, v in overrides.items() if v is not None}
+    values.update(given)
+    if "max_seq_length" in given and "max_predictions_per_seq" not in given:
+        values["max_predictions_per_seq"] = max(1, round(0.15 * given["max_seq_length"]))
+    missing = [k for k in INT_FIELDS if k not in values]
+    if missing:
+        raise ConfigError(
+            f"model.{missing[0]} is required (set model.preset to one of {sorted(PRESETS)} "
+            f"or give all of {', '.join(INT_FIELDS)})"
+        )
+    return BertConfig(**values)
+
+
+def build_bert(config) -> Bert:
+    """From params.yaml's model section (``simdist.config.BertModelConfig``)."""
+    keys = INT_FIELDS + ("hidden_dropout_prob", "attention_probs_dropout_prob")
+    return Bert(resolve_config(config.preset, **{k: getattr(config, k) for k in keys}))
+
+
+# ------------------------------------------------------------------ sizes without allocating
+LAYER_PARAMS = (
+    "attention.self.query.weight",
+    "attention.self.query.bias",
+    "attention.self.key.weight",
+    "attention.self.key.bias",
+    "attention.self.value.weight",
+    "attention.self.value.bias",
+    "attention.output.dense.weight",
+    "attention.output.dense.bias",
+    "attention.output.LayerNorm.weight",
+    "attention.output.LayerNorm.bias",
+    "intermediate.dense.weight",
+    "intermediate.dense.bias",
+    "output.dense.weight",
+    "output.dense.bias",
+    "output.LayerNorm.weight",
+    "output.LayerNorm.bias",
+)
+EMBED_PARAMS = (
+    "bert.embeddings.word_embeddings.weight",
+    "bert.embeddings.position_embeddings.weight",
+    "bert.embeddings.token_type_embeddings.weight",
+    "bert.embeddings.LayerNorm.weight",
+    "bert.embeddings.LayerNorm.bias",
+)
+HEAD_PARAMS = (
+    "bert.pooler.dense.weight",
+    "bert.pooler.dense.bias",
+    "cls.predictions.bias",
+    "cls.predictions.transform.dense.weight",
+    "cls.predictions.transform.dense.bias",
+    "cls.predictions.transform.LayerNorm.weight",
+    "cls.predictions.transform.LayerNorm.bias",
+    "cls.seq_relationship.weight",
+    "cls.seq_relationship.bias",
+)
+
+
+def parameter_specs(cfg: BertConfig) -> list[ParamSpec]:
+    """BertForPreTraining's state-dict order, names and shapes (tied decoder omitted);
+    weight decay for matrices and embeddings (ndim >= 2), not biases or LayerNorms."""
+    H, I, V = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
+    shapes = dict(
+        zip(
+            EMBED_PARAMS,
+            [(V, H), (cfg.max_position_embeddings, H), (cfg.type_vocab_size, H), (H,), (H,)],
+            strict=True,
+        )
+    )
+    layer = [(H, H), (H,)] * 4 + [(H,), (H,), (I, H), (I,), (H, I), (H,), (H,), (H,)]
+    for i in range(cfg.num_hidden_layers):
+        for p, s in zip(LAYER_PARAMS, layer, strict=True):
+            shapes[f"bert.encoder.layer.{i}.{p}"] = s
+    head = [(H, H), (H,), (V,), (H, H), (H,), (H,), (H,), (2, H), (2,)]
+    shapes.update(zip(HEAD_PARAMS, head, strict=True))
+    return [ParamSpec(n, s, len(s) >= 2) for n, s in shapes.items()]
+
+
+def num_parameters(cfg: BertConfig) -> int:
+    return sum(s.numel for s in parameter_specs(cfg))
+
+
+ARENA_ALIGN = 16  # elements (64 bytes): every tensor on its own cache line
+
+
+def activation_shapes(cfg: BertConfig, B: int) -> dict[str, tuple[tuple[int, ...], str]]:
+    """(shape, dtype) of every arena tensor for micro-batch B, in arena order. int32 and
+    uint64 tensors are carved from the float32 arena (aligned, so the views are legal)."""
+    L, H, I, V = cfg.num_hidden_layers, cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
+    T, P, NH, hs = (
+        cfg.max_seq_length,
+        cfg.max_predictions_per_seq,
+        cfg.num_attention_heads,
+        cfg.head_size,
+    )
+    N, M = B * T, B * P
+    f, i = "f4", "i4"
+    return {
+        "tokens": ((B, T), i),
+        "types": ((B, T), i),
+        "rows": ((M,), i),  # flat row (b * T + position) of each masked position
+        "labels": ((M,), i),
+        "nsp_labels": ((B,), i),
+        "cls_rows": ((B,), i),
+        "keys": ((B,), "u8"),  # dropout keys: 2 float32 slots each
+        "keep": ((B, T), f),  # 1 for real keys, 0 for padding
+        "emb": ((N, H), f),  # word + position + segment: the embedding LayerNorm's input
+        "emb_mean": ((N,), f),
+        "emb_rstd": ((N,), f),
+        "x0": ((N, H), f),  # dropout(LayerNorm(emb)): the encoder's input
+        "q": ((L, N, H), f),
+        "k": ((L, N, H), f),
+        "v": ((L, N, H), f),
+        "att": ((L, B, NH, T, T), f),  # softmax before dropout
+        "ctx": ((L, N, H), f),
+        "res1": ((L, N, H), f),  # x + dropout(attention output dense): LayerNorm 1 input
+        "a1": ((L, N, H), f),
+        "a1_mean": ((L, N), f),
+        "a1_rstd": ((L, N), f),
+        "inter": ((L, N, I), f),
+        "inter_g": ((L, N, I), f),
+        "res2": ((L, N, H), f),  # a1 + dropout(output dense): LayerNorm 2 input
+        "h": ((L, N, H), f),  # the layer's output
+        "h_mean": ((L, N), f),
+        "h_rstd": ((L, N), f),
+        # masked-LM head on the M masked rows
+        "mlm_in": ((M, H), f),
+        "t_dense": ((M, H), f),
+        "t_gelu": ((M, H), f),
+        "t_ln": ((M, H), f),
+        "t_mean": ((M,), f),
+        "t_rstd": ((M,), f),
+        "logits": ((M, V), f),
+        "probs": ((M, V), f),  # backward overwrites with dlogits
+        "mlm_losses": ((M,), f),
+        # pooler + NSP head on the [CLS] rows
+        "cls": ((B, H), f),
+        "pooled_pre": ((B, H), f),
+        "pooled": ((B, H), f),
+        "nsp_logits": ((B, 2), f),
+        "nsp_probs": ((B, 2), f),
+        "nsp_losses": ((B,), f),
+        # gradients of activations, reused layer after layer
+        "dres": ((N, H), f),
+        "dln": ((N, H), f),
+        "dctx": ((N, H), f),
+        "dq": ((N, H), f),
+        "dk": ((N, H), f),
+        "dv": ((N, H), f),
+        "dinter_g": ((N, I), f),
+        "dinter": ((N, I), f),
+        "dm1": ((M, H), f),
+        "dm2": ((M, H), f),
+        "db1": ((B, H), f),
+        "db2": ((B, H), f),
+        "att_scratch": ((7, T, hs), f),
+        "att_dscores": ((T, T), f),
+    }
+
+
+def arena_layout(cfg: BertConfig, B: int) -> tuple[dict[str, int], int]:
+    offsets, total = {}, 0
+    for name, (shape, dtype) in activation_shapes(cfg, B).items():
+        offsets[name] = total
+        n = math.prod(shape) * (2 if dtype == "u8" else 1)
+        total += -(-n // ARENA_ALIGN) * ARENA_ALIGN
+    return offsets, total
+
+
+def activation_bytes(cfg: BertConfig, batch_size: int) -> int:
+    return 4 * arena_layout(cfg, batch_size)[1]
+
+
+def flops_per_sample(cfg: BertConfig) -> int:
+    """Forward + backward matrix-product FLOPs of one sequence (3x the forward's):
+    per token and layer 2 (4 H^2 + 2 H I) for the projections and feed-forward, plus
+    4 T H for q k^T and p v; the pooler and NSP once per sequence, the MLM transform and
+    decoder on the P masked positions."""
+    L, H, I, V = cfg.num_hidden_layers, cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
+    T, P = cfg.max_seq_length, cfg.max_predictions_per_seq
+    fwd = T * L * (2 * (4 * H * H + 2 * H * I) + 4 * T * H)
+    fwd += 2 * (H * H + 2 * H) + P * 2 * (H * H + H * V)
+    return 3 * fwd
+
+
+# ------------------------------------------------------------------ the model
+class _Views:
+    """Named views of the arena for one micro-batch size B."""
+
+    def __init__(self, arena: np.ndarray, cfg: BertConfig, B: int, offsets: dict):
+        self.B = B
+        for name, (shape, dtype) in activation_shapes(cfg, B).items():
+            lo = offsets[name]
+            n = math.prod(shape) * (2 if dtype == "u8" else 1)
+            flat = arena[lo : lo + n]
+            if dtype == "i4":
+                flat = flat.view(np.int32)
+            elif dtype == "u8":
+                flat = flat.view(np.uint64)
+            arr = flat.reshape(shape)
+            # per-layer tensors become a list of per-layer views
+            setattr(
+                self,
+                name,
+                list(arr) if shape[0] == cfg.num_hidden_layers and name in _PER_LAYER else arr,
+            )
+        T, H = cfg.max_seq_length, cfg.hidden_size
+        self.layer_in = [self.x0] + self.h[:-1]
+        self.q3 = [a.reshape(B, T, H) for a in self.q]
+        self.k3 = [a.reshape(B, T, H) for a in self.k]
+        self.v3 = [a.reshape(B, T, H) for a in self.v]
+        self.ctx3 = [a.reshape(B, T, H) for a in self.ctx]
+        self.emb3 = self.emb.reshape(B, T, H)
+        self.dres3 = self.dres.reshape(B, T, H)
+        self.dctx3, self.dq3 = self.dctx.reshape(B, T, H), self.dq.reshape(B, T, H)
+        self.dk3, self.dv3 = self.dk.reshape(B, T, H), self.dv.reshape(B, T, H)
+
+
+_PER_LAYER = {
+    "q", "k", "v", "att", "ctx", "res1", "a1", "a1_mean", "a1_rstd",
+    "inter", "inter_g", "res2", "h", "h_mean", "h_rstd",
+}  # fmt: skip
+
+
+def _flat(a: np.ndarray) -> np.ndarray:
+    return a.reshape(-1)
+
+
+class Bert:
+    """The Model protocol (``simdist.models.base``) for BERT pretraining."""
+
+    def __init__(self, config: BertConfig):
+        self.config = config
+        self.name = "bert"
+        L = config.num_hidden_layers
+        self._layer_names = [
+            tuple(f"bert.encoder.layer.{i}.{p}" for p in LAYER_PARAMS) for i in range(L)
+        ]
+        self._arena: np.ndarray | None = None
+        self._batch = 0
+        self._offsets: dict[str, int] = {}
+        self._views: dict[int, _Views] = {}
+        self._saved: _Views | None = None
+        self._current: _Views | None = None
+        self._seed = 0
+        self._step: Callable[[], int] = lambda: 0
+        self._dropout = False  # this forward applies dropout (training, p > 0)
+        self.extra_eval: dict[str, list[float]] = {
+            "nsp_accuracy": [0.0, 0.0],
+            "nsp_loss": [0.0, 0.0],
+        }
+
+    # -------------------------------------------------------------- training-loop hook
+    def bind_step(self, seed: int, step: Callable[[], int]) -> None:
+        """Dropout masks hash (seed, step(), sample index): the run passes its seed and a
+        function returning the global step the next forward belongs to."""
+        self._seed, self._step = int(seed), step
+
+    # -------------------------------------------------------------- protocol: sizes
+    def parameter_specs(self) -> list[ParamSpec]:
+        return parameter_specs(self.config)
+
+    def num_parameters(self) -> int:
+        return num_parameters(self.config)
+
+    def activation_bytes(self, batch_size: int) -> int:
+        return activation_bytes(self.config, batch_size)
+
+    def flops_per_sample(self) -> int:
+        return flops_per_sample(self.config)
+
+    def kernel_costs(self, batch: int, seq: int | None = None) -> list[KernelCost]:
+        return bert_costs.kernel_costs(self.config, batch, seq or self.config.max_seq_length)
+
+    def gradient_groups(self) -> list[GradientGroup]:
+        """Heads (pooler, MLM transform and bias, NSP), layers last to first, then the
+        embeddings: the tied decoder writes the word embeddings' gradient first, hence held."""
+        groups = [GradientGroup(HEAD_PARAMS)]
+        groups += [GradientGroup(n) for n in reversed(self._layer_names)]
+        groups.append(GradientGroup(EMBED_PARAMS, held=True))
+        return groups
+
+    # -------------------------------------------------------------- protocol: set-up
+    def init_parameters(self, params: dict[str, np.ndarray], rng: np.random.Generator) -> None:
+        """Hugging Face's BERT init: normal(0, 0.02) matrices and embeddings (padding row
+        zero), zero biases, LayerNorm weight 1 and bias 0."""
+        for spec in self.parameter_specs():
+            p = params[spec.name]
+            if len(spec.shape) >= 2:
+                rng.standard_normal(out=p, dtype=np.float32)
+                p *= F32(0.02)
+            elif "LayerNorm.weight" in spec.name:
+                p.fill(1.0)
+            else:
+                p.fill(0.0)
+        params[EMBED_PARAMS[0]][self.config.pad_token_id] = 0.0
+
+    def allocate(self, batch_size: int) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be positive, got {batch_size}")
+        self._offsets, total = arena_layout(self.config, batch_size)
+        self._arena = np.zeros(total, dtype=np.float32)
+        self._batch = batch_size
+        self._views, self._saved, self._current = {}, None, None
+
+    # -------------------------------------------------------------- protocol: compute
+    def forward(self, params, inputs: np.ndarray, targets: np.ndarray) -> float:
+        v = self._load_batch(inputs, targets)
+        cfg = self.config
+        self._dropout = cfg.hidden_dropout_prob > 0 or cfg.attention_probs_dropout_prob > 0
+        if self._dropout:
+            sample_keys(self._seed, self._step(), inputs[:, 2, 0], v.keys)
+        self._forward(v, params)
+        self._saved = v
+        return float(self._sample_losses(v).mean(dtype=np.float64))
+
+    def evaluate(self, params, inputs: np.ndarray, targets: np.ndarray) -> tuple[float, int]:
+        """(sum of the MLM token losses, correct MLM predictions) over the masked positions;
+        NSP accuracy and loss accumulate in ``extra_eval`` ({metric: [sum, samples]}, which
+        the run zeroes before and reduces over the ranks after an evaluation)."""
+        if self._arena is None:
+            self.allocate(inputs.shape[0])
+        loss_sum, correct = 0.0, 0
+        self._dropout = False
+        for lo in range(0, inputs.shape[0], self._batch):
+            hi = min(lo + self._batch, inputs.shape[0])
+            v = self._load_batch(inputs[lo:hi], targets[lo:hi])
+            self._forward(v, params)
+            loss_sum += float(v.mlm_losses.sum(dtype=np.float64))
+            correct += int(np.count_nonzero(v.logits.argmax(axis=1) == v.labels))
+            nsp_ok = int(np.count_nonzero(v.nsp_logits.argmax(axis=1) == v.nsp_labels))
+            nsp_loss = float(v.nsp_losses.sum(dtype=np.float64))
+            for key, num in (("nsp_accuracy", nsp_ok), ("nsp_loss", nsp_loss)):
+                acc = self.extra_eval[key]
+                acc[0] += num
+                acc[1] += v.B
+        self._saved = None
+        return loss_sum, correct
+
+    def backward(self, params, grads, dloss: float) -> None:
+        v = self._saved
+        if v is None:
+            raise RuntimeError("backward without a preceding forward")
+        cfg = self.config
+        L, P = cfg.num_hidden_layers, cfg.max_predictions_per_seq
+        ph, pa = F32(cfg.hidden_dropout_prob), F32(cfg.attention_probs_dropout_prob)
+        if not self._dropout:
+            ph = pa = F32(0.0)
+        g = grads
+        wte = params[EMBED_PARAMS[0]]
+        # ---- heads: MLM (per-sample loss = mean of its P token losses) and NSP
+        softmax_cross_entropy_backward(v.probs, v.probs, v.labels, F32(dloss / P))
+        linear_hf_backward(
+            v.dm1, g[EMBED_PARAMS[0]], g["cls.predictions.bias"], v.probs, v.t_ln, wte
+        )
+        layernorm_backward(
+            v.dm2,
+            g["cls.predictions.transform.LayerNorm.weight"],
+            g["cls.predictions.transform.LayerNorm.bias"],
+            v.dm1,
+            v.t_gelu,
+            params["cls.predictions.transform.LayerNorm.weight"],
+            v.t_mean,
+            v.t_rstd,
+        )
+        gelu_erf_backward(_flat(v.dm1), _flat(v.t_dense), _flat(v.dm2))
+        linear_hf_backward(
+            v.dm2,
+            g["cls.predictions.transform.dense.weight"],
+            g["cls.predictions.transform.dense.bias"],
+            v.dm1,
+            v.mlm_in,
+            params["cls.predictions.transform.dense.weight"],
+        )
+        softmax_cross_entropy_backward(v.nsp_probs, v.nsp_probs, v.nsp_labels, F32(dloss))
+        linear_hf_backward(
+            v.db1,
+            g["cls.seq_relationship.weight"],
+            g["cls.seq_relationship.bias"],
+            v.nsp_probs,
+            v.pooled,
+            params["cls.seq_relationship.weight"],
+        )
+        tanh_backward(_flat(v.db2), _flat(v.pooled), _flat(v.db1))
+        linear_hf_backward(
+            v.db1,
+            g["bert.pooler.dense.weight"],
+            g["bert.pooler.dense.bias"],
+            v.db2,
+            v.cls,
+            params["bert.pooler.dense.weight"],
+        )
+        g.done(HEAD_PARAMS)
+        v.dres.fill(0.0)
+        gather_rows_backward(v.dres, v.dm2, v.rows)
+        gather_rows_backward(v.dres, v.db1, v.cls_rows)
+        # ---- encoder layers, last to first; dres holds d(layer output)
+        for i in range(L - 1, -1, -1):
+            self._layer_backward(v, params, g, i, ph, pa)
+            g.done(self._layer_names[i])
+        # ---- embeddings: dres is d x0
+        if ph > 0:
+            dropout_backward(_rows(v.dres, v.B), _rows(v.dres, v.B), v.keys, 0, ph)
+        layernorm_backward(
+            v.dln,
+            g["bert.embeddings.LayerNorm.weight"],
+            g["bert.embeddings.LayerNorm.bias"],
+            v.dres,
+            v.emb,
+            params["bert.embeddings.LayerNorm.weight"],
+            v.emb_mean,
+            v.emb_rstd,
+        )
+        dwpe, dwtt = g[EMBED_PARAMS[1]], g[EMBED_PARAMS[2]]
+        dwpe.fill(0.0)
+        dwtt.fill(0.0)
+        segment_embedding_backward_accumulate(
+            g[EMBED_PARAMS[0]], dwpe, dwtt, v.dln.reshape(v.B, -1, cfg.hidden_size),
+            v.tokens, v.types, cfg.pad_token_id,
+        )  # fmt: skip
+        g.done(EMBED_PARAMS)
+
+    # -------------------------------------------------------------- internals
+    def _sample_losses(self, v: _Views) -> np.ndarray:
+        P = self.config.max_predictions_per_seq
+        return v.mlm_losses.reshape(v.B, P).mean(axis=1, dtype=np.float64) + v.nsp_losses
+
+    def _load_batch(self, inputs: np.ndarray, targets: np.ndarray) -> _Views:
+        cfg = self.config
+        T, P, V = cfg.max_seq_length, cfg.max_predictions_per_seq, cfg.vocab_size
+        if self._arena is None:
+            raise ValueError("call allocate(batch_size) before forward/evaluate")
+        if inputs.ndim != 3 or inputs.shape[1:] != (3, T):
+            raise ValueError(f"BERT inputs must be (B, 3, {T}); got {inputs.shape}")
+        B = inputs.shape[0]
+        if targets.shape != (B, 2 * P + 1):
+            raise ValueError(f"BERT targets must be (B, {2 * P + 1}); got {targets.shape}")
+        if B > self._batch:
+            raise ValueError(f"batch of {B} sequences, but allocate({self._batch}) was called")
+        v = self._views.get(B)
+        if v is None:
+            v = self._views[B] = _Views(self._arena, cfg, B, self._offsets)
+        tok, typ, pos, lab = inputs[:, 0], inputs[:, 1], targets[:, :P], targets[:, P : 2 * P]
+        # the kernels index with these unchecked: a bad id would touch wild memory
+        for what, a, hi in (
+            ("token ids", tok, V),
+            ("token type ids", typ, cfg.type_vocab_size),
+            ("masked positions", pos, T),
+            ("masked labels", lab, V),
+            ("NSP labels", targets[:, 2 * P], 2),
+        ):
+            if a.size and (a.min() < 0 or a.max() >= hi):
+                raise ValueError(f"BERT {what} must lie in [0, {hi})")
+        np.copyto(v.tokens, tok, casting="same_kind")
+        np.copyto(v.types, typ, casting="same_kind")
+        np.copyto(v.rows.reshape(B, P), pos + (np.arange(B, dtype=np.int32) * T)[:, None])
+        np.copyto(v.labels.reshape(B, P), lab, casting="same_kind")
+        np.copyto(v.nsp_labels, targets[:, 2 * P], casting="same_kind")
+        np.copyto(v.cls_rows, np.arange(B, dtype=np.int32) * T)
+        np.not_equal(v.tokens, cfg.pad_token_id, out=v.keep, casting="unsafe")
+        return v
+
+    def _forward(self, v: _Views, params) -> None:
+        cfg = self.config
+        L, NH = cfg.num_hidden_layers, cfg.num_attention_heads
+        ph, pa = F32(cfg.hidden_dropout_prob), F32(cfg.attention_probs_dropout_prob)
+        if not self._dropout:
+            ph = pa = F32(0.0)
+        segment_embedding_forward(v.emb3, v.tokens, v.types, *(params[n] for n in EMBED_PARAMS[:3]))
+        layernorm_forward(
+            v.x0, v.emb_mean, v.emb_rstd, v.emb,
+            params["bert.embeddings.LayerNorm.weight"], params["bert.embeddings.LayerNorm.bias"],
+        )  # fmt: skip
+        if ph > 0:
+            dropout_forward(_rows(v.x0, v.B), _rows(v.x0, v.B), v.keys, 0, ph)
+        for i in range(L):
+            (qw, qb, kw, kb, vw, vb, ow, ob, l1w, l1b, iw, ib, o2w, o2b, l2w, l2b) = (
+                self._layer_names[i]
+            )
+            x = v.layer_in[i]
+            linear_hf_forward(v.q[i], x, params[qw], params[qb])
+            linear_hf_forward(v.k[i], x, params[kw], params[kb])
+            linear_hf_forward(v.v[i], x, params[vw], params[vb])
+            mha_forward(
+                v.ctx3[i], v.att[i], v.q3[i], v.k3[i], v.v3[i], v.keep, v.att_scratch,
+                v.att_dscores, NH, False, v.keys, _site(i, 0), pa,
+            )  # fmt: skip
+            linear_hf_forward(v.res1[i], v.ctx[i], params[ow], params[ob])
+            if ph > 0:
+                dropout_forward(
+                    _rows(v.res1[i], v.B), _rows(v.res1[i], v.B), v.keys, _site(i, 1), ph
+                )
+            residual_layernorm_forward(
+                v.res1[i],
+                v.a1[i],
+                v.a1_mean[i],
+                v.a1_rstd[i],
+                x,
+                v.res1[i],
+                params[l1w],
+                params[l1b],
+            )
+            linear_hf_forward(v.inter[i], v.a1[i], params[iw], params[ib])
+            gelu_erf_forward(_flat(v.inter_g[i]), _flat(v.inter[i]))
+            linear_hf_forward(v.res2[i], v.inter_g[i], params[o2w], params[o2b])
+            if ph > 0:
+                dropout_forward(
+                    _rows(v.res2[i], v.B), _rows(v.res2[i], v.B), v.keys, _site(i, 2), ph
+                )
+            residual_layernorm_forward(
+                v.res2[i],
+                v.h[i],
+                v.h_mean[i],
+                v.h_rstd[i],
+                v.a1[i],
+                v.res2[i],
+                params[l2w],
+                params[l2b],
+            )
+        out = v.h[L - 1]
+        # MLM head on the masked rows; decoder tied to the word embeddings
+        gather_rows_forward(v.mlm_in, out, v.rows)
+        linear_hf_forward(
+            v.t_dense, v.mlm_in, params["cls.predictions.transform.dense.weight"],
+            params["cls.predictions.transform.dense.bias"],
+        )  # fmt: skip
+        gelu_erf_forward(_flat(v.t_gelu), _flat(v.t_dense))
+        layernorm_forward(
+            v.t_ln, v.t_mean, v.t_rstd, v.t_gelu,
+            params["cls.predictions.transform.LayerNorm.weight"],
+            params["cls.predictions.transform.LayerNorm.bias"],
+        )  # fmt: skip
+        linear_hf_forward(v.logits, v.t_ln, params[EMBED_PARAMS[0]], params["cls.predictions.bias"])
+        softmax_cross_entropy_forward(v.mlm_losses, v.probs, v.logits, v.labels)
+        # pooler ([CLS] row) and NSP
+        gather_rows_forward(v.cls, out, v.cls_rows)
+        linear_hf_forward(
+            v.pooled_pre,
+            v.cls,
+            params["bert.pooler.dense.weight"],
+            params["bert.pooler.dense.bias"],
+        )
+        tanh_forward(_flat(v.pooled), _flat(v.pooled_pre))
+        linear_hf_forward(
+            v.nsp_logits, v.pooled, params["cls.seq_relationship.weight"],
+            params["cls.seq_relationship.bias"],
+        )  # fmt: skip
+        softmax_cross_entropy_forward(v.nsp_losses, v.nsp_probs, v.nsp_logits, v.nsp_labels)
+
+    def _layer_backward(self, v: _Views, params, g, i: int, ph, pa) -> None:
+        cfg = self.config
+        (qw, qb, kw, kb, vw, vb, ow, ob, l1w, l1b, iw, ib, o2w, o2b, l2w, l2b) = self._layer_names[
+            i
+        ]
+        B = v.B
+        # h = LN2(res2), res2 = a1 + drop(dense(gelu(dense(a1)))); dres = d h
+        layernorm_backward(
+            v.dln, g[l2w], g[l2b], v.dres, v.res2[i], params[l2w], v.h_mean[i], v.h_rstd[i]
+        )
+        if ph > 0:
+            dropout_backward(_rows(v.dres, B), _rows(v.dln, B), v.keys, _site(i, 2), ph)
+            d_out = v.dres
+        else:
+            d_out = v.dln
+        linear_hf_backward(v.dinter_g, g[o2w], g[o2b], d_out, v.inter_g[i], params[o2w])
+        gelu_erf_backward(_flat(v.dinter), _flat(v.inter[i]), _flat(v.dinter_g))
+        linear_hf_backward(v.dres, g[iw], g[ib], v.dinter, v.a1[i], params[iw])
+        residual_forward(_flat(v.dres), _flat(v.dres), _flat(v.dln))  # + the skip path
+        # a1 = LN1(res1), res1 = x + drop(dense(attn(x)))
+        layernorm_backward(
+            v.dln, g[l1w], g[l1b], v.dres, v.res1[i], params[l1w], v.a1_mean[i], v.a1_rstd[i]
+        )
+        if ph > 0:
+            dropout_backward(_rows(v.dres, B), _rows(v.dln, B), v.keys, _site(i, 1), ph)
+            d_out = v.dres
+        else:
+            d_out = v.dln
+        linear_hf_backward(v.dctx, g[ow], g[ob], d_out, v.ctx[i], params[ow])
+        mha_backward(
+            v.dq3, v.dk3, v.dv3, v.dctx3, v.q3[i], v.k3[i], v.v3[i], v.att[i], v.att_scratch,
+            v.att_dscores, cfg.num_attention_heads, False, v.keys, _site(i, 0), pa,
+        )  # fmt: skip
+        x = v.layer_in[i]
+        linear_hf_backward(v.dres, g[qw], g[qb], v.dq, x, params[qw])
+        linear_hf_backward(v.dctx, g[kw], g[kb], v.dk, x, params[kw])
+        residual_forward(_flat(v.dres), _flat(v.dres), _flat(v.dctx))
+        linear_hf_backward(v.dctx, g[vw], g[vb], v.dv, x, params[vw])
+        residual_forward(_flat(v.dres), _flat(v.dres), _flat(v.dctx))
+        residual_forward(_flat(v.dres), _flat(v.dres), _flat(v.dln))  # + the skip path
+
+
+def _site(layer: int, which: int) -> int:
+    """Dropout site of a layer: 0 attention probabilities, 1 attention output, 2 FFN output
+    (site 0 of all is the embeddings' dropout, hence the + 1)."""
+    return 1 + 3 * layer + which
+
+
+def _rows(a: np.ndarray, B: int) -> np.ndarray:
+    """(N, H) with N = B * T as (B, T * H): one row per sample for the dropout kernels."""
+    return a.reshape(B, -1)
