@@ -19,6 +19,17 @@ def test_collectives_under_mpi(np_: int) -> None:
     assert f"np={np_}:" in proc.stdout and "0 failures" in proc.stdout, proc.stdout
 
 
+@pytest.mark.parametrize("np_", [2, 3])
+def test_length_mismatch_ends_the_job_instead_of_hanging(np_: int) -> None:
+    """Collectives() with the default check: ranks passing different lengths raise (on every
+    rank, see check_default_mismatches), so the job exits non-zero long before the timeout."""
+    proc = run_mpi(np_, ["tests/mpi/check_collectives.py", "--uncaught-mismatch"], timeout=90)
+    assert proc.returncode not in (0, 124), proc.stdout  # 124: hung until the timeout
+    assert "CollectiveMismatchError" in proc.stdout, proc.stdout
+    assert "collective arguments differ across ranks in allreduce" in proc.stdout, proc.stdout
+    assert "a mismatched allreduce returned" not in proc.stdout, proc.stdout
+
+
 @pytest.mark.parametrize("world", [1, 2, 3, 4, 7, 8])
 @pytest.mark.parametrize("n", [0, 1, 2, 3, 7, 8, 1000, 2**20 + 3])
 def test_partition_blocks(n: int, world: int) -> None:
