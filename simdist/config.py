@@ -515,6 +515,7 @@ NOTES: dict[str, str] = {
     "runconfig.zero_opt_level": "no ZeRO-3; > 0 needs enable_data_parallel, pipelined only",
     "runconfig.ranks_per_node": "null: as MPI places ranks; pipelined only",
     "runconfig.stall_timeout_s": "0 turns the watchdog off",
+    "runconfig.check_collectives": "false: op/length/dtype hash; true: full signature",
     "runconfig.min_world_size": "at most the number of ranks started",
     "runconfig.weight_servers": "weight_streaming only; fewer than the ranks",
     "runconfig.prefetch_depth": "weight_streaming only",
