@@ -10,8 +10,11 @@ can be overridden as ``--section.key=value`` (the value is parsed as YAML: ``50`
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -21,7 +24,15 @@ import yaml
 
 
 class ConfigError(ValueError):
-    """Bad user input in params or flags; the message says what, where and what to do."""
+    """Bad user input in params or flags; the message says what, where and what to do.
+
+    ``key`` (e.g. ``optimizer.learning_rate``) is the setting at fault, when one is;
+    ``load_params`` uses it to add where that value came from (file:line or the flag).
+    """
+
+    def __init__(self, message: str, key: str | None = None) -> None:
+        super().__init__(message)
+        self.key = key
 
 
 @dataclass(frozen=True)
@@ -60,6 +71,17 @@ class BertModelConfig:
     attention_probs_dropout_prob: float | None = None
 
 
+GPT2_SIZES = ("n_layer", "n_head", "n_embd", "block_size", "vocab_size")
+BERT_SIZES = (
+    "num_hidden_layers",
+    "num_attention_heads",
+    "hidden_size",
+    "intermediate_size",
+    "max_position_embeddings",
+    "type_vocab_size",
+    "max_seq_length",
+    "max_predictions_per_seq",
+)
 MODEL_CONFIGS: dict[str, type] = {
     "fc_mnist": FCMNISTConfig,
     "gpt2": GPT2ModelConfig,
@@ -201,7 +223,41 @@ def preset_names() -> list[str]:
     return sorted(p.name[: -len(".yaml")] for p in files.iterdir() if p.name.endswith(".yaml"))
 
 
-def _read_yaml(params: str) -> tuple[dict[str, Any], str]:
+class _StrictLoader(yaml.SafeLoader):
+    """A SafeLoader that refuses a key given twice in one mapping, at any depth (PyYAML
+    silently keeps the last), and records the line of every key: ``lines["optimizer.beta1"]``,
+    ``lines["optimizer.learning_rate[0].scheduler"]``."""
+
+    def __init__(self, text: str, source: str) -> None:
+        super().__init__(text)
+        self.source = source
+        self.lines: dict[str, int] = {}
+
+    def check(self, node: yaml.Node, path: str = "") -> None:
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[tuple[str, str], int] = {}
+            for key_node, value_node in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                name, line = str(key_node.value), key_node.start_mark.line + 1
+                full = f"{path}.{name}" if path else name
+                ident = (key_node.tag, name)
+                if ident in seen:
+                    raise ConfigError(
+                        f"{self.source}:{line}: duplicate key {full} (first given on line "
+                        f"{seen[ident]}); give each key once"
+                    )
+                seen[ident] = line
+                self.lines[full] = line
+                self.check(value_node, full)
+        elif isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                self.lines[f"{path}[{i}]"] = item.start_mark.line + 1
+                self.check(item, f"{path}[{i}]")
+
+
+def _read_yaml(params: str) -> tuple[dict[str, Any], str, dict[str, int]]:
+    """(data, source, line of each key) of a params file or preset."""
     path = Path(params)
     if path.suffix in (".yaml", ".yml") or path.exists():
         if not path.is_file():
@@ -215,15 +271,22 @@ def _read_yaml(params: str) -> tuple[dict[str, Any], str]:
                 f"presets: {', '.join(preset_names())}"
             )
         text, source = preset.read_text(), f"preset {params}"
+    loader = _StrictLoader(text, source)
     try:
-        data = yaml.safe_load(text)
+        node = loader.get_single_node()
+        data = None
+        if node is not None:
+            loader.check(node)
+            data = loader.construct_document(node)
     except yaml.YAMLError as e:
         raise ConfigError(f"{source}: malformed YAML: {e}") from None
+    finally:
+        loader.dispose()
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: expected a mapping of sections, got {type(data).__name__}")
-    return data, source
+    return data, source, loader.lines
 
 
 def _check_type(value: Any, annotation: Any, key: str) -> Any:
@@ -261,6 +324,8 @@ def _check_type(value: Any, annotation: Any, key: str) -> Any:
     if annotation is int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(f"{key}: expected an integer, got {value!r}")
+        if not -(2**63) <= value < 2**63:  # it travels as int64 (MPI, HDF5 attributes)
+            raise ConfigError(f"{key}: {value} does not fit in a 64-bit integer")
         return value
     if annotation is bool:
         if not isinstance(value, bool):
@@ -286,19 +351,22 @@ def _type_name(annotation: Any) -> str:
 
 def _build(cls: type, values: dict[str, Any], section: str) -> Any:
     if not isinstance(values, dict):
-        raise ConfigError(f"section {section!r} must be a mapping, got {values!r}")
+        raise ConfigError(f"section {section!r} must be a mapping, got {values!r}", section)
     hints = typing.get_type_hints(cls)
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - known)
     if unknown:
         raise ConfigError(
             f"unknown key {section}.{unknown[0]}; "
-            f"valid keys in {section}: {', '.join(sorted(known))}"
+            f"valid keys in {section}: {', '.join(sorted(known))}",
+            key=f"{section}.{unknown[0]}",
         )
     checked = {}
     for name, value in values.items():
         key = f"{section}.{name}"
         checked[name] = _check_type(value, hints[name], key)
+        if isinstance(checked[name], float) and not math.isfinite(checked[name]):
+            raise ConfigError(f"{key} must be a finite number, got {checked[name]}", key=key)
         if key in CHOICES and checked[name] not in CHOICES[key]:
             options = ", ".join(str(c).lower() for c in CHOICES[key])
             raise ConfigError(f"{key}: {value!r} is not one of {options}")
@@ -307,8 +375,15 @@ def _build(cls: type, values: dict[str, Any], section: str) -> Any:
 
 def parse_overrides(argv: list[str]) -> tuple[str | None, dict[str, Any]]:
     """Split argv into --params and a {"section.key": value} override map."""
+    params_arg, overrides, _ = _parse_argv(argv)
+    return params_arg, overrides
+
+
+def _parse_argv(argv: list[str]) -> tuple[str | None, dict[str, Any], dict[str, str]]:
+    """parse_overrides, plus each override's flag as typed (for error messages)."""
     params_arg: str | None = None
     overrides: dict[str, Any] = {}
+    typed: dict[str, str] = {}
     i = 0
     while i < len(argv):
         arg = argv[i]
@@ -328,22 +403,26 @@ def parse_overrides(argv: list[str]) -> tuple[str | None, dict[str, Any]]:
                 overrides[key] = _parse_value(inline)
             elif i + 1 < len(argv):
                 overrides[key], i = _parse_value(argv[i + 1]), i + 1
+                arg = f"{name} {argv[i]}"
             else:
                 raise ConfigError(f"{name} needs a value")
+            typed[key] = arg
         elif name.startswith("--") and "." in name:
             if not eq:
                 if i + 1 < len(argv) and not argv[i + 1].startswith("--"):
                     inline, i = argv[i + 1], i + 1
+                    arg = f"{name} {inline}"
                 else:
                     raise ConfigError(f"{name} needs a value: {name}=VALUE")
             overrides[name[2:]] = _parse_value(inline)
+            typed[name[2:]] = arg
         else:
             raise ConfigError(
                 f"unrecognised argument {arg!r}; use --params FILE_OR_PRESET, "
                 f"--section.key=value, or one of {', '.join(sorted(FLAG_ALIASES))}"
             )
         i += 1
-    return params_arg, overrides
+    return params_arg, overrides, typed
 
 
 def _parse_value(text: str) -> Any:
@@ -354,13 +433,47 @@ def _parse_value(text: str) -> Any:
 
 
 def load_params(argv: list[str] | None = None, default: str = "fc_mnist") -> Params:
-    """Resolve params from --params (file or preset, default ``fc_mnist``) and overrides."""
-    params_arg, overrides = parse_overrides(list(argv or []))
-    data, source = _read_yaml(params_arg or default)
+    """Resolve params from --params (file or preset, default ``fc_mnist``) and overrides.
+
+    A ``ConfigError`` about one key says where its value came from: ``FILE:LINE: ...`` for
+    a params file, ``... (from --section.key=VALUE)`` for a command-line override.
+    """
+    params_arg, overrides, typed = _parse_argv(list(argv or []))
+    data, source, lines = _read_yaml(params_arg or default)
+    try:
+        return _resolve(data, source, overrides)
+    except ConfigError as e:
+        raise ConfigError(_where(e, source, lines, typed), e.key) from None
+
+
+_KEY_AT_START = re.compile(r"[A-Za-z_]\w*(?:\.\w+|\[\d+\])+")
+
+
+def _where(e: ConfigError, source: str, lines: dict[str, int], typed: dict[str, str]) -> str:
+    """The message of ``e`` with the origin of the key it is about (if known) added."""
+    msg = str(e)
+    match = _KEY_AT_START.match(msg)
+    key = e.key or (match.group(0) if match else msg.partition(":")[0])
+    section_key = ".".join(re.split(r"[.\[]", key)[:2])
+    if section_key in typed:  # an override replaces the file's whole value
+        return f"{msg} (from {typed[section_key]})"
+    if "." not in key:  # about a whole section: name the overrides that went into it
+        flags = [flag for k, flag in typed.items() if k.startswith(key + ".")]
+        if flags:
+            return f"{msg} (from {', '.join(flags)})"
+    while key and key not in lines:  # optimizer.learning_rate[0].x -> ...[0] -> ...
+        key = re.sub(r"(\.\w+|\[\d+\])$", "", key) if re.search(r"[.\[]", key) else ""
+    if key and not msg.startswith(source):
+        return f"{source}:{lines[key]}: {msg}"
+    return msg
+
+
+def _resolve(data: dict[str, Any], source: str, overrides: dict[str, Any]) -> Params:
     unknown = sorted(set(data) - set(SECTIONS) - {"model"})
     if unknown:
         raise ConfigError(
-            f"{source}: unknown section {unknown[0]!r}; sections: model, {', '.join(SECTIONS)}"
+            f"unknown section {unknown[0]!r}; sections: model, {', '.join(SECTIONS)}",
+            key=unknown[0],
         )
     data = {k: dict(v) if isinstance(v, dict) else v for k, v in data.items()}
     for key, value in overrides.items():
@@ -372,7 +485,7 @@ def load_params(argv: list[str] | None = None, default: str = "fc_mnist") -> Par
             )
         data.setdefault(section, {})
         if not isinstance(data[section], dict):
-            raise ConfigError(f"{source}: section {section!r} must be a mapping")
+            raise ConfigError(f"section {section!r} must be a mapping", key=section)
         data[section][name] = value
     model_values = data.get("model") or {}
     model_name = model_values.get("name", "fc_mnist") if isinstance(model_values, dict) else None
@@ -387,41 +500,100 @@ def load_params(argv: list[str] | None = None, default: str = "fc_mnist") -> Par
     return params
 
 
+def _at_least(n: int | float) -> Callable[[Any], bool]:
+    return lambda v: v >= n
+
+
+def _unit(v: float) -> bool:
+    return 0.0 <= v < 1.0
+
+
+# key -> (check, rule as the error message and the README state it). A check sees the typed,
+# finite value and is skipped for null; choices are in CHOICES, types in the dataclasses.
+RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "model.hidden_sizes": (lambda v: bool(v) and min(v) >= 1, "a non-empty list of sizes >= 1"),
+    "model.input_size": (_at_least(1), ">= 1"),
+    "model.num_classes": (_at_least(2), ">= 2"),
+    **{f"model.{k}": (_at_least(1), ">= 1") for k in GPT2_SIZES},
+    **{f"model.{k}": (_at_least(1), ">= 1") for k in BERT_SIZES},
+    "model.hidden_dropout_prob": (_unit, "in [0, 1)"),
+    "model.attention_probs_dropout_prob": (_unit, "in [0, 1)"),
+    "train_input.data_dir": (bool, "a non-empty path"),
+    "train_input.batch_size": (_at_least(1), ">= 1"),
+    "train_input.global_batch_size": (_at_least(1), ">= 1"),
+    "eval_input.data_dir": (bool, "a non-empty path"),
+    "eval_input.batch_size": (_at_least(1), ">= 1"),
+    "optimizer.warmup_steps": (_at_least(0), ">= 0"),
+    "optimizer.beta1": (_unit, "in [0, 1)"),
+    "optimizer.beta2": (_unit, "in [0, 1)"),
+    "optimizer.eps": (lambda v: v > 0, "> 0"),
+    "optimizer.momentum": (_unit, "in [0, 1)"),
+    "optimizer.weight_decay": (_at_least(0), ">= 0"),
+    "optimizer.max_gradient_norm": (lambda v: v > 0, "> 0"),
+    "optimizer.grad_accum_steps": (_at_least(1), ">= 1"),
+    "runconfig.max_steps": (_at_least(0), ">= 0"),
+    "runconfig.save_summary_steps": (_at_least(1), ">= 1"),
+    "runconfig.save_checkpoints_steps": (_at_least(0), ">= 0"),
+    "runconfig.keep_checkpoint_max": (_at_least(0), ">= 0"),
+    "runconfig.model_dir": (bool, "a non-empty path"),
+    "runconfig.seed": (_at_least(0), ">= 0"),  # numpy's generators refuse negative seeds
+    "runconfig.checkpoint_path": (bool, "a non-empty path"),
+    "runconfig.zero_opt_level": (lambda v: v in (0, 1, 2), "0, 1 or 2"),
+    "runconfig.ranks_per_node": (_at_least(1), ">= 1"),
+    "runconfig.min_world_size": (_at_least(1), ">= 1"),
+    "runconfig.stall_timeout_s": (_at_least(0), ">= 0"),
+    "runconfig.device_profile": (bool, "a profile name or a YAML file"),
+    "runconfig.trace_steps": (_at_least(0), ">= 0"),
+    "runconfig.weight_servers": (_at_least(1), ">= 1"),
+    "runconfig.prefetch_depth": (_at_least(0), ">= 0"),
+    "runconfig.input_workers_per_replica": (_at_least(0), ">= 0"),
+}
+# What a value means where the rule alone does not say (README, and some messages).
+NOTES: dict[str, str] = {
+    "optimizer.learning_rate": "finite, > 0; or a list of schedulers (simdist.lr_schedule)",
+    "optimizer.max_gradient_norm": "null: no clipping",
+    "train_input.batch_size": "per replica; give exactly one of the two batch sizes",
+    "train_input.global_batch_size": "divisible by replicas x grad_accum_steps",
+    "runconfig.save_checkpoints_steps": "0: only at the end",
+    "runconfig.keep_checkpoint_max": "0: keep all",
+    "runconfig.zero_opt_level": "no ZeRO-3; > 0 needs enable_data_parallel, pipelined only",
+    "runconfig.ranks_per_node": "null: as MPI places ranks; pipelined only",
+    "runconfig.stall_timeout_s": "0 turns the watchdog off",
+    "runconfig.check_collectives": "false: op/length/dtype hash; true: full signature",
+    "runconfig.min_world_size": "at most the number of ranks started",
+    "runconfig.weight_servers": "weight_streaming only; fewer than the ranks",
+    "runconfig.prefetch_depth": "weight_streaming only",
+    "model.n_head": "divides n_embd",
+    "model.preset": "gpt2-mini, gpt2, gpt2-medium, gpt2-large, gpt2-xl; null: give all sizes",
+}
+
+
+def _rule_error(key: str, rule: str, value: Any) -> ConfigError:
+    hint = {
+        "runconfig.zero_opt_level": " (ZeRO-3 is not implemented)",
+        "runconfig.stall_timeout_s": " (0 turns the watchdog off)",
+    }.get(key, "")
+    return ConfigError(f"{key} must be {rule}, got {value!r}{hint}", key)
+
+
 def validate(p: Params) -> None:
-    """Checks across keys that a type check cannot see."""
-    t, o, r = p.train_input, p.optimizer, p.runconfig
+    """Each key's range (``RULES``), then the rules across keys that a type check cannot see."""
+    for section in ("model", *SECTIONS):
+        for f in dataclasses.fields(getattr(p, section)):
+            key, value = f"{section}.{f.name}", getattr(getattr(p, section), f.name)
+            if key in RULES and value is not None and not RULES[key][0](value):
+                raise _rule_error(key, RULES[key][1], value)
+    t, o, r, m = p.train_input, p.optimizer, p.runconfig, p.model
     if (t.batch_size is None) == (t.global_batch_size is None):
         raise ConfigError(
             "train_input: give exactly one of batch_size (per replica) and global_batch_size "
             "(set the other to null)"
         )
-    for key, value in [
-        ("train_input.batch_size", t.batch_size),
-        ("train_input.global_batch_size", t.global_batch_size),
-        ("eval_input.batch_size", p.eval_input.batch_size),
-        ("runconfig.save_summary_steps", r.save_summary_steps),
-        ("optimizer.grad_accum_steps", o.grad_accum_steps),
-        ("runconfig.min_world_size", r.min_world_size),
-        ("runconfig.ranks_per_node", r.ranks_per_node),
-    ]:
-        if value is not None and value < 1:
-            raise ConfigError(f"{key} must be >= 1, got {value}")
-    for key, value in [
-        ("runconfig.max_steps", r.max_steps),
-        ("runconfig.save_checkpoints_steps", r.save_checkpoints_steps),
-        ("runconfig.keep_checkpoint_max", r.keep_checkpoint_max),
-    ]:
-        if value < 0:
-            raise ConfigError(f"{key} must be >= 0, got {value}")
-    if r.zero_opt_level not in (0, 1, 2):
+    if isinstance(m, GPT2ModelConfig) and m.n_embd and m.n_head and m.n_embd % m.n_head:
         raise ConfigError(
-            f"runconfig.zero_opt_level must be 0, 1 or 2, got {r.zero_opt_level} "
-            "(ZeRO-3 is not implemented)"
-        )
-    if r.stall_timeout_s < 0:
-        raise ConfigError(
-            f"runconfig.stall_timeout_s must be >= 0 (0 turns the watchdog off), "
-            f"got {r.stall_timeout_s}"
+            f"model.n_embd ({m.n_embd}) must be divisible by model.n_head ({m.n_head}): "
+            "each head gets n_embd / n_head columns",
+            "model.n_embd",
         )
     from simdist.lr_schedule import ScheduleError, parse_schedule
 
@@ -429,30 +601,75 @@ def validate(p: Params) -> None:
         parse_schedule(o.learning_rate, o.warmup_steps, r.max_steps)
     except ScheduleError as e:
         raise ConfigError(str(e)) from None
-    if o.max_gradient_norm is not None and o.max_gradient_norm <= 0:
-        raise ConfigError("optimizer.max_gradient_norm must be > 0 or null")
     if r.zero_opt_level > 0 and not r.enable_data_parallel:
-        raise ConfigError("runconfig.zero_opt_level > 0 needs runconfig.enable_data_parallel: true")
+        raise ConfigError(
+            "runconfig.zero_opt_level > 0 needs runconfig.enable_data_parallel: true",
+            "runconfig.zero_opt_level",
+        )
+    if r.execution_mode == "weight_streaming" and r.zero_opt_level:
+        raise ConfigError(
+            "runconfig.zero_opt_level applies to pipelined execution: weight streaming keeps "
+            "the optimizer state on the weight servers (set it to 0)",
+            "runconfig.zero_opt_level",
+        )
     if r.ranks_per_node is not None and r.execution_mode != "pipelined":
         raise ConfigError(
             "runconfig.ranks_per_node (virtual nodes) applies to pipelined execution only; "
-            "weight streaming uses the placement MPI reports (set it to null)"
+            "weight streaming uses the placement MPI reports (set it to null)",
+            "runconfig.ranks_per_node",
         )
-    if r.trace_steps < 0:
-        raise ConfigError(f"runconfig.trace_steps must be >= 0, got {r.trace_steps}")
-    for key, value, least in [
-        ("weight_servers", r.weight_servers, 1),
-        ("prefetch_depth", r.prefetch_depth, 0),
-        ("input_workers_per_replica", r.input_workers_per_replica, 0),
-    ]:
-        if value < least:
-            raise ConfigError(f"runconfig.{key} must be >= {least}, got {value}")
+    if r.execution_mode != "weight_streaming":
+        defaults = RunConfig()
+        for name in ("weight_servers", "prefetch_depth"):
+            if getattr(r, name) != getattr(defaults, name):
+                raise ConfigError(
+                    f"runconfig.{name} applies to execution_mode weight_streaming only "
+                    f"(execution_mode is {r.execution_mode})",
+                    f"runconfig.{name}",
+                )
     from simdist.device.profile import ProfileError, load_profile  # yaml only, no MPI
 
     try:
         load_profile(r.device_profile)
     except ProfileError as e:
         raise ConfigError(f"runconfig.device_profile: {e}") from None
+
+
+def _short_type(annotation: Any) -> str:
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if typing.get_origin(annotation) is list:
+        return f"list[{_short_type(args[0])}]" if args[0] is not Any else "list"
+    if args:
+        names = " \\| ".join(_short_type(a) for a in args)
+        return names + (" \\| null" if type(None) in typing.get_args(annotation) else "")
+    return getattr(annotation, "__name__", str(annotation))
+
+
+def key_table() -> str:
+    """The README's table of every key: type, default and rule (a test keeps the two equal).
+
+    Every number must also be finite; a key a model does not have is an unknown-key error.
+    """
+    rows = ["| key | type | default | rule |", "| --- | --- | --- | --- |"]
+    rows.append("| `model.name` | str | `fc_mnist` | one of " + ", ".join(MODEL_CONFIGS) + " |")
+    models = [(f"model.*` ({n})", c) for n, c in MODEL_CONFIGS.items()]
+    for label, cls in [*models, *((f"{n}.*`", c) for n, c in SECTIONS.items())]:
+        section = label.split(".")[0]
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            key = f"{section}.{f.name}"
+            if key == "model.name":
+                continue
+            choices = CHOICES.get(key)
+            rule = ("one of " + ", ".join(str(c).lower() for c in choices)) if choices else ""
+            rule = rule or RULES.get(key, (None, ""))[1]
+            note = NOTES.get(key, "")
+            rule = f"{rule}; {note}" if rule and note else rule or note
+            default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+            default = "null" if default is None else str(default).lower()
+            shown = f"`{key}`" + (label[len(section) + 3 :] if section == "model" else "")
+            rows.append(f"| {shown} | {_short_type(hints[f.name])} | `{default}` | {rule} |")
+    return "\n".join(rows)
 
 
 def batch_sizes(p: Params, world: int) -> tuple[int, int]:

@@ -2,8 +2,7 @@
 
 simdist's GPT-2 uses Hugging Face's GPT-2 state-dict names and layouts (``wte.weight``,
 ``h.{i}.attn.c_attn.weight`` as [C, 3C], ...), so conversion is a change of container:
-- safetensors (read and written here without the ``safetensors`` package: an 8-byte
-  little-endian header length, a JSON header of name -> dtype/shape/data_offsets, raw data);
+- safetensors, through the ``safetensors`` package (its NumPy API: no torch needed);
 - a PyTorch state dict file (``torch.save``; export only, needs torch: import reads
   safetensors alone, since simdist never unpickles what it reads from disk).
 Hugging Face checkpoints of ``GPT2LMHeadModel`` prefix names with ``transformer.`` and carry
@@ -21,25 +20,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import struct
 import sys
 from pathlib import Path
 
 import h5py
 import numpy as np
+import safetensors.numpy
+from safetensors import SafetensorError
 
 from simdist import checkpoint
-
-_DTYPES = {
-    "F32": np.float32,
-    "F16": np.float16,
-    "F64": np.float64,
-    "I64": np.int64,
-    "I32": np.int32,
-    "U8": np.uint8,
-    "BOOL": np.bool_,
-}
-_NAMES = {np.dtype(v): k for k, v in _DTYPES.items()}
 
 
 class InteropError(ValueError):
@@ -47,53 +36,26 @@ class InteropError(ValueError):
 
 
 def write_safetensors(path: Path, tensors: dict[str, np.ndarray], metadata: dict | None = None):
-    header, offset = {}, 0
+    """Write ``tensors`` (and string ``metadata``, values converted with str) to ``path``."""
     arrays = {k: np.ascontiguousarray(v) for k, v in tensors.items()}
-    for name, a in arrays.items():
-        if a.dtype not in _NAMES:
-            raise InteropError(f"{name}: dtype {a.dtype} has no safetensors name")
-        header[name] = {
-            "dtype": _NAMES[a.dtype],
-            "shape": list(a.shape),
-            "data_offsets": [offset, offset + a.nbytes],
-        }
-        offset += a.nbytes
-    if metadata:
-        header["__metadata__"] = {k: str(v) for k, v in metadata.items()}
-    blob = json.dumps(header, separators=(",", ":")).encode()
-    blob += b" " * (-len(blob) % 8)  # the data section starts 8-byte aligned
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(blob)))
-        f.write(blob)
-        for a in arrays.values():
-            f.write(a.tobytes())
+    meta = {k: str(v) for k, v in metadata.items()} if metadata else None
+    try:
+        safetensors.numpy.save_file(arrays, str(path), metadata=meta)
+    except (SafetensorError, ValueError, TypeError) as e:
+        raise InteropError(f"{path}: cannot write safetensors: {e}") from None
 
 
 def read_safetensors(path: Path) -> dict[str, np.ndarray]:
-    data = Path(path).read_bytes()
-    if len(data) < 8:
-        raise InteropError(f"{path}: too short to be a safetensors file")
-    (n,) = struct.unpack("<Q", data[:8])
-    if n > len(data) - 8:
-        raise InteropError(f"{path}: header length {n} exceeds the file size")
+    """All tensors of a safetensors file, as NumPy arrays (the header is checked by the
+    library: lengths, offsets and dtypes)."""
     try:
-        header = json.loads(data[8 : 8 + n])
-    except ValueError as e:
-        raise InteropError(f"{path}: malformed safetensors header: {e}") from None
-    body = memoryview(data)[8 + n :]
-    out = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        dtype = _DTYPES.get(info.get("dtype"))
-        if dtype is None:
-            raise InteropError(f"{path}: {name} has unsupported dtype {info.get('dtype')}")
-        a, b = info["data_offsets"]
-        shape = tuple(info["shape"])
-        if b > len(body) or b - a != int(np.prod(shape)) * np.dtype(dtype).itemsize:
-            raise InteropError(f"{path}: {name} data offsets {a}..{b} do not match its shape")
-        out[name] = np.frombuffer(body[a:b], dtype=dtype).reshape(shape).copy()
-    return out
+        return safetensors.numpy.load_file(str(path))
+    except SafetensorError as e:
+        raise InteropError(
+            f"{path}: malformed safetensors file (header length or JSON header): {e}"
+        ) from None
+    except (ValueError, TypeError) as e:  # e.g. a dtype NumPy has no type for (BF16)
+        raise InteropError(f"{path}: cannot read safetensors: {e}") from None
 
 
 def normalize_hf(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -14,9 +14,22 @@ from simdist.comm.topology import Placement
 
 @pytest.mark.parametrize("np_", [1, 2, 3, 4, 6])  # 6: hierarchical on 3 x 2 and 2 x 3 grids
 def test_collectives_under_mpi(np_: int) -> None:
-    proc = run_mpi(np_, ["tests/mpi/check_collectives.py"], timeout=120)
+    # A hang guard, not a speed check: the default check adds one synchronisation per call,
+    # which costs a scheduling round when 6 ranks share 2 busy cores.
+    proc = run_mpi(np_, ["tests/mpi/check_collectives.py"], timeout=240)
     assert proc.returncode == 0, f"mpiexec -n {np_} failed:\n{proc.stdout}"
     assert f"np={np_}:" in proc.stdout and "0 failures" in proc.stdout, proc.stdout
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_length_mismatch_ends_the_job_instead_of_hanging(np_: int) -> None:
+    """Collectives() with the default check: ranks passing different lengths raise (on every
+    rank, see check_default_mismatches), so the job exits non-zero long before the timeout."""
+    proc = run_mpi(np_, ["tests/mpi/check_collectives.py", "--uncaught-mismatch"], timeout=90)
+    assert proc.returncode not in (0, 124), proc.stdout  # 124: hung until the timeout
+    assert "CollectiveMismatchError" in proc.stdout, proc.stdout
+    assert "collective arguments differ across ranks in allreduce" in proc.stdout, proc.stdout
+    assert "a mismatched allreduce returned" not in proc.stdout, proc.stdout
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4, 7, 8])

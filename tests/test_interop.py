@@ -76,3 +76,37 @@ def test_gpt2_export_import_round_trip_through_torch(tmp_path):
         assert np.array_equal(tensors[k], v)
     with h5py.File(back) as f:
         assert "optimizer" not in f
+
+
+def test_export_header_names_dtypes_shapes_and_metadata(tmp_path):
+    """What Hugging Face reads: the raw JSON header of an exported checkpoint."""
+    import json
+    import struct
+
+    from simdist import checkpoint
+
+    params = {
+        "wte.weight": np.arange(12, dtype=np.float32).reshape(4, 3),
+        "h.0.ln_1.bias": np.ones(3, np.float32),
+    }
+    ckpt = checkpoint.save(tmp_path, 7, params, None, {"model": "gpt2", "layout": {}}, 1)
+    out = interop.export(ckpt, tmp_path / "w.safetensors")
+    raw = out.read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8 : 8 + n])
+    assert header.pop("__metadata__") == {
+        "format": "pt",
+        "simdist_model": "gpt2",
+        "global_step": "7",
+    }
+    assert {k: (v["dtype"], v["shape"]) for k, v in header.items()} == {
+        "wte.weight": ("F32", [4, 3]),
+        "h.0.ln_1.bias": ("F32", [3]),
+    }
+    back = interop.read_safetensors(out)
+    assert all(np.array_equal(back[k], v) for k, v in params.items())
+
+
+def test_unwritable_dtype_is_an_interop_error(tmp_path):
+    with pytest.raises(interop.InteropError, match="cannot write safetensors"):
+        interop.write_safetensors(tmp_path / "o.safetensors", {"a": np.array(["x"])})

@@ -51,21 +51,34 @@ class Collectives:
     """Collective operations over ``comm``; see the module docstring for the guarantees.
 
     ``algorithm``: "ring", "rhd", "hierarchical", "shm", "native" or "auto" (default for every
-    call; each call may override it). ``check``: before each collective, exchange (call
-    number, op, algorithm, length, dtype, bounds/root hash) between ranks and raise
-    ``CollectiveMismatchError`` on every rank if they differ, instead of hanging or silently
-    mixing data. ``placement``: which node each rank is on; by default found from MPI's
-    shared-memory split (collective), or given, e.g. ``Placement.blocks`` to treat groups
-    of ranks of one machine as nodes.
+    call; each call may override it). ``placement``: which node each rank is on; by default
+    found from MPI's shared-memory split (collective), or given, e.g. ``Placement.blocks``
+    to treat groups of ranks of one machine as nodes.
+
+    ``check``: how ranks make sure they are in the same call before any data moves; on a
+    difference every rank raises ``CollectiveMismatchError`` (a rank whose own arguments
+    are invalid raises its own error) instead of hanging or silently mixing data.
+
+    - ``False`` or "cheap" (the default): one 16-byte max-all-reduce of a hash of (call
+      number, op, algorithm, length, dtype, root/average flag, arguments valid), holding the
+      hash and its negation, so max == -max(-h) says all agree. A different length used to
+      hang the job; the check costs one latency-bound message round per call (measured
+      with scripts/bench_collectives.py; see the commit that added it).
+    - ``True`` or "full": exchange the whole call signature (also a hash of the block
+      bounds) with an Allgather every call, and name each rank's view in the error.
+    - "off": no exchange at all (zero cost). Ranks that disagree then hang or mix data.
     """
 
     def __init__(
         self,
         comm: MPI.Comm,
         algorithm: str = "auto",
-        check: bool = False,
+        check: bool | str = False,
         placement: Placement | None = None,
     ):
+        modes = {False: "cheap", True: "full", "cheap": "cheap", "full": "full", "off": "off"}
+        if not isinstance(check, bool | str) or check not in modes:
+            raise ValueError(f"check must be True, False, 'cheap', 'full' or 'off', not {check!r}")
         if algorithm != "auto" and algorithm not in ALGORITHMS:
             raise ValueError(
                 f"unknown collective algorithm {algorithm!r}; choose from {['auto', *ALGORITHMS]}"
@@ -84,16 +97,18 @@ class Collectives:
         if algorithm == "shm":
             check_single_node(self.placement)
         self.algorithm = algorithm
-        self.check = check
+        self.check: str = modes[check]
         self.calls = 0  # collective calls made on this rank (all ops)
         self._comm = comm.Dup()
         self._p2p = Exchanger(self._comm)
         self._impls: dict[str, Algorithm] = {}
         self._bounds: dict[int, list[int]] = {}  # default partition per length
         self._choices: dict[tuple[bool, int, bool], str] = {}  # "auto" decisions per length
-        if check:
-            self._row = np.zeros(_NFIELDS, dtype=np.int64)
-            self._table = np.zeros((self.world, _NFIELDS), dtype=np.int64)
+        self._row = np.zeros(_NFIELDS, dtype=np.int64)
+        self._table = np.zeros((self.world, _NFIELDS), dtype=np.int64)
+        self._sig = np.zeros(2, dtype=np.int64)  # [h, -h] for the cheap check
+        self._sig_spec = [self._sig, MPI.INT64_T]
+        self._alg_index = {a: i for i, a in enumerate(ALGORITHMS)}
 
     @property
     def bytes_sent(self) -> int:
@@ -312,8 +327,9 @@ class Collectives:
             error = None
         except (TypeError, ValueError) as exc:
             error = exc
-        if self.check and self.world > 1:
-            self._cross_check(op, buf, b, extra, name, error)
+        if self.world > 1 and self.check != "off":
+            if self.check == "full" or not self._agree(op, n, buf, extra, name, error):
+                self._cross_check(op, buf, b, extra, name, error)
         if error is not None:
             raise type(error)(f"{op}: {error}") from None
         return name, b
@@ -343,6 +359,23 @@ class Collectives:
             raise ValueError("buffer must be contiguous (pass a flat view, not a strided one)")
         if not buf.flags.writeable and op != "allreduce_scalars":
             raise ValueError("buffer must be writeable (the operation is in place)")
+
+    def _agree(
+        self, op: str, n: int, buf: np.ndarray | None, extra: int, name: str, error: object
+    ) -> bool:
+        """The cheap check: whether every rank hashed the same call (one 16-byte Allreduce).
+
+        Python hashes tuples of ints the same in every process (no per-process salt, unlike
+        str), so equal calls give equal hashes. 62 bits keep -h inside int64.
+        """
+        dtype = buf.dtype.num if isinstance(buf, np.ndarray) else -1
+        alg = self._alg_index.get(name, -1)
+        # op as its index: str hashes are salted per process (PYTHONHASHSEED)
+        h = hash((self.calls, _OP_INDEX[op], alg, n, dtype, extra, error is None)) & _HASH_MASK
+        sig = self._sig
+        sig[0], sig[1] = h, -h
+        self._comm.Allreduce(MPI.IN_PLACE, self._sig_spec, op=MPI.MAX)
+        return bool(sig[0] == -sig[1])  # max(h) == min(h): one value on every rank
 
     def _cross_check(
         self,
@@ -374,6 +407,8 @@ class Collectives:
 # Fields of the check-mode signature row.
 _SEQ, _OP, _ALG, _LEN, _DTYPE, _EXTRA, _OK = range(7)
 _NFIELDS = 7
+_HASH_MASK = (1 << 62) - 1
+_OP_INDEX = {op: i for i, op in enumerate(OPS)}
 
 
 def _describe_mismatch(op: str, table: np.ndarray) -> str:

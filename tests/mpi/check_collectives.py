@@ -6,9 +6,11 @@ Covers every algorithm x op, each algorithm twice in a row (catches state left b
 lengths 0, 1, world-1, world+1, 1000 and 2**20+3. Inputs are small integers stored as float32,
 so every sum is exact and results are compared bit for bit with NumPy. Random inputs then pin
 down the documented summation orders of "ring" and "rhd" and check that all-reduce equals
-reduce-scatter + all-gather bitwise. Check mode must turn mismatched calls into an error on
-every rank. Each rank prints its failures; the program exits 1 if any rank saw one (and
-``python -m mpi4py`` turns an unexpected exception into an abort of the whole job).
+reduce-scatter + all-gather bitwise. Check mode, and the default cheap check, must turn
+mismatched calls into an error on every rank (``--uncaught-mismatch``: one mismatched call,
+not caught, which must end the job instead of hanging). Each rank prints its failures; the
+program exits 1 if any rank saw one (and ``python -m mpi4py`` turns an unexpected exception
+into an abort of the whole job).
 """
 
 from __future__ import annotations
@@ -454,6 +456,52 @@ def check_mismatches(alg: str) -> None:
     cc.free()
 
 
+def check_default_mismatches(alg: str) -> None:
+    """The default (cheap) check: a different length, op or dtype raises on every rank."""
+    cc = Collectives(COMM, algorithm=alg)
+    if P > 1:
+        for n in (10, 2**20):  # small (latency) and large (chunked) calls alike
+            m = n + (RANK == P - 1) * 3
+            err = raised(lambda m=m: cc.allreduce(np.ones(m, np.float32)), CollectiveMismatchError)
+            expect(err is not None, f"default check: length mismatch must raise ({alg}, {n})")
+            if err is not None:
+                text = str(err)
+                lens = all(f"rank {r}: {n + (r == P - 1) * 3}" in text for r in range(P))
+                expect("allreduce" in text and lens, f"default check names lengths: {text}")
+
+        def op_mismatch() -> None:
+            buf = np.ones(8, np.float32)
+            cc.reduce_scatter(buf) if RANK == 0 else cc.allreduce(buf)
+
+        err = raised(op_mismatch, CollectiveMismatchError)
+        expect(err is not None and "ops:" in str(err), f"default check: op mismatch ({alg})")
+        err = raised(
+            lambda: cc.allgather(np.ones(8, np.float64 if RANK == 0 else np.float32)),
+            CollectiveMismatchError if RANK else TypeError,
+        )
+        expect(err is not None, f"default check: dtype mismatch raises on every rank ({alg})")
+        err = raised(lambda: cc.broadcast(np.ones(8, np.float32), root=RANK % 2), Exception)
+        expect(isinstance(err, CollectiveMismatchError), f"default check: root mismatch ({alg})")
+    x = contribution(RANK, 1000)
+    cc.allreduce(x)
+    same(x, exact_sum(1000), f"default check: allreduce after mismatches ({alg})")
+    cc.free()
+    off = Collectives(COMM, algorithm=alg, check="off")  # the zero-cost path still works
+    x = contribution(RANK, 1000)
+    off.allreduce(x)
+    same(x, exact_sum(1000), f"check='off': allreduce ({alg})")
+    off.free()
+    expect(raised(lambda: Collectives(COMM, check="some"), ValueError) is not None, "bad check")
+
+
+def uncaught_length_mismatch() -> None:
+    """What a user's script does wrong: the last rank passes one more element. Uncaught, the
+    error ends the job (``python -m mpi4py`` aborts it) instead of hanging forever, as
+    4 MiB calls did without the check (MPI's truncation error caught only smaller ones)."""
+    Collectives(COMM).allreduce(np.ones(2**20 + (RANK == P - 1), np.float32))
+    print(f"rank {RANK}: a mismatched allreduce returned", flush=True)
+
+
 def check_local_errors(coll: Collectives) -> None:
     """Invalid arguments passed by every rank raise before any communication (no hang)."""
     x = np.zeros(16, np.float32)
@@ -526,6 +574,8 @@ def main() -> int:
             print(f"check_collectives np={P}: hierarchical on virtual nodes done", flush=True)
         for alg in ALGORITHMS:
             check_mismatches(alg)
+        for alg in ALGS:
+            check_default_mismatches(alg)
         check_local_errors(coll)
         check_accounting(coll)
         coll.barrier()
@@ -543,4 +593,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:] == ["--uncaught-mismatch"]:
+        uncaught_length_mismatch()
+        sys.exit(0)
     sys.exit(main())
