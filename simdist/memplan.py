@@ -149,7 +149,7 @@ def setup_for(run: Any) -> RankSetup:
         groups=tuple((tuple(g.names), g.held) for g in model.gradient_groups()),
         world=run.world,
         rank=run.rank,
-        zero_level=r.zero_opt_level,
+        zero_level=run.zero_level,  # the schedule's, read once from the config
         accum=p.optimizer.grad_accum_steps,
         optimizer_type=p.optimizer.optimizer_type,
         micro_batch=run.micro_batch,

@@ -24,6 +24,7 @@ from simdist import checkpoint
 from simdist.comm.groups import WORKER, Groups, Roles
 from simdist.comm.world import world
 from simdist.config import ConfigError, Params, batch_sizes, dump_yaml, load_params
+from simdist.device.profile import ProfileError, load_profile
 from simdist.events import EventWriter
 from simdist.faults import check_same_run
 from simdist.kernels.registry import warm_all
@@ -71,6 +72,11 @@ class Run:
         self.step = 0
         o = params.optimizer
         self.learning_rate = parse_schedule(o.learning_rate, o.warmup_steps)  # rate of a step
+        # the simulated accelerator's profile: read here once, every schedule takes it from here
+        try:
+            self.profile = load_profile(params.runconfig.device_profile)
+        except ProfileError as e:
+            raise ConfigError(f"runconfig.device_profile: {e}") from None
         self.events: EventWriter | None = None
         self._summary_t = (0.0, 0)
         self._bar: ProgressBar | None = None

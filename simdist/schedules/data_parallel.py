@@ -51,6 +51,9 @@ class DataParallel(Schedule):
     # ----------------------------------------------------------------- set-up
     def prepare(self, run) -> None:
         self.params, r = run.params, run.params.runconfig
+        # read once here: the sync, the memory plan, the simulated device, checkpoints and
+        # performance.json all take the level from this schedule
+        self.zero_level = r.zero_opt_level
         self.micro_batch = run.micro_batch
         comm = self.comm
         self.placement = (
@@ -74,7 +77,7 @@ class DataParallel(Schedule):
             comm, r.collective_algorithm, r.check_collectives, placement=self.placement
         )
         # the simulated accelerator (simdist.simulate); its accounted memory backs .memory
-        self.device = simulate.create_device(r, comm, self.placement)
+        self.device = simulate.create_device(run.profile, comm, self.placement)
         self.memory = DeviceAllocator(self.device.memory, self.coll)
         self.model = build_model(self.params.model)
         if hasattr(self.model, "bind_step"):  # dropout masks hash (seed, global step, sample)
@@ -92,7 +95,7 @@ class DataParallel(Schedule):
         run.log(
             f"simdist: {self.world} replica(s), model {self.model.name}, micro-batch "
             f"{self.micro_batch} x {self.params.optimizer.grad_accum_steps} accumulation, "
-            f"global batch {run.global_batch} ({origin}), ZeRO-{r.zero_opt_level}, "
+            f"global batch {run.global_batch} ({origin}), ZeRO-{self.zero_level}, "
             f"collectives {r.collective_algorithm}; data: {self.data.source}"
         )
 
@@ -113,14 +116,13 @@ class DataParallel(Schedule):
 
     def allocate(self, run) -> None:
         p, r = self.params, self.params.runconfig
-        self.zero_level = r.zero_opt_level
         self.layout = layout = Layout(self.model.parameter_specs(), self.world)
         # buffers of the training collectives: shared memory where the ranks share a node
         self.params_flat = self.memory.alloc("parameters", "params", layout.padded, shared=True)
         self.pviews = layout.views(self.params_flat)
         accum = p.optimizer.grad_accum_steps
         self.sync = GradientSync(
-            self.coll, layout, r.zero_opt_level, r.collective_algorithm, self.shared_buffers
+            self.coll, layout, self.zero_level, r.collective_algorithm, self.shared_buffers
         )
         place = self.placement
         run.log(
@@ -130,7 +132,7 @@ class DataParallel(Schedule):
             f"gradient collectives: {self.sync.algorithm}"
         )
         self.micro_grads = None
-        if r.zero_opt_level == 2:
+        if self.zero_level == 2:
             # gradients exist only as this rank's slice plus a bucket (see parallel.py)
             self.grads = None
             self.gviews = self.sync.make_sharded(self.model.gradient_groups(), self.memory.alloc)
@@ -302,7 +304,7 @@ class DataParallel(Schedule):
             "global_batch_size": run.global_batch,
             "micro_batch_size": self.micro_batch,
             "grad_accum_steps": self.params.optimizer.grad_accum_steps,
-            "zero_opt_level": r.zero_opt_level,
+            "zero_opt_level": self.zero_level,
             "collective_algorithm": r.collective_algorithm,
             "gradient_algorithm": self.sync.algorithm,  # what "auto" resolved to
             "nodes": self.placement.num_nodes,

@@ -31,7 +31,7 @@ from simdist.comm.groups import DEVICE, SERVER, Groups, Roles
 from simdist.config import ConfigError
 from simdist.data.datasets import build_dataset
 from simdist.data.sampler import DistributedSampler
-from simdist.device import CostModel, DeviceMemory, ProfileError, format_bytes, load_profile
+from simdist.device import CostModel, DeviceMemory, format_bytes
 from simdist.faults import nonfinite_text
 from simdist.input_workers import device_input, input_report
 from simdist.models import build_model
@@ -66,7 +66,7 @@ class WeightStreaming(Schedule):
 
     # ----------------------------------------------------------------- set-up
     def prepare(self, run) -> None:
-        p, r = run.params, run.params.runconfig
+        p = run.params
         R, W = self.roles.replicas, self.roles.servers
         self.params, self.micro_batch = p, run.micro_batch
         self.accum = p.optimizer.grad_accum_steps
@@ -76,10 +76,7 @@ class WeightStreaming(Schedule):
                 f"model {self.model.name!r} has no stages, so it cannot stream its weights; "
                 "use runconfig.execution_mode=pipelined (weight streaming supports gpt2)"
             )
-        try:
-            self.profile = load_profile(r.device_profile)
-        except ProfileError as e:
-            raise ConfigError(f"runconfig.device_profile: {e}") from None
+        self.profile = run.profile
         self.layout = Layout(self.model.parameter_specs(), R)
         self.plan = StreamPlan(self.layout, self.model.stages(), self.model.gradient_groups(), W)
         workers = R * self.roles.workers_per_replica

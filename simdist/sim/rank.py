@@ -55,8 +55,9 @@ import numpy as np
 
 from simdist.comm import partition
 from simdist.comm.topology import Placement, placement
-from simdist.device import Device, load_profile, write_chrome_trace
+from simdist.device import Device, write_chrome_trace
 from simdist.device.collective import STAGED_OPS, Network
+from simdist.device.profile import DeviceProfile
 from simdist.memplan import scratch_bytes, setup_for
 
 from .step import COMPUTE_PHASES, Coll, Span, StepModel, compute_dtype
@@ -92,15 +93,14 @@ class RankDevice:
         return self.device.profile
 
 
-def create_device(runconfig, comm, place: Placement | None = None) -> RankDevice:
-    """This rank's device from ``runconfig.device_profile`` (collective unless ``place``, the
+def create_device(prof: DeviceProfile, comm, place: Placement | None = None) -> RankDevice:
+    """This rank's device with the profile the run loaded (collective unless ``place``, the
     ranks' placement, is given).
 
     The profile's ``devices_per_node`` becomes the real number of ranks per node, so an
     inter-node ring is costed with the placement that actually runs."""
     if place is None:
         place = placement(comm)
-    prof = load_profile(runconfig.device_profile)
     prof = dataclasses.replace(prof, devices_per_node=place.max_ranks_per_node)
     dtype, notes = compute_dtype(prof)
     return RankDevice(Device.create(prof, comm.Get_rank(), dtype=dtype), place, dtype, notes)
@@ -222,7 +222,7 @@ class Simulation:
         self.dtype = rdev.dtype
         self.notes = list(rdev.notes)
         self.world, self.rank = run.world, run.rank
-        self.level = r.zero_opt_level
+        self.level = run.zero_level
         self.trace_steps = r.trace_steps
         self.staged = not r.reduce_on_device
         self.link_class = rdev.placement.link_class()
