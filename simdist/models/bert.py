@@ -437,7 +437,14 @@ class Bert:
         return flops_per_sample(self.config)
 
     def kernel_costs(self, batch: int, seq: int | None = None) -> list[KernelCost]:
-        return bert_costs.kernel_costs(self.config, batch, seq or self.config.max_seq_length)
+        return bert_costs.kernel_costs(
+            self.config,
+            batch,
+            seq or self.config.max_seq_length,
+            EMBED_PARAMS,
+            HEAD_PARAMS,
+            LAYER_PARAMS,
+        )
 
     def gradient_groups(self) -> list[GradientGroup]:
         """Heads (pooler, MLM transform and bias, NSP), layers last to first, then the
@@ -765,3 +772,27 @@ def _site(layer: int, which: int) -> int:
 def _rows(a: np.ndarray, B: int) -> np.ndarray:
     """(N, H) with N = B * T as (B, T * H): one row per sample for the dropout kernels."""
     return a.reshape(B, -1)
+
+
+def plan_shape(cfg) -> dict:
+    """The shapes ``simdist.plan`` needs for a BERT config: its ``TransformerSpec`` fields
+    (the encoder layer is GPT-2's: 4 H^2 attention and 2 H I feed-forward, all biased, two
+    LayerNorms) plus the exact parameter count, which adds segment embeddings, pooler, MLM
+    transform and decoder bias to the spec's tied-embedding count."""
+    return {
+        "n_layer": cfg.num_hidden_layers,
+        "n_head": cfg.num_attention_heads,
+        "d_model": cfg.hidden_size,
+        "vocab": cfg.vocab_size,
+        "seq_len": cfg.max_seq_length,
+        "d_ff": cfg.intermediate_size,
+        "tied_head": True,
+        "learned_pos": True,
+        "param_count": num_parameters(cfg),
+    }
+
+
+def plan_models() -> dict[str, dict]:
+    """``plan_shape`` of every BERT preset, by preset name (bert-mini, bert-base, bert-large):
+    what ``python -m simdist.plan --model bert-large`` should look up."""
+    return {name: plan_shape(resolve_config(name)) for name in PRESETS}

@@ -75,9 +75,12 @@ def _attention(
     ]
 
 
-def kernel_costs(cfg, B: int, T: int) -> list[KernelCost]:
-    """Forward then backward of B sequences of T tokens (cfg: ``bert.BertConfig``)."""
-    from .bert import EMBED_PARAMS, HEAD_PARAMS, LAYER_PARAMS
+def kernel_costs(
+    cfg, B: int, T: int, embed_params: tuple, head_params: tuple, layer_params: tuple
+) -> list[KernelCost]:
+    """Forward then backward of B sequences of T tokens (cfg: ``bert.BertConfig``); the
+    gradient groups that the embedding's, each layer's and the heads' last kernels finish are
+    the model's (passed in, so that this module needs no import of the model)."""
 
     L, H, I, V = cfg.num_hidden_layers, cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
     NH, P = cfg.num_attention_heads, cfg.max_predictions_per_seq
@@ -130,7 +133,7 @@ def kernel_costs(cfg, B: int, T: int) -> list[KernelCost]:
         vector("pooler.tanh.bwd", 3 * B * H, 3 * B * H, b),
     ]
     pooler = _linear("pooler.dense", B, H, H, b)
-    pooler[-1] = pooler[-1]._replace(done=HEAD_PARAMS)
+    pooler[-1] = pooler[-1]._replace(done=head_params)
     out += pooler
     out.append(vector("scatter_rows.bwd", M * H + B * H, N * H + 2 * (M + B) * H, b))
     for i in range(L - 1, -1, -1):
@@ -151,40 +154,12 @@ def kernel_costs(cfg, B: int, T: int) -> list[KernelCost]:
         out += _attention(n + "attention", B, T, NH, hs, pa, b)
         for proj in ("query", "key", "value"):
             out += _linear(n + proj, N, H, H, b)
-        names = tuple(f"bert.encoder.layer.{i}.{p}" for p in LAYER_PARAMS)
+        names = tuple(f"bert.encoder.layer.{i}.{p}" for p in layer_params)
         out.append(
             vector(n + "residual.bwd", 3 * N * H, 9 * N * H, b, count=1)._replace(done=names)
         )
     out += _dropout("embeddings.dropout.bwd", N * H, ph, b)
     out.append(_ln("embeddings.LayerNorm.bwd", N, H, b))
     moved = 4 * N * H + 2 * N + (cfg.max_position_embeddings + cfg.type_vocab_size) * H
-    out.append(vector("embedding.bwd", 3 * N * H, moved, b)._replace(done=EMBED_PARAMS))
+    out.append(vector("embedding.bwd", 3 * N * H, moved, b)._replace(done=embed_params))
     return out
-
-
-def plan_shape(cfg) -> dict:
-    """The shapes ``simdist.plan`` needs for a BERT config: its ``TransformerSpec`` fields
-    (the encoder layer is GPT-2's: 4 H^2 attention and 2 H I feed-forward, all biased, two
-    LayerNorms) plus the exact parameter count, which adds segment embeddings, pooler, MLM
-    transform and decoder bias to the spec's tied-embedding count."""
-    from .bert import num_parameters
-
-    return {
-        "n_layer": cfg.num_hidden_layers,
-        "n_head": cfg.num_attention_heads,
-        "d_model": cfg.hidden_size,
-        "vocab": cfg.vocab_size,
-        "seq_len": cfg.max_seq_length,
-        "d_ff": cfg.intermediate_size,
-        "tied_head": True,
-        "learned_pos": True,
-        "param_count": num_parameters(cfg),
-    }
-
-
-def plan_models() -> dict[str, dict]:
-    """``plan_shape`` of every BERT preset, by preset name (bert-mini, bert-base, bert-large):
-    what ``python -m simdist.plan --model bert-large`` should look up."""
-    from .bert import PRESETS, resolve_config
-
-    return {name: plan_shape(resolve_config(name)) for name in PRESETS}
