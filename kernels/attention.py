@@ -124,41 +124,54 @@ def _drop_probs(dst, src, key, base, p, scale):
 
 
 @kernel
-def mha_forward(out, att, q, k, v, keep, scratch, dprobs, n_head, causal, keys, site, p):
-    """out = dropout(softmax(mask(q k^T / sqrt(hs)))) v per head; att saves the softmax.
+def mha_attend_forward(
+    out, att, q, k, v, keep, scratch, dprobs, n_head, causal, keys, site, p, scale, bias, has_bias
+):
+    """out = dropout(softmax(mask(scale q k^T + bias))) v per head; att saves the softmax.
 
-    keep[b, j] == 0 masks key j of sample b (padding); ``causal`` also masks j > t.
-    keys: per-sample dropout keys (uint64, ``dropout.sample_keys``), site: this layer's
-    dropout site, p: the probability (0: no dropout; keys are then unused).
+    Queries and keys may come from different sequences (cross-attention: Tq decoder
+    positions over Tk encoder positions). keep[b, j] == 0 masks key j of sample b
+    (padding); ``causal`` (Tq == Tk) also masks j > t. ``bias`` (NH, Tq, Tk), read only
+    when ``has_bias``, is added to every sample's scores (T5's relative-position bias; T5
+    also uses scale 1). keys: per-sample dropout keys (uint64, ``dropout.sample_keys``),
+    site: this layer's dropout site, p: the probability (0: no dropout; keys then unused).
     """
-    # out, q, k, v: (B, T, C); att: (B, NH, T, T); keep: (B, T) float32;
-    # scratch: (>= 4, T, hs); dprobs: (T, T)
-    B, T, C = q.shape
+    # out, q: (B, Tq, C); k, v: (B, Tk, C); att: (B, NH, Tq, Tk); keep: (B, Tk) float32;
+    # scratch: (>= 4, max(Tq, Tk), hs); dprobs: (Tq, Tk)
+    B, Tq, C = q.shape
+    Tk = k.shape[1]
     hs = C // n_head
-    if scratch.shape[0] < 4 or scratch.shape[1] != T or scratch.shape[2] != hs:
-        raise ValueError("attention scratch must have shape (>= 4, T, head_size)")
-    scale = F32(1.0) / np.sqrt(F32(hs))
+    if scratch.shape[0] < 4 or scratch.shape[1] < max(Tq, Tk) or scratch.shape[2] != hs:
+        raise ValueError("attention scratch must have shape (>= 4, max(Tq, Tk), head_size)")
+    if causal and Tq != Tk:
+        raise ValueError("causal attention needs as many queries as keys")
     dscale = F32(1.0) / (F32(1.0) - p)
     zero = F32(0.0)
     one = F32(1.0)
-    qs = scratch[0]
-    ks = scratch[1]
-    vs = scratch[2]
-    y = scratch[3]
+    qs = scratch[0, :Tq]
+    ks = scratch[1, :Tk]
+    vs = scratch[2, :Tk]
+    y = scratch[3, :Tq]
     for b in range(B):
         m = keep[b]
         for h in range(n_head):
             o = h * hs
-            for t in range(T):
+            for t in range(Tq):
                 for i in range(hs):
                     qs[t, i] = q[b, t, o + i] * scale
+            for t in range(Tk):
+                for i in range(hs):
                     ks[t, i] = k[b, t, o + i]
                     vs[t, i] = v[b, t, o + i]
             pr = att[b, h]
             np.dot(qs, ks.T, pr)
-            for t in range(T):
+            for t in range(Tq):
                 row = pr[t]
-                n = t + 1 if causal else T
+                n = t + 1 if causal else Tk
+                if has_bias:
+                    brow = bias[h, t]
+                    for j in range(n):
+                        row[j] += brow[j]
                 for j in range(n):
                     if m[j] == zero:
                         row[j] = _NEG
@@ -168,76 +181,114 @@ def mha_forward(out, att, q, k, v, keep, scratch, dprobs, n_head, causal, keys, 
                 inv = one / row_sum(row, n)
                 for j in range(n):
                     row[j] *= inv
-                for j in range(n, T):
+                for j in range(n, Tk):
                     row[j] = zero
             if p > zero:
                 kk = site_key(keys[b], site)
-                _drop_probs(dprobs, pr, kk, h * T * T, p, dscale)
+                _drop_probs(dprobs, pr, kk, h * Tq * Tk, p, dscale)
                 np.dot(dprobs, vs, y)
             else:
                 np.dot(pr, vs, y)
-            for t in range(T):
+            for t in range(Tq):
                 for i in range(hs):
                     out[b, t, o + i] = y[t, i]
 
 
 @kernel
-def mha_backward(dq, dk, dv, dout, q, k, v, att, scratch, dscores, n_head, causal, keys, site, p):
-    """dq, dk, dv (overwritten) from dout, the saved softmax and the forward's inputs."""
-    # dq, dk, dv, dout, q, k, v: (B, T, C); att: (B, NH, T, T); scratch: (7, T, hs);
-    # dscores: (T, T)
-    B, T, C = q.shape
+def mha_attend_backward(
+    dq, dk, dv, dbias, dout, q, k, v, att, scratch, dscores, n_head, causal, keys, site, p,
+    scale, has_bias,
+):  # fmt: skip
+    """dq, dk, dv (overwritten) from dout, the saved softmax and the forward's inputs; with
+    ``has_bias`` the scores' gradient of every sample is ADDED to dbias (NH, Tq, Tk): the
+    bias is shared by the batch (and, in T5, by the layers of a stack)."""
+    # dq, dout, q: (B, Tq, C); dk, dv, k, v: (B, Tk, C); att: (B, NH, Tq, Tk);
+    # scratch: (>= 7, max(Tq, Tk), hs); dscores: (Tq, Tk)
+    B, Tq, C = q.shape
+    Tk = k.shape[1]
     hs = C // n_head
-    if scratch.shape[0] < 7 or scratch.shape[1] != T or scratch.shape[2] != hs:
-        raise ValueError("attention scratch must have shape (7, T, head_size)")
-    if dscores.shape[0] != T or dscores.shape[1] != T:
-        raise ValueError("attention dscores must have shape (T, T)")
-    scale = F32(1.0) / np.sqrt(F32(hs))
+    if scratch.shape[0] < 7 or scratch.shape[1] < max(Tq, Tk) or scratch.shape[2] != hs:
+        raise ValueError("attention scratch must have shape (>= 7, max(Tq, Tk), head_size)")
+    if dscores.shape[0] != Tq or dscores.shape[1] != Tk:
+        raise ValueError("attention dscores must have shape (Tq, Tk)")
     dscale = F32(1.0) / (F32(1.0) - p)
     zero = F32(0.0)
-    qs = scratch[0]
-    ks = scratch[1]
-    vs = scratch[2]
-    dy = scratch[3]
-    dqs = scratch[4]
-    dks = scratch[5]
-    dvs = scratch[6]
+    qs = scratch[0, :Tq]
+    ks = scratch[1, :Tk]
+    vs = scratch[2, :Tk]
+    dy = scratch[3, :Tq]
+    dqs = scratch[4, :Tq]
+    dks = scratch[5, :Tk]
+    dvs = scratch[6, :Tk]
     ds = dscores
     for b in range(B):
         for h in range(n_head):
             o = h * hs
-            for t in range(T):
+            for t in range(Tq):
                 for i in range(hs):
                     qs[t, i] = q[b, t, o + i] * scale
+                    dy[t, i] = dout[b, t, o + i]
+            for t in range(Tk):
+                for i in range(hs):
                     ks[t, i] = k[b, t, o + i]
                     vs[t, i] = v[b, t, o + i]
-                    dy[t, i] = dout[b, t, o + i]
             pr = att[b, h]
             if p > zero:
                 kk = site_key(keys[b], site)
-                _drop_probs(ds, pr, kk, h * T * T, p, dscale)  # the dropped probabilities
+                _drop_probs(ds, pr, kk, h * Tq * Tk, p, dscale)  # the dropped probabilities
                 np.dot(ds.T, dy, dvs)
                 np.dot(dy, vs.T, ds)
-                _drop_probs(ds, ds, kk, h * T * T, p, dscale)  # back through the mask
+                _drop_probs(ds, ds, kk, h * Tq * Tk, p, dscale)  # back through the mask
             else:
                 np.dot(pr.T, dy, dvs)
                 np.dot(dy, vs.T, ds)
-            for t in range(T):
+            for t in range(Tq):
                 prow = pr[t]
                 drow = ds[t]
-                n = t + 1 if causal else T
+                n = t + 1 if causal else Tk
                 s = row_dot(prow, drow, n)
                 for j in range(n):
                     drow[j] = prow[j] * (drow[j] - s)
-                for j in range(n, T):
+                for j in range(n, Tk):
                     drow[j] = zero
+                if has_bias:
+                    brow = dbias[h, t]
+                    for j in range(n):
+                        brow[j] += drow[j]
             np.dot(ds, ks, dqs)
             np.dot(ds.T, qs, dks)
-            for t in range(T):
+            for t in range(Tq):
                 for i in range(hs):
                     dq[b, t, o + i] = dqs[t, i] * scale
+            for t in range(Tk):
+                for i in range(hs):
                     dk[b, t, o + i] = dks[t, i]
                     dv[b, t, o + i] = dvs[t, i]
+
+
+@kernel
+def mha_forward(out, att, q, k, v, keep, scratch, dprobs, n_head, causal, keys, site, p):
+    """Self-attention with scale 1/sqrt(hs) and no bias (BERT, AIAYN): ``mha_attend_forward``
+    with q, k, v of one sequence. att[0] stands in for the unused bias (a view, no copy)."""
+    # out, q, k, v: (B, T, C); att: (B, NH, T, T); keep: (B, T) float32;
+    # scratch: (>= 4, T, hs); dprobs: (T, T)
+    scale = F32(1.0) / np.sqrt(F32(q.shape[2] // n_head))
+    mha_attend_forward(
+        out, att, q, k, v, keep, scratch, dprobs, n_head, causal, keys, site, p, scale,
+        att[0], False,
+    )  # fmt: skip
+
+
+@kernel
+def mha_backward(dq, dk, dv, dout, q, k, v, att, scratch, dscores, n_head, causal, keys, site, p):
+    """dq, dk, dv (overwritten) of ``mha_forward``."""
+    # dq, dk, dv, dout, q, k, v: (B, T, C); att: (B, NH, T, T); scratch: (7, T, hs);
+    # dscores: (T, T)
+    scale = F32(1.0) / np.sqrt(F32(q.shape[2] // n_head))
+    mha_attend_backward(
+        dq, dk, dv, att[0], dout, q, k, v, att, scratch, dscores, n_head, causal, keys, site,
+        p, scale, False,
+    )  # fmt: skip
 
 
 def _warm() -> None:
@@ -260,6 +311,18 @@ def _warm() -> None:
         dq, dk, dv = q3.copy(), q3.copy(), q3.copy()
         args = (out, q3, q3, q3, att, scratch, dscores, NH, causal, keys, 0, p)
         mha_backward(dq, dk, dv, *args)
+    # with a bias (T5) and cross-attention shapes: 1 query over 2 keys
+    bias = np.zeros((NH, 1, T), dtype=np.float32)
+    att1 = np.zeros((B, NH, 1, T), dtype=np.float32)
+    q1 = q3[:, :1].copy()
+    mha_attend_forward(
+        q1.copy(), att1, q1, q3, q3, keep, scratch, dscores[:1].copy(), NH, False, keys, 0,
+        F32(0.1), F32(1.0), bias, True,
+    )  # fmt: skip
+    mha_attend_backward(
+        q1.copy(), q3.copy(), q3.copy(), bias, q1, q1, q3, q3, att1, scratch,
+        dscores[:1].copy(), NH, False, keys, 0, F32(0.1), F32(1.0), True,
+    )  # fmt: skip
     # the helper too, so its Python-visible dispatcher carries a signature (a caller loaded
     # from the cache never compiles it)
     _drop_probs(dscores, dscores.copy(), np.uint64(1), 0, F32(0.1), F32(1.0 / 0.9))

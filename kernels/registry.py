@@ -33,6 +33,9 @@ MODULES: list[str] = [
     "transformer_act",
     "linear_hf",
     "embedding_seg",
+    "rmsnorm",
+    "relpos",
+    "linear_nobias",
 ]
 
 
