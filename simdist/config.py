@@ -71,6 +71,26 @@ class BertModelConfig:
     attention_probs_dropout_prob: float | None = None
 
 
+@dataclass(frozen=True)
+class T5ModelConfig:  # simdist.models.t5 documents each key (Hugging Face T5Config's names)
+    name: str = "t5"
+    preset: str | None = None  # t5-mini | t5-small | t5-base
+    num_layers: int | None = None
+    num_decoder_layers: int | None = None
+    num_heads: int | None = None
+    d_model: int | None = None
+    d_kv: int | None = None
+    d_ff: int | None = None
+    vocab_size: int | None = None
+    relative_attention_num_buckets: int | None = None
+    relative_attention_max_distance: int | None = None
+    n_positions: int | None = None  # the longest encoder input the model accepts
+    max_seq_length: int | None = None  # encoder tokens per training sequence
+    dropout_rate: float | None = None
+    feed_forward_proj: str | None = None  # relu (T5 v1.0) | gated-gelu (v1.1)
+    tie_word_embeddings: bool | None = None
+
+
 GPT2_SIZES = ("n_layer", "n_head", "n_embd", "block_size", "vocab_size")
 BERT_SIZES = (
     "num_hidden_layers",
@@ -86,7 +106,9 @@ MODEL_CONFIGS: dict[str, type] = {
     "fc_mnist": FCMNISTConfig,
     "gpt2": GPT2ModelConfig,
     "bert": BertModelConfig,
+    "t5": T5ModelConfig,
 }
+T5_SIZES = (*(f.name for f in dataclasses.fields(T5ModelConfig)[2:12]),)
 
 
 @dataclass(frozen=True)
@@ -215,6 +237,7 @@ CHOICES: dict[str, tuple] = {
     "runconfig.execution_mode": ("pipelined", "weight_streaming"),
     "runconfig.progress_bar": ("auto", True, False),
     "optimizer.optimizer_type": ("adamw", "sgd"),
+    "model.feed_forward_proj": ("relu", "gated-gelu", None),
 }
 
 
@@ -516,6 +539,8 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "model.num_classes": (_at_least(2), ">= 2"),
     **{f"model.{k}": (_at_least(1), ">= 1") for k in GPT2_SIZES},
     **{f"model.{k}": (_at_least(1), ">= 1") for k in BERT_SIZES},
+    **{f"model.{k}": (_at_least(1), ">= 1") for k in T5_SIZES},
+    "model.dropout_rate": (_unit, "in [0, 1)"),
     "model.hidden_dropout_prob": (_unit, "in [0, 1)"),
     "model.attention_probs_dropout_prob": (_unit, "in [0, 1)"),
     "train_input.data_dir": (bool, "a non-empty path"),

@@ -90,7 +90,23 @@ def normalize_hf_bert(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return out
 
 
-HF_NORMALIZERS = {"bert": normalize_hf_bert}  # model -> HF names to simdist's (else GPT-2's)
+def normalize_hf_t5(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Hugging Face T5ForConditionalGeneration names are simdist's; drop the stacks' copies
+    of ``shared.weight`` and, when it equals it (tied embeddings), ``lm_head.weight``."""
+    out = dict(tensors)
+    for tied in ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "lm_head.weight"):
+        value = out.get(tied)
+        if value is None or "shared.weight" not in out:
+            continue
+        if np.array_equal(value, out["shared.weight"]):
+            del out[tied]
+        elif tied != "lm_head.weight":
+            raise InteropError(f"{tied} differs from shared.weight: T5 shares them")
+    return out
+
+
+# model -> HF names to simdist's (else GPT-2's)
+HF_NORMALIZERS = {"bert": normalize_hf_bert, "t5": normalize_hf_t5}
 
 
 def export(ckpt: Path, out: Path) -> Path:

@@ -56,4 +56,8 @@ def build_dataset(params: Params, micro_batch: int):
         from .bert import build_bert_data
 
         return build_bert_data(params, micro_batch)
+    if model == "t5":
+        from .t5 import build_t5_data
+
+        return build_t5_data(params, micro_batch)
     raise ConfigError(f"model.name: no dataset for model {model!r}")

@@ -21,4 +21,8 @@ def build_model(config):
         from .bert import build_bert
 
         return build_bert(config)
+    if config.name == "t5":
+        from .t5 import build_t5
+
+        return build_t5(config)
     raise ConfigError(f"model.name: unknown model {config.name!r}")

@@ -1,0 +1,644 @@
+"""T5 (Raffel et al. 2020): encoder-decoder trained by span-corruption denoising, llm.c-style.
+
+Like ``bert.py``: the configuration with presets (t5-mini, t5-small, t5-base), the
+parameter list in Hugging Face's ``T5ForConditionalGeneration`` state-dict names and
+layouts (``nn.Linear`` weights (out, in), no biases anywhere; ``shared.weight`` embeds both
+stacks and, tied, is the LM head; each stack's relative-attention-bias table sits in its
+first block and serves all its blocks), one float32 activation arena, and forward /
+backward as kernel calls. Pre-norm blocks with T5's RMS layer norm (eps 1e-6):
+x -> x + drop(attn(norm(x))) -> (decoder: + drop(cross(norm(.), enc))) -> + drop(ffn(norm(.))),
+attention scores unscaled (T5 folds 1/sqrt(d_kv) into the initialisation) plus the bias;
+the FFN is ReLU (v1.0) or gated-GELU (v1.1, ``feed_forward_proj: gated-gelu``). With tied
+embeddings the decoder output is scaled by d_model^-0.5 before the head, as Hugging Face does.
+
+Inputs (``simdist.data.t5`` makes them): ``inputs`` (B, Te + 1) int32, the encoder's token
+ids then the sample's global index (the dropout masks hash it); ``targets`` (B, Td) int32,
+the decoder's labels (its inputs are the labels shifted right behind the start token, pad
+0). Encoder keys whose token is the pad id are masked out. A sample's loss is the mean
+cross-entropy of its Td labels; the micro-batch loss is the mean over samples (every
+sample has Td labels, so this is Hugging Face's token mean).
+
+Dropout (``dropout_rate`` everywhere Hugging Face puts it: embeddings, attention
+probabilities, block outputs, inside the FFN, after each stack's final norm) uses
+``kernels/dropout.py``: masks hash (seed, global step, sample index, site).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from simdist.config import ConfigError
+from simdist.kernels.activation import relu_backward, relu_forward
+from simdist.kernels.attention import mha_attend_backward, mha_attend_forward
+from simdist.kernels.dropout import dropout_backward, dropout_forward, sample_keys
+from simdist.kernels.gelu import gelu_backward, gelu_forward
+from simdist.kernels.linear_nobias import (
+    gate_backward,
+    gate_forward,
+    linear_nobias_backward,
+    linear_nobias_backward_accumulate,
+    linear_nobias_forward,
+    scale_forward,
+    token_embedding_backward_accumulate,
+    token_embedding_forward,
+)
+from simdist.kernels.loss import softmax_cross_entropy_backward, softmax_cross_entropy_forward
+from simdist.kernels.relpos import relpos_bias_backward, relpos_bias_forward
+from simdist.kernels.residual import residual_forward
+from simdist.kernels.rmsnorm import rmsnorm_backward, rmsnorm_backward_accumulate, rmsnorm_forward
+
+from . import t5_costs
+from .base import GradientGroup, KernelCost, ParamSpec
+from .t5_arena import EPS, F32, Views, arena_layout, sites, span_lengths
+
+INT_FIELDS = (
+    "num_layers",
+    "num_decoder_layers",
+    "num_heads",
+    "d_model",
+    "d_kv",
+    "d_ff",
+    "vocab_size",
+    "relative_attention_num_buckets",
+    "relative_attention_max_distance",
+    "n_positions",
+    "max_seq_length",
+)
+FIELDS = INT_FIELDS + ("dropout_rate", "feed_forward_proj", "tie_word_embeddings")
+
+
+@dataclass(frozen=True)
+class T5Config:
+    num_layers: int  # encoder blocks
+    num_decoder_layers: int
+    num_heads: int
+    d_model: int
+    d_kv: int  # per head: the attention's inner width is num_heads * d_kv
+    d_ff: int
+    vocab_size: int
+    relative_attention_num_buckets: int
+    relative_attention_max_distance: int
+    n_positions: int  # the longest encoder input accepted (Hugging Face's n_positions)
+    max_seq_length: int  # encoder tokens per sample; the decoder's follow (span_lengths)
+    dropout_rate: float = 0.1
+    feed_forward_proj: str = "relu"
+    tie_word_embeddings: bool = True
+    pad_token_id: int = 0
+
+    def __post_init__(self) -> None:
+        for key in INT_FIELDS:
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"model.{key} must be a positive integer, got {value!r}")
+        if self.max_seq_length > self.n_positions:
+            raise ConfigError(
+                f"model.max_seq_length ({self.max_seq_length}) exceeds the positions the "
+                f"model supports (model.n_positions = {self.n_positions})",
+                "model.max_seq_length",
+            )
+        if self.max_seq_length < 8:
+            raise ConfigError(f"model.max_seq_length must be >= 8, got {self.max_seq_length}")
+        if self.relative_attention_num_buckets < 4:
+            raise ConfigError("model.relative_attention_num_buckets must be >= 4")
+        if not 0.0 <= self.dropout_rate < 1.0:
+            raise ConfigError(f"model.dropout_rate must lie in [0, 1), got {self.dropout_rate}")
+        if self.feed_forward_proj not in ("relu", "gated-gelu"):
+            raise ConfigError(
+                f"model.feed_forward_proj must be relu or gated-gelu, got "
+                f"{self.feed_forward_proj!r}"
+            )
+
+    @property
+    def inner(self) -> int:
+        return self.num_heads * self.d_kv
+
+    @property
+    def gated(self) -> bool:
+        return self.feed_forward_proj == "gated-gelu"
+
+    @property
+    def target_length(self) -> int:
+        """Decoder tokens per sample: the span-corruption targets of max_seq_length inputs."""
+        return span_lengths(self.max_seq_length)[3]
+
+
+def _preset(L: int, NH: int, D: int, F: int, V: int, T: int) -> dict:
+    return dict(
+        num_layers=L, num_decoder_layers=L, num_heads=NH, d_model=D, d_kv=64, d_ff=F,
+        vocab_size=V, relative_attention_num_buckets=32, relative_attention_max_distance=128,
+        n_positions=512, max_seq_length=T, dropout_rate=0.1, feed_forward_proj="relu",
+        tie_word_embeddings=True,
+    )  # fmt: skip
+
+
+# t5-mini: a small T5 v1.0 on simdist's byte vocabulary (simdist.data.t5: 3 special ids,
+# 256 bytes, 100 sentinels); small and base: Raffel et al.'s shapes with the SentencePiece
+# vocabulary as Hugging Face pads it (32128), inputs of 512 (simulation and plan mode).
+PRESETS: dict[str, dict] = {
+    "t5-mini": _preset(4, 4, 256, 1024, 359, 128),
+    "t5-small": _preset(6, 8, 512, 2048, 32128, 512),
+    "t5-base": _preset(12, 12, 768, 3072, 32128, 512),
+}
+
+
+def resolve_config(preset: str | None = None, **overrides) -> T5Config:
+    """A preset with some fields replaced (None = keep); without a preset all are needed."""
+    unknown = set(overrides) - set(FIELDS)
+    if unknown:
+        raise ConfigError(f"model: unknown T5 keys {sorted(unknown)}; known: {FIELDS}")
+    if preset is not None:
+        if preset not in PRESETS:
+            raise ConfigError(f"model.preset: unknown {preset!r}; choose from {sorted(PRESETS)}")
+        values = dict(PRESETS[preset])
+    else:
+        values = {}
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    missing = [k for k in INT_FIELDS if k not in values]
+    if missing:
+        raise ConfigError(
+            f"model.{missing[0]} is required (set model.preset to one of {sorted(PRESETS)} "
+            f"or give all of {', '.join(INT_FIELDS)})"
+        )
+    return T5Config(**values)
+
+
+def build_t5(config) -> T5:
+    """From params.yaml's model section (``simdist.config.T5ModelConfig``)."""
+    return T5(resolve_config(config.preset, **{k: getattr(config, k) for k in FIELDS}))
+
+
+# ------------------------------------------------------------------ names and sizes
+ATT = ("q", "k", "v", "o")
+REL = "relative_attention_bias.weight"
+
+
+def _ffn_names(cfg: T5Config, prefix: str) -> list[str]:
+    wi = ("wi_0", "wi_1") if cfg.gated else ("wi",)
+    return [f"{prefix}.DenseReluDense.{w}.weight" for w in (*wi, "wo")]
+
+
+def block_names(cfg: T5Config, stack: str, i: int) -> tuple[str, ...]:
+    """One block's parameter names in state-dict order."""
+    p = f"{stack}.block.{i}.layer"
+    names = [f"{p}.0.SelfAttention.{a}.weight" for a in ATT]
+    names += [f"{p}.0.SelfAttention.{REL}"] if i == 0 else []
+    names.append(f"{p}.0.layer_norm.weight")
+    if stack == "decoder":
+        names += [f"{p}.1.EncDecAttention.{a}.weight" for a in ATT]
+        names.append(f"{p}.1.layer_norm.weight")
+    f = 2 if stack == "decoder" else 1
+    return (*names, *_ffn_names(cfg, f"{p}.{f}"), f"{p}.{f}.layer_norm.weight")
+
+
+def head_names(cfg: T5Config) -> tuple[str, ...]:
+    return ("decoder.final_layer_norm.weight",) + (
+        () if cfg.tie_word_embeddings else ("lm_head.weight",)
+    )
+
+
+def parameter_specs(cfg: T5Config) -> list[ParamSpec]:
+    """T5ForConditionalGeneration's state-dict order, names and shapes (the tied copies
+    ``encoder.embed_tokens`` / ``decoder.embed_tokens`` / ``lm_head`` omitted); weight
+    decay for matrices, embeddings and the bias tables (ndim >= 2), not layer norms."""
+    D, C, F = cfg.d_model, cfg.inner, cfg.d_ff
+    shape = {"q": (C, D), "k": (C, D), "v": (C, D), "o": (D, C), "wi": (F, D), "wo": (D, F)}
+    shape |= {"wi_0": (F, D), "wi_1": (F, D)}
+    specs = [("shared.weight", (cfg.vocab_size, D))]
+    for stack, n in (("encoder", cfg.num_layers), ("decoder", cfg.num_decoder_layers)):
+        for i in range(n):
+            for name in block_names(cfg, stack, i):
+                if name.endswith(REL):
+                    s = (cfg.relative_attention_num_buckets, cfg.num_heads)
+                elif name.endswith("layer_norm.weight"):
+                    s = (D,)
+                else:
+                    s = shape[name.split(".")[-2]]
+                specs.append((name, s))
+        specs.append((f"{stack}.final_layer_norm.weight", (D,)))
+    if not cfg.tie_word_embeddings:
+        specs.append(("lm_head.weight", (cfg.vocab_size, D)))
+    return [ParamSpec(n, s, len(s) >= 2) for n, s in specs]
+
+
+def num_parameters(cfg: T5Config) -> int:
+    return sum(s.numel for s in parameter_specs(cfg))
+
+
+def activation_bytes(cfg: T5Config, batch_size: int) -> int:
+    return 4 * arena_layout(cfg, batch_size)[1]
+
+
+def flops_per_sample(cfg: T5Config) -> int:
+    """Forward + backward matrix-product FLOPs of one sample (3x the forward's)."""
+    D, C, F, V = cfg.d_model, cfg.inner, cfg.d_ff, cfg.vocab_size
+    Te, Td = cfg.max_seq_length, cfg.target_length
+    nf = 3 if cfg.gated else 2
+    enc = Te * (2 * (4 * D * C + nf * D * F) + 4 * Te * C)
+    dec = Td * (2 * (6 * D * C + nf * D * F) + 4 * Td * C + 4 * Te * C) + Te * 2 * 2 * D * C
+    fwd = cfg.num_layers * enc + cfg.num_decoder_layers * dec + Td * 2 * D * V
+    return 3 * fwd
+
+
+# ------------------------------------------------------------------ the model
+class T5:
+    """The Model protocol (``simdist.models.base``) for T5 span-corruption denoising."""
+
+    def __init__(self, config: T5Config):
+        self.config = config
+        self.name = "t5"
+        self._enc = [block_names(config, "encoder", i) for i in range(config.num_layers)]
+        self._dec = [block_names(config, "decoder", i) for i in range(config.num_decoder_layers)]
+        self._head = head_names(config)
+        self._arena: np.ndarray | None = None
+        self._batch = 0
+        self._offsets: dict[str, int] = {}
+        self._views: dict[int, Views] = {}
+        self._saved: Views | None = None
+        self._seed = 0
+        self._step: Callable[[], int] = lambda: 0
+        self._p = F32(0.0)  # this forward's dropout probability (0 in evaluation)
+        self._keys = np.zeros(1, np.uint64)  # the current batch's dropout keys
+
+    def bind_step(self, seed: int, step: Callable[[], int]) -> None:
+        """Dropout masks hash (seed, step(), sample index)."""
+        self._seed, self._step = int(seed), step
+
+    # -------------------------------------------------------------- protocol: sizes
+    def parameter_specs(self) -> list[ParamSpec]:
+        return parameter_specs(self.config)
+
+    def num_parameters(self) -> int:
+        return num_parameters(self.config)
+
+    def activation_bytes(self, batch_size: int) -> int:
+        return activation_bytes(self.config, batch_size)
+
+    def flops_per_sample(self) -> int:
+        return flops_per_sample(self.config)
+
+    def kernel_costs(self, batch: int, seq: int | None = None) -> list[KernelCost]:
+        return t5_costs.kernel_costs(self.config, batch, self.gradient_groups())
+
+    def gradient_groups(self) -> list[GradientGroup]:
+        """Head norm (and untied head), decoder blocks last to first, the encoder's final
+        norm, encoder blocks last to first, then the shared embedding: written first by the
+        tied head (or the decoder's embedding) and last by the encoder's, hence held."""
+        groups = [GradientGroup(self._head)]
+        groups += [GradientGroup(n) for n in reversed(self._dec)]
+        groups.append(GradientGroup(("encoder.final_layer_norm.weight",)))
+        groups += [GradientGroup(n) for n in reversed(self._enc)]
+        groups.append(GradientGroup(("shared.weight",), held=True))
+        return groups
+
+    # -------------------------------------------------------------- protocol: set-up
+    def init_parameters(self, params: dict[str, np.ndarray], rng: np.random.Generator) -> None:
+        """Hugging Face's T5 init (factor 1): embeddings N(0, 1), q N(0, (D d_kv)^-1/2),
+        k, v, wi and the bias tables N(0, D^-1/2), o N(0, C^-1/2), wo N(0, d_ff^-1/2),
+        layer norms 1."""
+        cfg = self.config
+        D = cfg.d_model
+        std = {"q": (D * cfg.d_kv) ** -0.5, "o": cfg.inner**-0.5, "wo": cfg.d_ff**-0.5}
+        for spec in self.parameter_specs():
+            p = params[spec.name]
+            if len(spec.shape) == 1:
+                p.fill(1.0)
+                continue
+            rng.standard_normal(out=p, dtype=np.float32)
+            kind = spec.name.split(".")[-2]
+            if spec.name in ("shared.weight", "lm_head.weight"):
+                continue
+            p *= F32(std.get(kind, D**-0.5))
+
+    def allocate(self, batch_size: int) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be positive, got {batch_size}")
+        self._offsets, total = arena_layout(self.config, batch_size)
+        self._arena = np.zeros(total, dtype=np.float32)
+        self._batch = batch_size
+        self._views, self._saved = {}, None
+
+    # -------------------------------------------------------------- protocol: compute
+    def forward(self, params, inputs: np.ndarray, targets: np.ndarray) -> float:
+        v = self._load_batch(inputs, targets)
+        self._p = F32(self.config.dropout_rate)
+        if self._p > 0:
+            sample_keys(self._seed, self._step(), inputs[:, -1], v.keys)
+        self._forward(v, params)
+        self._saved = v
+        return float(self._sample_losses(v).mean(dtype=np.float64))
+
+    def evaluate(self, params, inputs: np.ndarray, targets: np.ndarray) -> tuple[float, int]:
+        """(sum of the target-token losses, correctly predicted target tokens), teacher-forced."""
+        if self._arena is None:
+            self.allocate(inputs.shape[0])
+        loss_sum, correct = 0.0, 0
+        self._p = F32(0.0)
+        for lo in range(0, inputs.shape[0], self._batch):
+            hi = min(lo + self._batch, inputs.shape[0])
+            v = self._load_batch(inputs[lo:hi], targets[lo:hi])
+            self._forward(v, params)
+            loss_sum += float(v.losses.sum(dtype=np.float64))
+            correct += int(np.count_nonzero(v.logits.argmax(axis=1) == v.labels))
+        self._saved = None
+        return loss_sum, correct
+
+    def _sample_losses(self, v: Views) -> np.ndarray:
+        return v.losses.reshape(v.B, -1).mean(axis=1, dtype=np.float64)
+
+    def _load_batch(self, inputs: np.ndarray, targets: np.ndarray) -> Views:
+        cfg = self.config
+        Te, Td, V = cfg.max_seq_length, cfg.target_length, cfg.vocab_size
+        if self._arena is None:
+            raise ValueError("call allocate(batch_size) before forward/evaluate")
+        if inputs.ndim != 2 or inputs.shape[1] != Te + 1:
+            raise ValueError(f"T5 inputs must be (B, {Te + 1}); got {inputs.shape}")
+        B = inputs.shape[0]
+        if targets.shape != (B, Td):
+            raise ValueError(f"T5 targets must be (B, {Td}); got {targets.shape}")
+        if B > self._batch:
+            raise ValueError(f"batch of {B} samples, but allocate({self._batch}) was called")
+        v = self._views.get(B)
+        if v is None:
+            v = self._views[B] = Views(self._arena, cfg, B, self._offsets)
+        for what, a in (("token ids", inputs[:, :Te]), ("labels", targets)):
+            if a.size and (a.min() < 0 or a.max() >= V):  # the kernels index unchecked
+                raise ValueError(f"T5 {what} must lie in [0, {V})")
+        np.copyto(v.enc_ids.reshape(B, Te), inputs[:, :Te], casting="same_kind")
+        np.copyto(v.labels.reshape(B, Td), targets, casting="same_kind")
+        dec = v.dec_ids.reshape(B, Td)
+        dec[:, 0] = cfg.pad_token_id  # the decoder start token
+        dec[:, 1:] = targets[:, :-1]
+        np.not_equal(v.enc_ids.reshape(B, Te), cfg.pad_token_id, out=v.enc_keep, casting="unsafe")
+        self._keys = v.keys
+        return v
+
+    def _drop(self, a: np.ndarray, B: int, site: int) -> None:
+        if self._p > 0:
+            dropout_forward(a.reshape(B, -1), a.reshape(B, -1), self._keys, site, self._p)
+
+    def _undrop(self, dst: np.ndarray, src: np.ndarray, B: int, site: int) -> np.ndarray:
+        """d(pre-dropout) from d(post-dropout): into dst, or src itself without dropout."""
+        if self._p == 0:
+            return src
+        dropout_backward(dst.reshape(B, -1), src.reshape(B, -1), self._keys, site, self._p)
+        return dst
+
+    def _ffn_forward(self, v, params, names, x_norm, h, h1, g, a, B, site) -> None:
+        if self.config.gated:
+            w0, w1 = (params[n] for n in names[:2])
+            linear_nobias_forward(h, x_norm, w0)
+            linear_nobias_forward(h1, x_norm, w1)
+            gelu_forward(g.reshape(-1), h.reshape(-1))
+            gate_forward(a.reshape(-1), g.reshape(-1), h1.reshape(-1))
+        else:
+            linear_nobias_forward(h, x_norm, params[names[0]])
+            relu_forward(a, h)
+        self._drop(a, B, site)
+
+    def _ffn_backward(self, v, params, grads, names, dn, d_out, x_norm, h, h1, g, a, N, B, site):
+        """d_out: d(FFN output); leaves d(x_norm) in dn."""
+        cfg = self.config
+        wo = names[-1]
+        ga, gh = v.g_a[:N], v.g_h[:N]
+        linear_nobias_backward(ga, grads[wo], d_out, a, params[wo])
+        ga = self._undrop(ga, ga, B, site)
+        if cfg.gated:
+            gh1 = v.g_h1[:N]
+            gate_backward(gh.reshape(-1), gh1.reshape(-1), ga.reshape(-1), g.reshape(-1),
+                          h1.reshape(-1))  # fmt: skip
+            gelu_backward(ga.reshape(-1), h.reshape(-1), gh.reshape(-1))
+            linear_nobias_backward(dn, grads[names[0]], ga, x_norm, params[names[0]])
+            linear_nobias_backward_accumulate(dn, grads[names[1]], gh1, x_norm, params[names[1]])
+        else:
+            relu_backward(gh, ga, h)
+            linear_nobias_backward(dn, grads[names[0]], gh, x_norm, params[names[0]])
+
+    def _forward(self, v: Views, params) -> None:
+        cfg = self.config
+        B, NH, p = v.B, cfg.num_heads, self._p
+        S = sites(cfg)
+        relpos_bias_forward(v.e_bias, params[self._enc[0][4]], v.e_buckets)
+        relpos_bias_forward(v.d_bias, params[self._dec[0][4]], v.d_buckets)
+        shared = params["shared.weight"]
+        # ---- encoder
+        token_embedding_forward(v.ex[0], v.enc_ids, shared)
+        self._drop(v.ex[0], B, S["enc_emb"])
+        for i, names in enumerate(self._enc):
+            q, k, vv, o = (params[n] for n in names[:4])
+            s0 = S["enc"][i]
+            off = 1 if i == 0 else 0
+            x, t = v.ex[i], v.tD[: v.Ne]
+            rmsnorm_forward(v.e_n1[i], v.e_r1[i], x, params[names[4 + off]], EPS)
+            linear_nobias_forward(v.e_q[i], v.e_n1[i], q)
+            linear_nobias_forward(v.e_k[i], v.e_n1[i], k)
+            linear_nobias_forward(v.e_v[i], v.e_n1[i], vv)
+            _attend(v.enc3(v.e_ctx[i]), v.e_att[i], v.enc3(v.e_q[i]), v.enc3(v.e_k[i]),
+                    v.enc3(v.e_v[i]), v.enc_keep, v.scratch, v.ds_ee, NH, False, v.keys, s0, p,
+                    v.e_bias, True)  # fmt: skip
+            linear_nobias_forward(t, v.e_ctx[i], o)
+            self._drop(t, B, s0 + 1)
+            residual_forward(v.e_xm[i].reshape(-1), x.reshape(-1), t.reshape(-1))
+            rmsnorm_forward(v.e_n2[i], v.e_r2[i], v.e_xm[i], params[names[-1]], EPS)
+            self._ffn_forward(v, params, names[5 + off : -1], v.e_n2[i], v.e_h[i], v.e_h1[i],
+                              v.e_g[i], v.e_a[i], B, s0 + 2)  # fmt: skip
+            linear_nobias_forward(t, v.e_a[i], params[names[-2]])
+            self._drop(t, B, s0 + 3)
+            residual_forward(v.ex[i + 1].reshape(-1), v.e_xm[i].reshape(-1), t.reshape(-1))
+        w = params["encoder.final_layer_norm.weight"]
+        rmsnorm_forward(v.enc_out, v.e_rf, v.ex[-1], w, EPS)
+        self._drop(v.enc_out, B, S["enc_final"])
+        # ---- decoder
+        token_embedding_forward(v.dy[0], v.dec_ids, shared)
+        self._drop(v.dy[0], B, S["dec_emb"])
+        for j, names in enumerate(self._dec):
+            s0 = S["dec"][j]
+            off = 1 if j == 0 else 0
+            y, t = v.dy[j], v.tD[: v.Nd]
+            sq, sk, sv, so = (params[n] for n in names[:4])
+            rmsnorm_forward(v.s_n[j], v.s_r[j], y, params[names[4 + off]], EPS)
+            linear_nobias_forward(v.s_q[j], v.s_n[j], sq)
+            linear_nobias_forward(v.s_k[j], v.s_n[j], sk)
+            linear_nobias_forward(v.s_v[j], v.s_n[j], sv)
+            _attend(v.dec3(v.s_ctx[j]), v.s_att[j], v.dec3(v.s_q[j]), v.dec3(v.s_k[j]),
+                    v.dec3(v.s_v[j]), v.dec_keep, v.scratch, v.ds_dd, NH, True, v.keys, s0, p,
+                    v.d_bias, True)  # fmt: skip
+            linear_nobias_forward(t, v.s_ctx[j], so)
+            self._drop(t, B, s0 + 1)
+            residual_forward(v.s_xm[j].reshape(-1), y.reshape(-1), t.reshape(-1))
+            c = 5 + off
+            cq, ck, cv, co = (params[n] for n in names[c : c + 4])
+            rmsnorm_forward(v.c_n[j], v.c_r[j], v.s_xm[j], params[names[c + 4]], EPS)
+            linear_nobias_forward(v.c_q[j], v.c_n[j], cq)
+            linear_nobias_forward(v.c_k[j], v.enc_out, ck)
+            linear_nobias_forward(v.c_v[j], v.enc_out, cv)
+            _attend(v.dec3(v.c_ctx[j]), v.c_att[j], v.dec3(v.c_q[j]), v.enc3(v.c_k[j]),
+                    v.enc3(v.c_v[j]), v.enc_keep, v.scratch, v.ds_de, NH, False, v.keys,
+                    s0 + 2, p, v.d_bias, False)  # fmt: skip
+            linear_nobias_forward(t, v.c_ctx[j], co)
+            self._drop(t, B, s0 + 3)
+            residual_forward(v.c_xm[j].reshape(-1), v.s_xm[j].reshape(-1), t.reshape(-1))
+            rmsnorm_forward(v.f_n[j], v.f_r[j], v.c_xm[j], params[names[-1]], EPS)
+            self._ffn_forward(v, params, names[c + 5 : -1], v.f_n[j], v.f_h[j], v.f_h1[j],
+                              v.f_g[j], v.f_a[j], B, s0 + 4)  # fmt: skip
+            linear_nobias_forward(t, v.f_a[j], params[names[-2]])
+            self._drop(t, B, s0 + 5)
+            residual_forward(v.dy[j + 1].reshape(-1), v.c_xm[j].reshape(-1), t.reshape(-1))
+        w = params["decoder.final_layer_norm.weight"]
+        rmsnorm_forward(v.dec_out, v.d_rf, v.dy[-1], w, EPS)
+        self._drop(v.dec_out, B, S["dec_final"])
+        head = v.dec_out
+        if cfg.tie_word_embeddings:
+            scale_forward(v.dec_scaled.reshape(-1), v.dec_out.reshape(-1), F32(cfg.d_model**-0.5))
+            head = v.dec_scaled
+        linear_nobias_forward(v.logits, head, params[self._head_weight()])
+        softmax_cross_entropy_forward(v.losses, v.probs, v.logits, v.labels)
+
+    def _head_weight(self) -> str:
+        return "shared.weight" if self.config.tie_word_embeddings else "lm_head.weight"
+
+    def backward(self, params, grads, dloss: float) -> None:
+        v = self._saved
+        if v is None:
+            raise RuntimeError("backward without a preceding forward")
+        cfg = self.config
+        B, NH, p, g = v.B, cfg.num_heads, self._p, grads
+        S = sites(cfg)
+        Ne, Nd = v.Ne, v.Nd
+        hw = self._head_weight()
+        # ---- head: per-sample loss = mean of its Td token losses
+        softmax_cross_entropy_backward(v.probs, v.probs, v.labels, F32(dloss / cfg.target_length))
+        t = v.tD[:Nd]
+        head = v.dec_scaled if cfg.tie_word_embeddings else v.dec_out
+        linear_nobias_backward(t, g[hw], v.probs, head, params[hw])
+        if cfg.tie_word_embeddings:
+            scale_forward(t.reshape(-1), t.reshape(-1), F32(cfg.d_model**-0.5))
+        d = self._undrop(t, t, B, S["dec_final"])
+        gd = v.gd
+        w = "decoder.final_layer_norm.weight"
+        rmsnorm_backward(gd, g[w], d, v.dy[-1], params[w], v.d_rf)
+        g.done(self._head)
+        # ---- decoder blocks, last to first; gd holds d(block output)
+        v.e_dbias.fill(0.0)
+        v.d_dbias.fill(0.0)
+        v.g_enc.fill(0.0)
+        gn, gq, gk, gv, gc = v.g_n[:Nd], v.g_q[:Nd], v.g_k, v.g_v, v.g_ctx[:Nd]
+        for j in range(cfg.num_decoder_layers - 1, -1, -1):
+            names = self._dec[j]
+            s0, off = S["dec"][j], (1 if j == 0 else 0)
+            c = 5 + off
+            # FFN
+            d = self._undrop(t, gd, B, s0 + 5)
+            self._ffn_backward(v, params, g, names[c + 5 : -1], gn, d, v.f_n[j],
+                               v.f_h[j], v.f_h1[j], v.f_g[j], v.f_a[j], Nd, B, s0 + 4)  # fmt: skip
+            rmsnorm_backward_accumulate(gd, g[names[-1]], gn, v.c_xm[j], params[names[-1]],
+                                        v.f_r[j])  # fmt: skip
+            # cross-attention: keys and values from the encoder output
+            d = self._undrop(t, gd, B, s0 + 3)
+            linear_nobias_backward(gc, g[names[c + 3]], d, v.c_ctx[j], params[names[c + 3]])
+            _attend_back(v.dec3(gq), v.enc3(gk[:Ne]), v.enc3(gv[:Ne]), v.d_dbias, v.dec3(gc),
+                         v.dec3(v.c_q[j]), v.enc3(v.c_k[j]), v.enc3(v.c_v[j]), v.c_att[j],
+                         v.scratch, v.ds_de, NH, False, v.keys, s0 + 2, p, False)  # fmt: skip
+            linear_nobias_backward(gn, g[names[c]], gq, v.c_n[j], params[names[c]])
+            for which, dk in ((1, gk[:Ne]), (2, gv[:Ne])):
+                n = names[c + which]
+                linear_nobias_backward_accumulate(v.g_enc, g[n], dk, v.enc_out, params[n])
+            rmsnorm_backward_accumulate(gd, g[names[c + 4]], gn, v.s_xm[j], params[names[c + 4]],
+                                        v.c_r[j])  # fmt: skip
+            # causal self-attention with the shared bias
+            acts = (v.s_n[j], v.s_q[j], v.s_k[j], v.s_v[j], v.s_ctx[j], v.s_att[j], v.s_r[j])
+            self._self_attention_backward(
+                v, params, g, names, v.dy[j], gd, acts, v.d_dbias, v.ds_dd, True, v.dec3, s0
+            )
+            if j == 0:
+                relpos_bias_backward(g[names[4]], v.d_dbias, v.d_buckets)
+            g.done(names)
+        # decoder embedding: the shared table (the tied head wrote it first)
+        if not cfg.tie_word_embeddings:
+            g["shared.weight"].fill(0.0)
+        d = self._undrop(t, gd, B, S["dec_emb"])
+        token_embedding_backward_accumulate(g["shared.weight"], d, v.dec_ids)
+        # ---- encoder: d(encoder output) gathered from every cross-attention
+        ge = v.ge
+        w = "encoder.final_layer_norm.weight"
+        d = self._undrop(v.g_enc, v.g_enc, B, S["enc_final"])
+        rmsnorm_backward(ge, g[w], d, v.ex[-1], params[w], v.e_rf)
+        g.done((w,))
+        t = v.tD[:Ne]
+        gn = v.g_n[:Ne]
+        for i in range(cfg.num_layers - 1, -1, -1):
+            names = self._enc[i]
+            s0, off = S["enc"][i], (1 if i == 0 else 0)
+            d = self._undrop(t, ge, B, s0 + 3)
+            self._ffn_backward(v, params, g, names[5 + off : -1], gn, d, v.e_n2[i], v.e_h[i],
+                               v.e_h1[i], v.e_g[i], v.e_a[i], Ne, B, s0 + 2)  # fmt: skip
+            rmsnorm_backward_accumulate(ge, g[names[-1]], gn, v.e_xm[i], params[names[-1]],
+                                        v.e_r2[i])  # fmt: skip
+            acts = (v.e_n1[i], v.e_q[i], v.e_k[i], v.e_v[i], v.e_ctx[i], v.e_att[i], v.e_r1[i])
+            self._self_attention_backward(
+                v, params, g, names, v.ex[i], ge, acts, v.e_dbias, v.ds_ee, False, v.enc3, s0
+            )
+            if i == 0:
+                relpos_bias_backward(g[names[4]], v.e_dbias, v.e_buckets)
+            g.done(names)
+        d = self._undrop(t, ge, B, S["enc_emb"])
+        token_embedding_backward_accumulate(g["shared.weight"], d, v.enc_ids)
+        g.done(("shared.weight",))
+
+    def _self_attention_backward(
+        self, v, params, g, names, x, gres, acts, dbias, ds, causal, to3, s0
+    ) -> None:
+        """gres (d block-part output) += d x through x + drop(o(attn(norm(x))));
+        acts: the forward's (norm(x), q, k, v, context, softmax, rstd)."""
+        N = x.shape[0]
+        t, gn, gc = v.tD[:N], v.g_n[:N], v.g_ctx[:N]
+        gq, gk, gv = v.g_q[:N], v.g_k[:N], v.g_v[:N]
+        x_norm, q, k, vv, ctx, att, rstd = acts
+        d = self._undrop(t, gres, v.B, s0 + 1)
+        linear_nobias_backward(gc, g[names[3]], d, ctx, params[names[3]])
+        _attend_back(to3(gq), to3(gk), to3(gv), dbias, to3(gc), to3(q), to3(k), to3(vv), att,
+                     v.scratch, ds, self.config.num_heads, causal, v.keys, s0, self._p,
+                     True)  # fmt: skip
+        linear_nobias_backward(gn, g[names[0]], gq, x_norm, params[names[0]])
+        linear_nobias_backward_accumulate(gn, g[names[1]], gk, x_norm, params[names[1]])
+        linear_nobias_backward_accumulate(gn, g[names[2]], gv, x_norm, params[names[2]])
+        ln = names[5] if names[4].endswith(REL) else names[4]
+        rmsnorm_backward_accumulate(gres, g[ln], gn, x, params[ln], rstd)
+
+
+def _attend(out, att, q, k, v, keep, scratch, ds, NH, causal, keys, site, p, bias, has_bias):
+    mha_attend_forward(out, att, q, k, v, keep, scratch, ds, NH, causal, keys, site, p,
+                       F32(1.0), bias, has_bias)  # fmt: skip
+
+
+def _attend_back(dq, dk, dv, dbias, dout, q, k, v, att, scratch, ds, NH, causal, keys, site, p,
+                 has_bias):  # fmt: skip
+    mha_attend_backward(dq, dk, dv, dbias, dout, q, k, v, att, scratch, ds, NH, causal, keys,
+                        site, p, F32(1.0), has_bias)  # fmt: skip
+
+
+def plan_shape(cfg: T5Config) -> dict:
+    """The shapes ``simdist.plan`` needs for a T5 config, ``TransformerSpec``'s fields: the
+    encoder and decoder blocks together as n_layer (a decoder block adds cross-attention,
+    which ``param_count`` includes exactly), no biases, no learned positions."""
+    return {
+        "n_layer": cfg.num_layers + cfg.num_decoder_layers,
+        "n_head": cfg.num_heads,
+        "d_model": cfg.d_model,
+        "vocab": cfg.vocab_size,
+        "seq_len": cfg.max_seq_length,
+        "d_ff": cfg.d_ff,
+        "tied_head": cfg.tie_word_embeddings,
+        "learned_pos": False,
+        "attn_bias": False,
+        "mlp_bias": False,
+        "param_count": num_parameters(cfg),
+    }
+
+
+def plan_models() -> dict[str, dict]:
+    """``plan_shape`` of every T5 preset, by name: what ``simdist.plan --model t5-small``
+    looks up."""
+    return {name: plan_shape(resolve_config(name)) for name in PRESETS}
