@@ -22,7 +22,7 @@ from simdist.data.t5 import EOS, NUM_SPECIAL, PAD, T5Data, make_examples, sentin
 from simdist.data.text import load_corpus_bytes
 from simdist.models.base import GradientViews
 from simdist.models.t5 import T5, plan_models, resolve_config
-from simdist.models.t5_arena import span_lengths
+from simdist.models.t5_shapes import span_lengths
 
 F32 = np.float32
 

@@ -8,7 +8,7 @@ is the validation split.
 
 Span corruption (Raffel et al. 2020, section 3.1.4; T5's ``random_spans_noise_mask``):
 sample i is the i-th run of R raw tokens, R the longest whose corrupted form fits the
-encoder's ``max_seq_length`` (``simdist.models.t5_arena.span_lengths``: 141 tokens for 128
+encoder's ``max_seq_length`` (``simdist.models.t5_shapes.span_lengths``: 141 tokens for 128
 inputs). Of them round(0.15 R) are noise, in round(noise / 3) spans; the noise and the
 kept tokens are each cut into that many non-empty spans at uniformly random points and
 interleaved, kept first. The encoder sees the kept spans with ``<extra_id_k>`` in place
@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from simdist.config import ConfigError, Params
-from simdist.models.t5_arena import span_lengths
+from simdist.models.t5_shapes import span_lengths
 
 from .bert import normalise
 from .text import VAL_FRACTION, load_corpus_bytes

@@ -26,11 +26,9 @@ probabilities, block outputs, inside the FFN, after each stack's final norm) use
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 
-from simdist.config import ConfigError
 from simdist.kernels.activation import relu_backward, relu_forward
 from simdist.kernels.attention import mha_attend_backward, mha_attend_forward
 from simdist.kernels.dropout import dropout_backward, dropout_forward, sample_keys
@@ -52,117 +50,21 @@ from simdist.kernels.rmsnorm import rmsnorm_backward, rmsnorm_backward_accumulat
 
 from . import t5_costs
 from .base import GradientGroup, KernelCost, ParamSpec
-from .t5_arena import EPS, F32, Views, arena_layout, sites, span_lengths
-
-INT_FIELDS = (
-    "num_layers",
-    "num_decoder_layers",
-    "num_heads",
-    "d_model",
-    "d_kv",
-    "d_ff",
-    "vocab_size",
-    "relative_attention_num_buckets",
-    "relative_attention_max_distance",
-    "n_positions",
-    "max_seq_length",
+from .t5_arena import EPS, F32, Views, arena_layout
+from .t5_shapes import (  # noqa: F401  (re-exported: tests and plan mode import them here)
+    FIELDS,
+    REL,
+    T5Config,
+    block_names,
+    flops_per_sample,
+    head_names,
+    num_parameters,
+    parameter_specs,
+    plan_models,
+    plan_shape,
+    resolve_config,
+    sites,
 )
-FIELDS = INT_FIELDS + ("dropout_rate", "feed_forward_proj", "tie_word_embeddings")
-
-
-@dataclass(frozen=True)
-class T5Config:
-    num_layers: int  # encoder blocks
-    num_decoder_layers: int
-    num_heads: int
-    d_model: int
-    d_kv: int  # per head: the attention's inner width is num_heads * d_kv
-    d_ff: int
-    vocab_size: int
-    relative_attention_num_buckets: int
-    relative_attention_max_distance: int
-    n_positions: int  # the longest encoder input accepted (Hugging Face's n_positions)
-    max_seq_length: int  # encoder tokens per sample; the decoder's follow (span_lengths)
-    dropout_rate: float = 0.1
-    feed_forward_proj: str = "relu"
-    tie_word_embeddings: bool = True
-    pad_token_id: int = 0
-
-    def __post_init__(self) -> None:
-        for key in INT_FIELDS:
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"model.{key} must be a positive integer, got {value!r}")
-        if self.max_seq_length > self.n_positions:
-            raise ConfigError(
-                f"model.max_seq_length ({self.max_seq_length}) exceeds the positions the "
-                f"model supports (model.n_positions = {self.n_positions})",
-                "model.max_seq_length",
-            )
-        if self.max_seq_length < 8:
-            raise ConfigError(f"model.max_seq_length must be >= 8, got {self.max_seq_length}")
-        if self.relative_attention_num_buckets < 4:
-            raise ConfigError("model.relative_attention_num_buckets must be >= 4")
-        if not 0.0 <= self.dropout_rate < 1.0:
-            raise ConfigError(f"model.dropout_rate must lie in [0, 1), got {self.dropout_rate}")
-        if self.feed_forward_proj not in ("relu", "gated-gelu"):
-            raise ConfigError(
-                f"model.feed_forward_proj must be relu or gated-gelu, got "
-                f"{self.feed_forward_proj!r}"
-            )
-
-    @property
-    def inner(self) -> int:
-        return self.num_heads * self.d_kv
-
-    @property
-    def gated(self) -> bool:
-        return self.feed_forward_proj == "gated-gelu"
-
-    @property
-    def target_length(self) -> int:
-        """Decoder tokens per sample: the span-corruption targets of max_seq_length inputs."""
-        return span_lengths(self.max_seq_length)[3]
-
-
-def _preset(L: int, NH: int, D: int, F: int, V: int, T: int) -> dict:
-    return dict(
-        num_layers=L, num_decoder_layers=L, num_heads=NH, d_model=D, d_kv=64, d_ff=F,
-        vocab_size=V, relative_attention_num_buckets=32, relative_attention_max_distance=128,
-        n_positions=512, max_seq_length=T, dropout_rate=0.1, feed_forward_proj="relu",
-        tie_word_embeddings=True,
-    )  # fmt: skip
-
-
-# t5-mini: a small T5 v1.0 on simdist's byte vocabulary (simdist.data.t5: 3 special ids,
-# 256 bytes, 100 sentinels); small and base: Raffel et al.'s shapes with the SentencePiece
-# vocabulary as Hugging Face pads it (32128), inputs of 512 (simulation and plan mode).
-PRESETS: dict[str, dict] = {
-    "t5-mini": _preset(4, 4, 256, 1024, 359, 128),
-    "t5-small": _preset(6, 8, 512, 2048, 32128, 512),
-    "t5-base": _preset(12, 12, 768, 3072, 32128, 512),
-}
-
-
-def resolve_config(preset: str | None = None, **overrides) -> T5Config:
-    """A preset with some fields replaced (None = keep); without a preset all are needed."""
-    unknown = set(overrides) - set(FIELDS)
-    if unknown:
-        raise ConfigError(f"model: unknown T5 keys {sorted(unknown)}; known: {FIELDS}")
-    if preset is not None:
-        if preset not in PRESETS:
-            raise ConfigError(f"model.preset: unknown {preset!r}; choose from {sorted(PRESETS)}")
-        values = dict(PRESETS[preset])
-    else:
-        values = {}
-    values.update({k: v for k, v in overrides.items() if v is not None})
-    missing = [k for k in INT_FIELDS if k not in values]
-    if missing:
-        raise ConfigError(
-            f"model.{missing[0]} is required (set model.preset to one of {sorted(PRESETS)} "
-            f"or give all of {', '.join(INT_FIELDS)})"
-        )
-    return T5Config(**values)
 
 
 def build_t5(config) -> T5:
@@ -170,76 +72,8 @@ def build_t5(config) -> T5:
     return T5(resolve_config(config.preset, **{k: getattr(config, k) for k in FIELDS}))
 
 
-# ------------------------------------------------------------------ names and sizes
-ATT = ("q", "k", "v", "o")
-REL = "relative_attention_bias.weight"
-
-
-def _ffn_names(cfg: T5Config, prefix: str) -> list[str]:
-    wi = ("wi_0", "wi_1") if cfg.gated else ("wi",)
-    return [f"{prefix}.DenseReluDense.{w}.weight" for w in (*wi, "wo")]
-
-
-def block_names(cfg: T5Config, stack: str, i: int) -> tuple[str, ...]:
-    """One block's parameter names in state-dict order."""
-    p = f"{stack}.block.{i}.layer"
-    names = [f"{p}.0.SelfAttention.{a}.weight" for a in ATT]
-    names += [f"{p}.0.SelfAttention.{REL}"] if i == 0 else []
-    names.append(f"{p}.0.layer_norm.weight")
-    if stack == "decoder":
-        names += [f"{p}.1.EncDecAttention.{a}.weight" for a in ATT]
-        names.append(f"{p}.1.layer_norm.weight")
-    f = 2 if stack == "decoder" else 1
-    return (*names, *_ffn_names(cfg, f"{p}.{f}"), f"{p}.{f}.layer_norm.weight")
-
-
-def head_names(cfg: T5Config) -> tuple[str, ...]:
-    return ("decoder.final_layer_norm.weight",) + (
-        () if cfg.tie_word_embeddings else ("lm_head.weight",)
-    )
-
-
-def parameter_specs(cfg: T5Config) -> list[ParamSpec]:
-    """T5ForConditionalGeneration's state-dict order, names and shapes (the tied copies
-    ``encoder.embed_tokens`` / ``decoder.embed_tokens`` / ``lm_head`` omitted); weight
-    decay for matrices, embeddings and the bias tables (ndim >= 2), not layer norms."""
-    D, C, F = cfg.d_model, cfg.inner, cfg.d_ff
-    shape = {"q": (C, D), "k": (C, D), "v": (C, D), "o": (D, C), "wi": (F, D), "wo": (D, F)}
-    shape |= {"wi_0": (F, D), "wi_1": (F, D)}
-    specs = [("shared.weight", (cfg.vocab_size, D))]
-    for stack, n in (("encoder", cfg.num_layers), ("decoder", cfg.num_decoder_layers)):
-        for i in range(n):
-            for name in block_names(cfg, stack, i):
-                if name.endswith(REL):
-                    s = (cfg.relative_attention_num_buckets, cfg.num_heads)
-                elif name.endswith("layer_norm.weight"):
-                    s = (D,)
-                else:
-                    s = shape[name.split(".")[-2]]
-                specs.append((name, s))
-        specs.append((f"{stack}.final_layer_norm.weight", (D,)))
-    if not cfg.tie_word_embeddings:
-        specs.append(("lm_head.weight", (cfg.vocab_size, D)))
-    return [ParamSpec(n, s, len(s) >= 2) for n, s in specs]
-
-
-def num_parameters(cfg: T5Config) -> int:
-    return sum(s.numel for s in parameter_specs(cfg))
-
-
 def activation_bytes(cfg: T5Config, batch_size: int) -> int:
     return 4 * arena_layout(cfg, batch_size)[1]
-
-
-def flops_per_sample(cfg: T5Config) -> int:
-    """Forward + backward matrix-product FLOPs of one sample (3x the forward's)."""
-    D, C, F, V = cfg.d_model, cfg.inner, cfg.d_ff, cfg.vocab_size
-    Te, Td = cfg.max_seq_length, cfg.target_length
-    nf = 3 if cfg.gated else 2
-    enc = Te * (2 * (4 * D * C + nf * D * F) + 4 * Te * C)
-    dec = Td * (2 * (6 * D * C + nf * D * F) + 4 * Td * C + 4 * Te * C) + Te * 2 * 2 * D * C
-    fwd = cfg.num_layers * enc + cfg.num_decoder_layers * dec + Td * 2 * D * V
-    return 3 * fwd
 
 
 # ------------------------------------------------------------------ the model
@@ -617,28 +451,3 @@ def _attend_back(dq, dk, dv, dbias, dout, q, k, v, att, scratch, ds, NH, causal,
                  has_bias):  # fmt: skip
     mha_attend_backward(dq, dk, dv, dbias, dout, q, k, v, att, scratch, ds, NH, causal, keys,
                         site, p, F32(1.0), has_bias)  # fmt: skip
-
-
-def plan_shape(cfg: T5Config) -> dict:
-    """The shapes ``simdist.plan`` needs for a T5 config, ``TransformerSpec``'s fields: the
-    encoder and decoder blocks together as n_layer (a decoder block adds cross-attention,
-    which ``param_count`` includes exactly), no biases, no learned positions."""
-    return {
-        "n_layer": cfg.num_layers + cfg.num_decoder_layers,
-        "n_head": cfg.num_heads,
-        "d_model": cfg.d_model,
-        "vocab": cfg.vocab_size,
-        "seq_len": cfg.max_seq_length,
-        "d_ff": cfg.d_ff,
-        "tied_head": cfg.tie_word_embeddings,
-        "learned_pos": False,
-        "attn_bias": False,
-        "mlp_bias": False,
-        "param_count": num_parameters(cfg),
-    }
-
-
-def plan_models() -> dict[str, dict]:
-    """``plan_shape`` of every T5 preset, by name: what ``simdist.plan --model t5-small``
-    looks up."""
-    return {name: plan_shape(resolve_config(name)) for name in PRESETS}

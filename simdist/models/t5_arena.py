@@ -1,8 +1,4 @@
-"""T5's activation arena: every tensor of one micro-batch in one float32 buffer, named views.
-
-Also the two small pure functions the model, its cost list and its data share: the
-span-corruption lengths (T5's ``compute_input_and_target_lengths``) and the dropout sites.
-"""
+"""T5's activation arena: every tensor of one micro-batch in one float32 buffer, named views."""
 
 from __future__ import annotations
 
@@ -14,46 +10,7 @@ from simdist.kernels.relpos import bucket_args, relpos_buckets
 
 F32 = np.float32
 EPS = F32(1e-6)  # T5's layer_norm_epsilon
-NOISE_DENSITY = 0.15
-MEAN_NOISE_SPAN = 3.0
 ARENA_ALIGN = 16  # elements (64 bytes): every tensor on its own cache line
-
-
-def _lengths(raw: int) -> tuple[int, int, int, int, int]:
-    """(raw, noise, spans, inputs length, targets length) of ``raw`` tokens."""
-    noise = min(max(int(round(raw * NOISE_DENSITY)), 1), raw - 1)
-    spans = max(int(round(noise / MEAN_NOISE_SPAN)), 1)
-    return raw, noise, spans, raw - noise + spans + 1, noise + spans + 1
-
-
-def span_lengths(inputs_length: int) -> tuple[int, int, int, int]:
-    """(raw tokens, noise tokens, noise spans, target length) for encoder inputs of at most
-    ``inputs_length`` tokens: the longest raw span whose corrupted form (kept tokens, one
-    sentinel per noise span, EOS) fits, as T5's ``compute_input_and_target_lengths``."""
-    raw = inputs_length
-    while raw > 2 and _lengths(raw)[3] > inputs_length:
-        raw -= 1
-    while _lengths(raw + 1)[3] <= inputs_length:
-        raw += 1
-    r, noise, spans, _, targets = _lengths(raw)
-    return r, noise, spans, targets
-
-
-def sites(cfg) -> dict:
-    """Dropout sites: the encoder's embedding, 4 per encoder block (attention
-    probabilities, attention output, FFN activation, FFN output), its final norm, then the
-    decoder's embedding, 6 per block (self and cross attention's two each, the FFN's two)
-    and its final norm."""
-    L, Ld = cfg.num_layers, cfg.num_decoder_layers
-    dec0 = 3 + 4 * L
-    return {
-        "enc_emb": 0,
-        "enc": [1 + 4 * i for i in range(L)],
-        "enc_final": 1 + 4 * L,
-        "dec_emb": 2 + 4 * L,
-        "dec": [dec0 + 6 * j for j in range(Ld)],
-        "dec_final": dec0 + 6 * Ld,
-    }
 
 
 def activation_shapes(cfg, B: int) -> dict[str, tuple[tuple[int, ...], str]]:

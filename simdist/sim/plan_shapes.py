@@ -115,6 +115,11 @@ MODELS: dict[str, TransformerSpec | MLPSpec] = {
 }
 
 
+from simdist.models.t5_shapes import plan_specs as _t5_specs  # noqa: E402 (registration)
+
+MODELS.update(_t5_specs())  # t5-mini, t5-small, t5-base
+
+
 # -- memory formulas -----------------------------------------------------------------------
 
 
