@@ -391,3 +391,15 @@ def test_config_errors_exit_2_and_write_nothing(tmp_path, flag, key):
     assert out.returncode == 2, out.stdout
     assert key in out.stdout, out.stdout
     assert not d.exists()
+
+
+def test_simulated_oom_names_the_activations(tmp_path):
+    from test_simulate import toy_profile
+
+    d = tmp_path / "oom"
+    prof = toy_profile(tmp_path, capacity_gb=0.05)  # t5-mini's arena alone is 121 MiB
+    cmd = ["-m", "simdist.train", "--params=t5_mini", f"--profile={prof}"]
+    out = run_mpi(1, [*cmd, f"--runconfig.model_dir={d}", "--runconfig.max_steps=1"], 120)
+    assert out.returncode == 2, out.stdout
+    assert "simulated out of memory on toy" in out.stdout and "activations" in out.stdout
+    assert not d.exists()
