@@ -258,29 +258,3 @@ def plan_models() -> dict[str, dict]:
     """``plan_shape`` of every T5 preset, by name: what ``simdist.plan --model t5-small``
     looks up."""
     return {name: plan_shape(resolve_config(name)) for name in PRESETS}
-
-
-def plan_specs() -> dict:
-    """The presets as plan mode's ``TransformerSpec`` (registered in ``sim.plan_shapes``):
-    encoder and decoder blocks together as ``n_layer`` of ``max_seq_length`` tokens (the
-    decoder's fewer tokens and its cross-attention are not modelled separately), with the
-    exact parameter count, whose per-block share is the blocks' mean."""
-    from simdist.sim.plan_shapes import TransformerSpec
-
-    @dataclass(frozen=True)
-    class T5Spec(TransformerSpec):
-        exact_params: int = 0
-
-        def param_count(self) -> int:
-            return self.exact_params
-
-        def layer_params(self) -> int:
-            embed = self.vocab * self.d_model * (1 if self.tied_head else 2)
-            return (self.exact_params - embed - 2 * self.d_model) // self.n_layer
-
-    specs = {}
-    for name, shape in plan_models().items():
-        fields = {k: v for k, v in shape.items() if k != "param_count"}
-        src = "simdist.models.t5_shapes preset (Hugging Face T5ForConditionalGeneration)"
-        specs[name] = T5Spec(name, exact_params=shape["param_count"], source=src, **fields)
-    return specs

@@ -115,9 +115,28 @@ MODELS: dict[str, TransformerSpec | MLPSpec] = {
 }
 
 
-from simdist.models.t5_shapes import plan_specs as _t5_specs  # noqa: E402 (registration)
+@dataclass(frozen=True)
+class CountedTransformerSpec(TransformerSpec):
+    """An encoder-decoder preset as one stack of n_layer blocks, with its exact parameter
+    count (each block's share: the blocks' mean)."""
 
-MODELS.update(_t5_specs())  # t5-mini, t5-small, t5-base
+    param_total: int = 0
+
+    def param_count(self) -> int:
+        return self.param_total
+
+    def layer_params(self) -> int:
+        embed = self.vocab * self.d_model * (1 if self.tied_head else 2)
+        return (self.param_total - embed - 2 * self.d_model) // self.n_layer
+
+
+from simdist.models.t5_shapes import plan_models as _t5_models  # noqa: E402
+
+for _name, _shape in _t5_models().items():  # t5-mini, t5-small, t5-base
+    _fields = {k: v for k, v in _shape.items() if k != "param_count"}
+    MODELS[_name] = CountedTransformerSpec(
+        _name, **_fields, param_total=_shape["param_count"], source="simdist.models.t5_shapes"
+    )
 
 
 # -- memory formulas -----------------------------------------------------------------------
