@@ -1,7 +1,8 @@
 """T5 (Raffel et al. 2020): encoder-decoder trained by span-corruption denoising, llm.c-style.
 
-Like ``bert.py``: the configuration with presets (t5-mini, t5-small, t5-base), the
-parameter list in Hugging Face's ``T5ForConditionalGeneration`` state-dict names and
+Like ``bert.py`` (configuration, presets t5-mini / t5-small / t5-base and sizes in
+``t5_shapes.py``, the arena in ``t5_arena.py``, the kernel list in ``t5_costs.py``): the
+parameters in Hugging Face's ``T5ForConditionalGeneration`` state-dict names and
 layouts (``nn.Linear`` weights (out, in), no biases anywhere; ``shared.weight`` embeds both
 stacks and, tied, is the LM head; each stack's relative-attention-bias table sits in its
 first block and serves all its blocks), one float32 activation arena, and forward /
