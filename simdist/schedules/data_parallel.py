@@ -1,11 +1,13 @@
-"""Synchronous data parallelism with ZeRO 0-2: every rank a replica.
+"""Synchronous data parallelism with ZeRO 0-3: every rank a replica.
 
 Every rank holds the whole model's parameters (in shared memory where the ranks share a
-node), its gradients (ZeRO-2: only its slice and a bucket) and the optimizer state of its
-update range (``simdist.parallel.GradientSync``). A step: each micro-batch forward and
-backward on this rank's samples, the gradient sync, the per-step agreement (non-finite
-check, stop flag; ``simdist.faults.StepGuard``), clipping, the update of this rank's range
-and the parameter gather. The simulated accelerator (``simdist.simulate``) hooks this
+node; ZeRO-3: only its slice, in private memory, plus two gather windows,
+``simdist.parallel.PartitionedParameters``), its gradients (ZeRO-2/3: only its slice and a
+bucket) and the optimizer state of its update range (``simdist.parallel.GradientSync``).
+A step: each micro-batch forward and backward on this rank's samples, the gradient sync,
+the per-step agreement (non-finite check, stop flag; ``simdist.faults.StepGuard``),
+clipping, the update of this rank's range and the parameter gather (ZeRO-3: none; each
+stage gathers its own). The simulated accelerator (``simdist.simulate``) hooks this
 object's calls, so it carries the attributes ``simulate.attach`` and ``memplan`` read.
 """
 
@@ -29,11 +31,12 @@ from simdist.data.sampler import DistributedSampler
 from simdist.faults import describe_nonfinite
 from simdist.input_workers import device_input, input_report
 from simdist.kernels.optim import sum_of_squares
-from simdist.memplan import DeviceAllocator, check_device_memory
+from simdist.memplan import DeviceAllocator, bucket_elements, check_device_memory
 from simdist.models import build_model
 from simdist.models.base import GradientViews
 from simdist.optim import Optimizer
-from simdist.parallel import GradientSync
+from simdist.parallel import GradientSync, PartitionedParameters
+from simdist.param_gather import GatherPlan
 from simdist.schedules.base import Schedule, StateShard, StepResult
 from simdist.streaming import weight_streaming_tip
 
@@ -80,6 +83,13 @@ class DataParallel(Schedule):
         self.device = simulate.create_device(run.profile, comm, self.placement)
         self.memory = DeviceAllocator(self.device.memory, self.coll)
         self.model = build_model(self.params.model)
+        if self.zero_level == 3 and not hasattr(self.model, "stages"):
+            raise ConfigError(
+                f"runconfig.zero_opt_level=3 gathers each stage's parameters before it runs, "
+                f"and model {self.model.name!r} has no stages; use zero_opt_level 0-2 "
+                "(ZeRO-3 supports fc_mnist and gpt2)",
+                "runconfig.zero_opt_level",
+            )
         if hasattr(self.model, "bind_step"):  # dropout masks hash (seed, global step, sample)
             self.model.bind_step(r.seed, lambda: run.step)
         self.data = build_dataset(self.params, self.micro_batch)
@@ -102,12 +112,18 @@ class DataParallel(Schedule):
     def _choose_shared_buffers(self, run) -> None:
         """Parameters and gradients (or ZeRO-2's bucket) in shared-memory windows, for the
         "shm" collectives, where the ranks share a node and its shared memory has room."""
-        padded = Layout(self.model.parameter_specs(), self.world).padded
-        self.shared_buffers = self.coll.can_share(8 * padded)  # collective
+        layout = Layout(self.model.parameter_specs(), self.world)
+        padded = layout.padded
+        need = 8 * padded  # parameters and gradients
+        if self.zero_level == 3:  # two gather windows and the gradient bucket
+            plan = GatherPlan(layout, self.model.stages(), self.model.gradient_groups())
+            groups = [(g.names, g.held) for g in self.model.gradient_groups()]
+            need = 4 * (2 * plan.window + bucket_elements(layout, groups))
+        self.shared_buffers = self.coll.can_share(need)  # collective
         if not self.shared_buffers:
             self.memory.coll = None  # alloc(shared=True) gives plain arrays
         if self.coll.shared and not self.shared_buffers:
-            room = window_room_error(8 * padded * self.world)
+            room = window_room_error(need * self.world)
             if self.params.runconfig.collective_algorithm == "shm":
                 raise ConfigError(
                     f"runconfig.collective_algorithm=shm: {room}, or choose auto, ring or rhd"
@@ -117,13 +133,19 @@ class DataParallel(Schedule):
     def allocate(self, run) -> None:
         p, r = self.params, self.params.runconfig
         self.layout = layout = Layout(self.model.parameter_specs(), self.world)
-        # buffers of the training collectives: shared memory where the ranks share a node
-        self.params_flat = self.memory.alloc("parameters", "params", layout.padded, shared=True)
-        self.pviews = layout.views(self.params_flat)
         accum = p.optimizer.grad_accum_steps
         self.sync = GradientSync(
             self.coll, layout, self.zero_level, r.collective_algorithm, self.shared_buffers
         )
+        # buffers of the training collectives: shared memory where the ranks share a node
+        self.partitioned = None
+        if self.zero_level == 3:  # this rank's slice; stages gather into windows
+            self.partitioned = PartitionedParameters(self.sync, self.model, self.memory.alloc)
+            self.params_flat = None
+            self.pviews = self.partitioned
+        else:
+            self.params_flat = self.memory.alloc("parameters", "params", layout.padded, shared=True)
+            self.pviews = layout.views(self.params_flat)
         place = self.placement
         run.log(
             f"placement: {place.num_nodes} node(s), ranks per node "
@@ -132,7 +154,7 @@ class DataParallel(Schedule):
             f"gradient collectives: {self.sync.algorithm}"
         )
         self.micro_grads = None
-        if self.zero_level == 2:
+        if self.zero_level >= 2:
             # gradients exist only as this rank's slice plus a bucket (see parallel.py)
             self.grads = None
             self.gviews = self.sync.make_sharded(self.model.gradient_groups(), self.memory.alloc)
@@ -156,8 +178,12 @@ class DataParallel(Schedule):
             p.train_input.shuffle,
             accum,
         )
-        self.model.init_parameters(self.pviews, np.random.default_rng(r.seed))
-        self.coll.broadcast(self.params_flat, root=0)  # replicas start identical, as DDP
+        rng = np.random.default_rng(r.seed)
+        if self.partitioned is not None:  # every rank draws the same: no broadcast needed
+            self.partitioned.initialize(self.model.init_parameters, rng)
+        else:
+            self.model.init_parameters(self.pviews, rng)
+            self.coll.broadcast(self.params_flat, root=0)  # replicas start identical, as DDP
         self.sim = simulate.attach(self)  # hooks the step's calls; per-step device time
         self.state_shard = StateShard(
             self.comm,
@@ -167,7 +193,9 @@ class DataParallel(Schedule):
             hi,
             self.optimizer.state,
             sharded=self.sync.level > 0,
-            params=self.params_flat,  # every replica holds (and resumes) all parameters
+            # every replica holds (and resumes) all parameters; ZeRO-3 its slice
+            params=self.params_flat if self.partitioned is None else self.partitioned.slice,
+            params_lo=0 if self.partitioned is None else lo,
         )
         plo, phi = self.sync.partition
         self._own = slice(plo - lo, phi - lo)  # this rank's partition in the reduced grads
@@ -191,6 +219,8 @@ class DataParallel(Schedule):
         hook = guard.hook  # test-only fault injection (SIMDIST_FAULT); None in real runs
         guard.enter("forward_backward", n)
         loss = 0.0
+        if self.partitioned is not None:  # gathers start from empty windows every step
+            self.partitioned.cache.invalidate()
         for micro, indices in enumerate(self.sampler.indices(step)):
             x, y = self.data.train_batch(indices)
             if hook:
@@ -205,7 +235,7 @@ class DataParallel(Schedule):
         sumsq, _, stop = guard.check(n, own_sumsq, loss, lambda: self._nonfinite(n, grads, loss))
         norm = self.clip(grads, sumsq)
         guard.enter("update", n)
-        self.optimizer.step(self.params_flat[lo:hi], grads, n, run.learning_rate(step))
+        self.optimizer.step(self.owned_parameters(), grads, n, run.learning_rate(step))
         guard.enter("gather_parameters", n)
         sync.gather_parameters(self.params_flat)
         return StepResult(loss, norm, stop)
@@ -217,11 +247,19 @@ class DataParallel(Schedule):
             n,
             loss,
             grads[self._own],
-            self.params_flat[lo:hi],
+            self.owned_parameters(),
             lo,
             self.layout,
             self.params.runconfig.model_dir,
         )
+
+    def owned_parameters(self) -> np.ndarray:
+        """The parameters this rank updates: its range of the flat buffer (ZeRO-3: its
+        slice, the only parameters it holds between stages)."""
+        if self.partitioned is not None:
+            return self.partitioned.slice
+        lo, hi = self.sync.update_range
+        return self.params_flat[lo:hi]
 
     def gradients(self, micro: int) -> GradientViews:
         """Where the model writes micro-batch ``micro``'s gradients."""
@@ -254,7 +292,10 @@ class DataParallel(Schedule):
         return mean
 
     def check_replicas(self, step: int) -> None:
-        """Replicas must hold bitwise-identical parameters: compare a hash across ranks."""
+        """Replicas must hold bitwise-identical parameters: compare a hash across ranks
+        (ZeRO-3 holds disjoint slices: nothing replicated to compare)."""
+        if self.partitioned is not None:
+            return
         digest = zlib.crc32(self.params_flat.view(np.uint8))
         digests = self.comm.allgather(digest)
         if len(set(digests)) != 1:
@@ -265,6 +306,8 @@ class DataParallel(Schedule):
 
     # ----------------------------------------------------------------- around the steps
     def checkpoint_parameters(self, run) -> dict[str, np.ndarray] | None:
+        if self.partitioned is not None:  # the slices, gathered on rank 0
+            return self.partitioned.gather_to_root(self.comm)
         return self.pviews
 
     def eval_sums(self, run) -> np.ndarray:
@@ -273,10 +316,15 @@ class DataParallel(Schedule):
         lo, hi = n * self.rank // self.world, n * (self.rank + 1) // self.world
         batch = self.params.eval_input.batch_size
         loss_sum, correct = 0.0, 0
+        if self.partitioned is not None:
+            self.partitioned.evaluating(True)
         for start in range(lo, hi, batch):
             x, y = self.data.eval_batch(start, min(start + batch, hi))
             l, c = self.model.evaluate(self.pviews, x, y)
             loss_sum, correct = loss_sum + l, correct + c
+        if self.partitioned is not None:  # ranks with fewer batches join others' gathers
+            self.partitioned.join()
+            self.partitioned.evaluating(False)
         meta = (n, self.data.targets_per_sample) if self.rank == 0 else (0, 0)
         return np.array([loss_sum, correct, *meta], np.float64)
 
