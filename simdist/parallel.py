@@ -276,12 +276,26 @@ class PartitionedParameters:
         if e > s:
             self.slice[s - self.lo : e - self.lo] = flat[s - a : e - a]
 
-    def gather_to_root(self, comm) -> dict[str, np.ndarray] | None:
-        """Collective: every parameter by name on rank 0 (checkpoints), else None."""
-        parts = comm.gather(self.slice, root=0)
-        if parts is None:
-            return None
-        return self.layout.views(np.concatenate(parts))
+    def gather_to_root(self, comm) -> StreamedParameters | None:
+        """Collective: every parameter by name on rank 0 (checkpoints), else None.
+
+        No rank ever holds the model: rank 0 gets a mapping whose ``items()`` receives each
+        tensor's pieces from their owners as the checkpoint writer reaches it; the other
+        ranks send their pieces in the same (layout) order, blocking until rank 0 takes
+        them, then return."""
+        if comm.Get_rank() == 0:
+            return StreamedParameters(self, comm)
+        for _, s, e in self._pieces():
+            if e > s:
+                comm.Send(self.slice[s - self.lo : e - self.lo], dest=0, tag=CHECKPOINT_TAG)
+        return None
+
+    def _pieces(self, rank: int | None = None):
+        """(name, lo, hi) of parameter name's flat elements in ``rank``'s slice."""
+        lo, hi = (self.lo, self.hi) if rank is None else self.layout.shard(rank)
+        for spec in self.layout.specs:
+            a = self.layout.offsets[spec.name]
+            yield spec.name, max(a, lo), min(a + spec.numel, hi)
 
     def evaluating(self, on: bool) -> None:
         """Evaluation: no backward follows the forward (prefetch stops at the head), and
@@ -299,3 +313,31 @@ class PartitionedParameters:
         while self._join_pass(active=False):
             for k in range(self._n_stages):
                 self._before(k, FORWARD)
+
+
+CHECKPOINT_TAG = 0x2E3  # point-to-point tag of ZeRO-3's checkpoint gather
+
+
+class StreamedParameters:
+    """Rank 0's view of ZeRO-3's parameters for the checkpoint writer: ``items()`` yields
+    each tensor whole, received from the ranks whose slices hold it (one tensor at a time
+    in memory). Iterate it once, on rank 0, while the other ranks send."""
+
+    def __init__(self, store: PartitionedParameters, comm):
+        self.store, self.comm = store, comm
+
+    def items(self):
+        st, layout = self.store, self.store.layout
+        pieces = [list(st._pieces(r)) for r in range(self.comm.Get_size())]
+        for i, spec in enumerate(layout.specs):
+            a = layout.offsets[spec.name]
+            flat = np.empty(spec.numel, np.float32)
+            for r, mine in enumerate(pieces):
+                _, s, e = mine[i]
+                if e <= s:
+                    continue
+                if r == 0:
+                    flat[s - a : e - a] = st.slice[s - st.lo : e - st.lo]
+                else:
+                    self.comm.Recv(flat[s - a : e - a], source=r, tag=CHECKPOINT_TAG)
+            yield spec.name, flat.reshape(spec.shape)

@@ -347,7 +347,8 @@ class Planner(AnalyticStep):
         self.notes.append(
             f"schedule: simdist's own DP/ZeRO-{c.zero} step (simdist.sim.step, as a run "
             "replays it): ZeRO-2's per-group reduce-scatters overlap the rest of the "
-            "backward, every other collective is exposed; no input or host time"
+            "backward (ZeRO-3's too), every other collective is exposed (ZeRO-3's stage "
+            "all-gathers included); no input or host time"
         )
         params = spec.param_count()
         if tokens:
