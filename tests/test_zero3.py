@@ -151,9 +151,13 @@ def assert_same_state(a, b, what: str) -> None:
             assert np.array_equal(a[which][k], b[which][k]), f"{what}: {k}"
 
 
-@pytest.mark.parametrize(("n", "algorithm"), [(2, "auto"), (4, "auto"), (3, "ring"), (4, "rhd")])
-def test_zero3_is_bit_identical_to_zero_0_1_2_fc_mnist(tmp_path, n, algorithm):
-    """Loss lines, final parameters, optimizer state and eval.json: identical bits.
+@pytest.mark.parametrize(
+    ("n", "algorithm", "per_node"),
+    [(2, "auto", None), (4, "auto", None), (3, "ring", None), (4, "rhd", None), (4, "auto", 2)],
+)
+def test_zero3_is_bit_identical_to_zero_0_1_2_fc_mnist(tmp_path, n, algorithm, per_node):
+    """Loss lines, final parameters, optimizer state and eval.json: identical bits (on one
+    node "auto" runs shm on the shared gather windows; 2 virtual nodes: hierarchical).
     np 3 with 333-sample eval batches: the ranks score different numbers of batches, so
     the ones that finish first join the others' gathers."""
     args = [
@@ -163,6 +167,8 @@ def test_zero3_is_bit_identical_to_zero_0_1_2_fc_mnist(tmp_path, n, algorithm):
         f"--runconfig.collective_algorithm={algorithm}",
         "--eval_input.batch_size=333",
     ]
+    if per_node:
+        args.append(f"--runconfig.ranks_per_node={per_node}")
     runs = {}
     for level in (0, 1, 2, 3):
         d = tmp_path / f"z{level}"
