@@ -214,9 +214,10 @@ def suggestions(setup: RankSetup, capacity: int) -> str:
                     )
                     break
     if not tips:
-        floor = rank_entries(setup, micro_batch=1, zero_level=2 if setup.world > 1 else 0)
+        best = (3 if setup.window_elements else 2) if setup.world > 1 else 0
+        floor = rank_entries(setup, micro_batch=1, zero_level=best)
         tips.append(
-            f"even micro-batch 1{' with ZeRO-2' if setup.world > 1 else ''} needs "
+            f"even micro-batch 1{f' with ZeRO-{best}' if best else ''} needs "
             f"{format_bytes(total_bytes(floor))}: use more ranks with ZeRO, a smaller model, "
             "or a device profile with more memory"
         )

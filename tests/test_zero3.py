@@ -6,6 +6,7 @@ gpt2-mini, np 2 and 4), checkpoints resharded across world sizes and ZeRO levels
 errors for combinations that cannot run.
 """
 
+import dataclasses
 import json
 import re
 import shutil
@@ -18,7 +19,14 @@ from test_train import SMALL, final_state
 
 from simdist.arena import Layout
 from simdist.config import FCMNISTConfig
-from simdist.memplan import RankSetup, by_category, rank_entries, window_elements
+from simdist.memplan import (
+    RankSetup,
+    by_category,
+    rank_entries,
+    suggestions,
+    total_bytes,
+    window_elements,
+)
 from simdist.models.fc_mnist import FCMNIST
 from simdist.models.gpt2 import GPT2, GPT2Config
 from simdist.param_gather import BACKWARD, FORWARD, GatherPlan, WindowCache, stage_gathers
@@ -128,6 +136,11 @@ def test_memory_plan_is_16_psi_over_n_plus_the_gathered_working_set(world):
     assert cat["gradients"] == z2["gradients"] and cat["buckets"] == z2["buckets"]
     assert cat["optimizer_state"] == z2["optimizer_state"]
     assert cat["parameters"] == 4 * shard + 8 * setup.window_elements < z2["parameters"]
+    # the simulated OOM's hint computes ZeRO-3 with the same entries
+    need = total_bytes(rank_entries(setup))
+    assert need < total_bytes(rank_entries(setup, zero_level=2))
+    tip = suggestions(dataclasses.replace(setup, zero_level=0), need)
+    assert "runconfig.zero_opt_level=3 would fit" in tip, tip
 
 
 # ----------------------------------------------------------------------------- runs
