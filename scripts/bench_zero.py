@@ -12,7 +12,9 @@ formula (Psi_p = padded parameter count, N = ranks):
     ZeRO-3 16 Psi_p/N + 2 windows (each the largest layer, 4 bytes an element) + bucket,
 the peak RSS of the busiest rank (the process, Python and MPI included), bytes sent per
 step (expected 2(N-1)/N * 4 Psi_p for levels 0-2; ZeRO-3 (N-1)/N * 4 (Psi_p + G), G the
-elements its stages all-gather in a step, ``simdist.param_gather``) and the step time.
+elements its stages all-gather in a step, ``simdist.param_gather``: the mean over ranks,
+where rank 0, whose figure the column shows, sends more or less when a gathered group's
+slice boundaries split it unevenly) and the step time.
 With np > cores the step times measure oversubscription, not the algorithm: compare
 levels at equal np.
 """

@@ -215,7 +215,6 @@ class DataParallel(Schedule):
         p, model, sync = self.params, self.model, self.sync
         n, accum = step + 1, p.optimizer.grad_accum_steps
         dloss = 1.0 / (self.micro_batch * accum)  # mean over this replica's samples this step
-        lo, hi = sync.update_range
         hook = guard.hook  # test-only fault injection (SIMDIST_FAULT); None in real runs
         guard.enter("forward_backward", n)
         loss = 0.0
@@ -242,12 +241,13 @@ class DataParallel(Schedule):
 
     def _nonfinite(self, n: int, grads: np.ndarray, loss: float) -> str:
         lo, hi = self.sync.partition
+        own = self.params_flat[lo:hi] if self.partitioned is None else self.partitioned.slice
         return describe_nonfinite(
             self.comm,
             n,
             loss,
             grads[self._own],
-            self.owned_parameters(),
+            own,
             lo,
             self.layout,
             self.params.runconfig.model_dir,
