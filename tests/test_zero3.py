@@ -281,3 +281,25 @@ def test_bad_combinations_exit_2_naming_the_key(tmp_path, extra, message):
     assert r.returncode == 2, r.stdout + r.stderr
     text = r.stdout + r.stderr
     assert message in text and "zero_opt_level" in text, text
+
+
+def test_non_finite_gradients_stop_zero3_without_a_corrupt_checkpoint(tmp_path):
+    """The per-step agreement sees the NaN through ZeRO-3's reduce-scattered slices: the
+    update is not applied and the last checkpoint (streamed to rank 0) is finite."""
+    import h5py
+    from test_faults import latest_step
+    from test_faults import train as train_with_fault
+
+    from simdist import checkpoint
+    from simdist.faults import EXIT_NONFINITE
+
+    d = tmp_path / "run"
+    rc, out = train_with_fault(
+        2, d, "--runconfig.max_steps=1000", "--runconfig.save_checkpoints_steps=2",
+        "--zero_opt_level=3", fault="nan:rank=1:step=5:value=nan",
+    )  # fmt: skip
+    assert rc == EXIT_NONFINITE, out
+    assert "first non-finite tensor in layout order: gradient of 'fc1.weight'" in out
+    assert latest_step(d) == 4
+    with h5py.File(checkpoint.latest_checkpoint(d)) as f:
+        assert all(np.isfinite(f["model"][k][...]).all() for k in f["model"])
