@@ -110,6 +110,9 @@ class OptimizerConfig:
 class RunConfig:
     mode: str = "train_and_eval"
     max_steps: int = 500
+    # stop this invocation after this many steps (SambaFlow's --steps_this_run): max_steps
+    # still sets the schedule's length, and a later run resumes from the checkpoint here
+    steps_this_run: int | None = None
     save_summary_steps: int = 50
     save_checkpoints_steps: int = 250
     keep_checkpoint_max: int = 3
@@ -191,6 +194,7 @@ FLAG_ALIASES: dict[str, tuple[str, str | None]] = {
     "--max_predictions_per_seq": ("model.max_predictions_per_seq", "value"),
     "--warmup_steps": ("optimizer.warmup_steps", "value"),
     "--logging_steps": ("runconfig.save_summary_steps", "value"),
+    "--steps_this_run": ("runconfig.steps_this_run", "value"),
     "--weight_decay": ("optimizer.weight_decay", "value"),
     "--learning_rate": ("optimizer.learning_rate", "value"),
     "--adam_beta2": ("optimizer.beta2", "value"),
@@ -397,6 +401,7 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "optimizer.max_gradient_norm": (lambda v: v > 0, "> 0"),
     "optimizer.grad_accum_steps": (_at_least(1), ">= 1"),
     "runconfig.max_steps": (_at_least(0), ">= 0"),
+    "runconfig.steps_this_run": (_at_least(1), ">= 1"),
     "runconfig.save_summary_steps": (_at_least(1), ">= 1"),
     "runconfig.save_checkpoints_steps": (_at_least(0), ">= 0"),
     "runconfig.keep_checkpoint_max": (_at_least(0), ">= 0"),
@@ -419,7 +424,8 @@ NOTES: dict[str, str] = {
     "optimizer.max_gradient_norm": "null: no clipping",
     "train_input.batch_size": "per replica; give exactly one of the two batch sizes",
     "train_input.global_batch_size": "divisible by replicas x grad_accum_steps",
-    "runconfig.save_checkpoints_steps": "0: only at the end",
+    "runconfig.save_checkpoints_steps": "0: none (but on a stop signal or steps_this_run)",
+    "runconfig.steps_this_run": "null: to max_steps; stops early, checkpointed, schedule kept",
     "runconfig.keep_checkpoint_max": "0: keep all",
     "runconfig.zero_opt_level": "no ZeRO-3; > 0 needs enable_data_parallel, pipelined only",
     "runconfig.ranks_per_node": "null: as MPI places ranks; pipelined only",
