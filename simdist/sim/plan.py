@@ -105,6 +105,8 @@ class PlanConfig:
     algorithm: str = "ring"
     optimizer: str = "adam"  # adam | sgd (momentum)
     bucket_bytes: int = DDP_BUCKET_BYTES
+    execution: str | None = None  # pipelined (resident) | weight_streaming; default: profile's
+    prefetch_depth: int = 1  # weight streaming: stages in flight ahead of the computed one
 
 
 @dataclass
@@ -149,6 +151,13 @@ class Planner(AnalyticStep):
         if config.devices_per_node:
             prof = dataclasses.replace(prof, devices_per_node=config.devices_per_node)
         self.profile = prof
+        # the run's runconfig.execution_mode names resident execution "pipelined"
+        execution = config.execution or prof.execution
+        self.execution = "resident" if execution == "pipelined" else execution
+        if self.execution not in ("resident", "weight_streaming"):
+            raise ValueError(f"execution must be pipelined or weight_streaming, got {execution!r}")
+        if config.prefetch_depth < 0:
+            raise ValueError(f"prefetch depth must be >= 0, got {config.prefetch_depth}")
         self.notes: list[str] = []
         if config.precision == "mixed":
             half = config.half or ("fp16" if prof.has_peak("matmul", "fp16") else "bf16")
@@ -189,7 +198,14 @@ class Planner(AnalyticStep):
 
         if self._simdist_runs(spec):  # the run's own step, from the shapes
             step, model_flops = self._simdist_step(spec, mem, dp, m, micro, seq, breakdown)
-        elif prof.execution == "weight_streaming":
+        elif self.execution == "weight_streaming" and self._simdist_streams(spec):
+            step, model_flops = self._streamed_step(spec, mem, dp, m, micro, seq, breakdown)
+        elif self.execution == "weight_streaming":
+            if prof.streaming is None:
+                raise ValueError(
+                    f"{prof.name} has no weight store: weight streaming on it is planned only "
+                    "for a model and precision simdist runs (a GPT-2 layout, --precision fp32)"
+                )
             step, model_flops = self._weight_streaming(spec, mem, micro, seq, m, breakdown)
         else:
             mem.update(states)
@@ -254,7 +270,7 @@ class Planner(AnalyticStep):
             and c.recompute == "none"
             and not c.sequence_parallel
             and c.overlap  # --no-overlap asks for the analytic rule (everything exposed)
-            and self.profile.execution != "weight_streaming"
+            and self.execution != "weight_streaming"
         )
 
     def _simdist_model(self, spec: MLPSpec | TransformerSpec) -> Any:
@@ -350,14 +366,67 @@ class Planner(AnalyticStep):
             "backward (ZeRO-3's too), every other collective is exposed (ZeRO-3's stage "
             "all-gathers included); no input or host time"
         )
-        params = spec.param_count()
-        if tokens:
+        return summary.total_s, self._model_flops(spec, dp, m, micro, seq)
+
+    def _model_flops(self, spec: Any, dp: int, m: int, micro: int, seq: int) -> float:
+        """Model FLOPs of one step over all replicas (attention included for transformers)."""
+        if isinstance(spec, TransformerSpec):
             h, f, nl = spec.d_model, spec.ffn, spec.n_layer
             per_token = nl * (8 * h * h + 4 * h * f + 4 * seq * h) + 2 * h * spec.vocab
-            flops = 3.0 * c.batch * dp * seq * per_token
-        else:
-            flops = float(6 * params * micro * m * dp)
-        return summary.total_s, flops
+            return 3.0 * self.cfg.batch * dp * seq * per_token
+        return float(6 * spec.param_count() * micro * m * dp)
+
+    # ---- weight streaming simdist runs: the run's streaming step on the shapes
+    def _simdist_streams(self, spec: Any) -> bool:
+        """Would ``simdist.train --execution_mode weight_streaming`` run this (fp32, a
+        GPT-2-layout model, no tensor or pipeline split)? Then the plan is the run's step."""
+        c = self.cfg
+        return (
+            isinstance(spec, TransformerSpec)
+            and is_gpt2_layout(spec)
+            and c.precision == "fp32"
+            and c.tp == c.pp == c.interleave == 1
+            and c.recompute == "none"
+        )
+
+    def _streamed_step(
+        self, spec: Any, mem: dict, dp: int, m: int, micro: int, seq: int, out: dict
+    ) -> tuple[float, float]:
+        """What a weight-streaming run of this configuration replays on each device
+        (``simdist.sim.streaming_step.device_step``) and accounts in its memory
+        (``device_footprint``), from a model built from the shapes."""
+        from .streaming_step import (
+            FOOTPRINT_CATEGORY,
+            device_compute,
+            device_footprint,
+            device_step,
+            stage_traffic,
+        )
+
+        c, prof = self.cfg, self.profile
+        if seq != spec.seq_len:
+            raise ValueError(f"weight streaming runs at {spec.name}'s context ({spec.seq_len})")
+        self._weight_store_note(spec)
+        model = self._simdist_model(spec)
+        stages = model.stages()
+        numel = {s.name: s.numel for s in model.parameter_specs()}
+        traffic = stage_traffic(stages, model.gradient_groups(), numel)
+        fwd, bwd, note = device_compute(model, stages, prof, micro)
+        t = device_step(traffic, fwd, bwd, m, prof, c.prefetch_depth)
+        for entry, n in device_footprint(model, dp, micro, c.prefetch_depth).items():
+            mem[FOOTPRINT_CATEGORY[entry]] += n
+        out.update(
+            compute=t.compute_s,
+            exposed_weight_wait=t.weight_wait_s,
+            exposed_gradient_wait=t.gradient_wait_s,
+            exposed_gradient_drain=t.drain_s,
+        )
+        self.notes.append(
+            f"schedule: simdist's own weight-streaming step (simdist.sim.streaming_step, as a "
+            f"run replays it), prefetch depth {c.prefetch_depth}; {note}; the servers' "
+            "optimizer time is not modelled"
+        )
+        return t.total_s, self._model_flops(spec, dp, m, micro, seq)
 
     def _unknown_note(self) -> list[str]:
         """Unpublished profile figures this plan could have used (other dtypes left out)."""
@@ -482,6 +551,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--precision", default="mixed", choices=("mixed", "fp32"))
     p.add_argument("--half", default=None, choices=("fp16", "bf16"))
     p.add_argument("--devices-per-node", type=int, default=None)
+    p.add_argument(
+        "--execution",
+        choices=("pipelined", "weight_streaming"),
+        default=None,
+        help="execution mode (default: the profile's; weight_streaming as simdist.train runs it)",
+    )
+    p.add_argument("--prefetch-depth", type=int, default=1, help="weight streaming (default 1)")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (within a node)")
     p.add_argument("--pp", type=int, default=1, help="pipeline stages")
     p.add_argument("--interleave", type=int, default=1, help="virtual stages per device")
@@ -510,6 +586,8 @@ def main(argv: list[str] | None = None) -> int:
             precision=args.precision,
             half=args.half,
             devices_per_node=args.devices_per_node,
+            execution=args.execution,
+            prefetch_depth=args.prefetch_depth,
             tp=args.tp,
             pp=args.pp,
             interleave=args.interleave,
