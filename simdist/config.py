@@ -138,6 +138,10 @@ class RunConfig:
     weight_servers: int = 1  # weight streaming: ranks holding weights + optimizer state
     prefetch_depth: int = 1  # weight streaming: stages streamed ahead of the computing one
     input_workers_per_replica: int = 0  # CPU ranks per replica preparing its batches
+    # SambaFlow's tensor-parallel mode: N devices of one node act as one model instance;
+    # "batch" divides its batch among them (batch_size is per group of N)
+    tensor_parallel: int = 1
+    tensor_parallel_mode: str = "batch"
 
 
 @dataclass(frozen=True)
@@ -195,6 +199,9 @@ FLAG_ALIASES: dict[str, tuple[str, str | None]] = {
     "--warmup_steps": ("optimizer.warmup_steps", "value"),
     "--logging_steps": ("runconfig.save_summary_steps", "value"),
     "--steps_this_run": ("runconfig.steps_this_run", "value"),
+    "--tensor-parallel": ("runconfig.tensor_parallel", "value"),
+    "--tensor_parallel": ("runconfig.tensor_parallel", "value"),
+    "--tensor-parallel-mode": ("runconfig.tensor_parallel_mode", "value"),
     "--weight_decay": ("optimizer.weight_decay", "value"),
     "--learning_rate": ("optimizer.learning_rate", "value"),
     "--adam_beta2": ("optimizer.beta2", "value"),
@@ -205,6 +212,7 @@ CHOICES: dict[str, tuple] = {
     "runconfig.mode": ("train", "eval", "train_and_eval"),
     "runconfig.collective_algorithm": ("auto", "ring", "rhd", "hierarchical", "shm", "native"),
     "runconfig.execution_mode": ("pipelined", "weight_streaming"),
+    "runconfig.tensor_parallel_mode": ("batch", "weight"),
     "runconfig.progress_bar": ("auto", True, False),
     "optimizer.optimizer_type": ("adamw", "sgd"),
 }
@@ -417,6 +425,7 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "runconfig.weight_servers": (_at_least(1), ">= 1"),
     "runconfig.prefetch_depth": (_at_least(0), ">= 0"),
     "runconfig.input_workers_per_replica": (_at_least(0), ">= 0"),
+    "runconfig.tensor_parallel": (_at_least(1), ">= 1"),
 }
 # What a value means where the rule alone does not say (README, and some messages).
 NOTES: dict[str, str] = {
@@ -434,6 +443,8 @@ NOTES: dict[str, str] = {
     "runconfig.min_world_size": "at most the number of ranks started",
     "runconfig.weight_servers": "weight_streaming only; fewer than the ranks",
     "runconfig.prefetch_depth": "weight_streaming only",
+    "runconfig.tensor_parallel": "ranks per group, on one node; divides the ranks",
+    "runconfig.tensor_parallel_mode": "batch: batch_size per group, split over it; weight: not yet",
     "model.n_head": "divides n_embd",
     "model.preset": "gpt2-mini, gpt2, gpt2-medium, gpt2-large, gpt2-xl; null: give all sizes",
 }
@@ -488,6 +499,8 @@ def validate(p: Params) -> None:
             "weight streaming uses the placement MPI reports (set it to null)",
             "runconfig.ranks_per_node",
         )
+    if r.tensor_parallel > 1:
+        _check_tensor_parallel(p)
     if r.execution_mode != "weight_streaming":
         defaults = RunConfig()
         for name in ("weight_servers", "prefetch_depth"):
@@ -503,6 +516,28 @@ def validate(p: Params) -> None:
         load_profile(r.device_profile)
     except ProfileError as e:
         raise ConfigError(f"runconfig.device_profile: {e}") from None
+
+
+def _check_tensor_parallel(p: Params) -> None:
+    r, t = p.runconfig, p.train_input
+    if r.tensor_parallel_mode == "weight":
+        raise ConfigError(
+            "runconfig.tensor_parallel_mode=weight (layers split Megatron-style) is not "
+            "implemented yet; batch mode is (runconfig.tensor_parallel_mode: batch)",
+            "runconfig.tensor_parallel_mode",
+        )
+    if r.execution_mode != "pipelined" or r.input_workers_per_replica:
+        raise ConfigError(
+            "runconfig.tensor_parallel applies to pipelined execution without input workers",
+            "runconfig.tensor_parallel",
+        )
+    if t.batch_size is not None and t.batch_size % r.tensor_parallel:
+        raise ConfigError(
+            f"train_input.batch_size={t.batch_size} is the batch of one tensor-parallel group "
+            f"and is divided among its {r.tensor_parallel} devices: give a multiple of "
+            f"{r.tensor_parallel}",
+            "train_input.batch_size",
+        )
 
 
 def _short_type(annotation: Any) -> str:
@@ -546,6 +581,9 @@ def batch_sizes(p: Params, world: int) -> tuple[int, int]:
     """(per-replica micro-batch, global batch per optimizer step) for this world size."""
     t, accum = p.train_input, p.optimizer.grad_accum_steps
     replicas = world
+    tp = p.runconfig.tensor_parallel  # batch mode: batch_size is per group of tp ranks
+    if t.global_batch_size is None and tp > 1:
+        return t.batch_size // tp, t.batch_size // tp * replicas * accum
     if t.global_batch_size is not None:
         if t.global_batch_size % (replicas * accum):
             raise ConfigError(

@@ -145,6 +145,14 @@ class Run:
         layout = self.schedule.layout
         shapes = {s.name: s.shape for s in layout.specs}
         step, tensors, attrs = checkpoint.load(path, shapes, self.schedule.model.name)
+        tp_was, tp = int(attrs.get("tensor_parallel", 1)), r.tensor_parallel
+        if tp_was != tp:  # fixed when a run starts (SambaFlow): changed only explicitly
+            raise ConfigError(
+                f"{path} was written with runconfig.tensor_parallel={tp_was}, this run has "
+                f"{tp}: reshard it first (python -m simdist.checkpoint reshard {path} OUT "
+                f"--tensor-parallel {tp}) and resume from OUT (runconfig.checkpoint_path)",
+                "runconfig.tensor_parallel",
+            )
         base = own.params_lo
         for seg in layout.segments(base, base + own.params.size):
             off = layout.offsets[seg.name]

@@ -41,6 +41,29 @@ from simdist.schedules.base import Schedule, StateShard, StepResult
 from simdist.streaming import weight_streaming_tip
 
 
+def tensor_parallel_groups(place: Placement, tp: int) -> list[tuple[int, ...]]:
+    """SambaFlow's tensor-parallel groups: ``tp`` consecutive ranks each, every group inside
+    one node (TP traffic never leaves a node), so ``tp`` divides the ranks and fits a node."""
+    world = place.world
+    if world % tp:
+        raise ConfigError(
+            f"runconfig.tensor_parallel={tp} must divide the {world} ranks (groups of {tp} "
+            "consecutive ranks); start a multiple of it",
+            "runconfig.tensor_parallel",
+        )
+    groups = [tuple(range(a, a + tp)) for a in range(0, world, tp)]
+    for g in groups:
+        nodes = sorted({place.node_of[k] for k in g})
+        if len(nodes) > 1:
+            raise ConfigError(
+                f"runconfig.tensor_parallel={tp}: ranks {list(g)} span nodes {nodes}, but a "
+                "tensor-parallel group must sit on one node (at most its ranks per node, "
+                f"{list(place.ranks_per_node)} here); lower it or place the ranks by node",
+                "runconfig.tensor_parallel",
+            )
+    return groups
+
+
 class DataParallel(Schedule):
     name = "pipelined"
 
@@ -76,6 +99,8 @@ class DataParallel(Schedule):
                 f"memory); this run has {self.placement.num_nodes} nodes (use auto, ring, rhd "
                 "or hierarchical)"
             )
+        self.tensor_parallel = r.tensor_parallel
+        self.tp_groups = tensor_parallel_groups(self.placement, r.tensor_parallel)
         self.coll = Collectives(
             comm, r.collective_algorithm, r.check_collectives, placement=self.placement
         )
@@ -102,12 +127,22 @@ class DataParallel(Schedule):
         check_device_memory(self, tip)  # simulated OOM now, before any buffer exists
         t = self.params.train_input
         origin = "global given" if t.global_batch_size is not None else "per replica given"
+        if self.tensor_parallel > 1:
+            groups = " ".join(f"{list(g)}" for g in self.tp_groups)
+            run.log(
+                f"simdist: tensor parallel (batch mode), {len(self.tp_groups)} group(s) of "
+                f"{self.tensor_parallel} ranks, each on one node: {groups}; the group's batch "
+                f"of {self.micro_batch * self.tensor_parallel} is divided among its ranks"
+            )
         run.log(
             f"simdist: {self.world} replica(s), model {self.model.name}, micro-batch "
             f"{self.micro_batch} x {self.params.optimizer.grad_accum_steps} accumulation, "
             f"global batch {run.global_batch} ({origin}), ZeRO-{self.zero_level}, "
             f"collectives {r.collective_algorithm}; data: {self.data.source}"
         )
+
+    def checkpoint_attrs(self) -> dict[str, Any]:
+        return {"tensor_parallel": self.tensor_parallel, "tensor_parallel_mode": "batch"}
 
     def _choose_shared_buffers(self, run) -> None:
         """Parameters and gradients (or ZeRO-2's bucket) in shared-memory windows, for the
