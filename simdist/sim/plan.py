@@ -77,6 +77,7 @@ from .plan_shapes import (
     MLPSpec,
     TransformerSpec,
     is_gpt2_layout,
+    load_shape,
     model_state_bytes,
 )
 
@@ -105,6 +106,7 @@ class PlanConfig:
     algorithm: str = "ring"
     optimizer: str = "adam"  # adam | sgd (momentum)
     bucket_bytes: int = DDP_BUCKET_BYTES
+    model_overrides: dict[str, Any] = field(default_factory=dict)  # --model.KEY=VALUE
 
 
 @dataclass
@@ -156,6 +158,7 @@ class Planner(AnalyticStep):
         else:
             self.dtype, self.elem = "fp32", 4
         self.cost = CostModel(prof, self.dtype)
+        self.spec = self._resolve_spec()
 
     # ---- layout
     def _layout(self) -> tuple[int, int]:
@@ -201,7 +204,9 @@ class Planner(AnalyticStep):
                 self.notes.append("parameter count only: activations and step time not planned")
             grad_bytes = (2 if c.precision == "mixed" else 4) * params_dev
             if c.zero == 3:  # gathered parameters of the current and the prefetched layer
-                layer = spec.layer_params() if isinstance(spec, TransformerSpec) else 0
+                layer = 0
+                if isinstance(spec, TransformerSpec):
+                    layer = spec.layer_params() + (spec.cross_params() if spec.cross_layers else 0)
                 mem["buckets"] = 2 * self.elem * math.ceil(layer / c.tp)
             elif dp > 1:
                 mem["buckets"] = min(c.bucket_bytes, grad_bytes)
@@ -369,15 +374,15 @@ class Planner(AnalyticStep):
         return None
 
     def _spec(self) -> TransformerSpec | MLPSpec | CountSpec:
+        return self.spec
+
+    def _resolve_spec(self) -> TransformerSpec | MLPSpec | CountSpec:
         c = self.cfg
         if c.params_count is not None:
             return CountSpec(f"custom-{c.params_count}", int(c.params_count))
-        try:
+        if c.model in MODELS and not c.model_overrides:
             return MODELS[c.model]
-        except KeyError:
-            raise ValueError(
-                f"unknown model '{c.model}'; available: {', '.join(MODELS)} (or --params-count)"
-            ) from None
+        return load_shape(c.model, c.model_overrides)  # a shape file, or a preset + overrides
 
     # ---- memory check with a hint
     def _check(
