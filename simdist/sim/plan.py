@@ -173,8 +173,11 @@ class Planner(AnalyticStep):
             raise ValueError(f"batch ({c.batch}) must be a positive multiple of micro-batch")
         return dp, c.batch // micro
 
-    def run(self) -> PlanResult:
-        t0 = time.perf_counter()
+    def evaluate(self) -> tuple[dict[str, int], dict[str, float], float | None, float | None]:
+        """(memory by category, step breakdown, step seconds, model FLOPs per step) of
+        ``self.cfg``: the plan without the memory check, the notes' profile remarks and the
+        result record, so that a search can evaluate many configurations on one planner
+        (set ``cfg``, clear ``notes``, call this)."""
         c, prof = self.cfg, self.profile
         spec = self._spec()
         dp, m = self._layout()
@@ -210,6 +213,18 @@ class Planner(AnalyticStep):
                 mem["buckets"] = 2 * self.elem * math.ceil(layer / c.tp)
             elif dp > 1:
                 mem["buckets"] = min(c.bucket_bytes, grad_bytes)
+        return mem, breakdown, step, model_flops
+
+    def run(self) -> PlanResult:
+        t0 = time.perf_counter()
+        c, prof = self.cfg, self.profile
+        spec = self._spec()
+        mem, breakdown, step, model_flops = self.evaluate()
+        dp, m = self._layout()
+        micro = c.micro_batch or c.batch
+        seq = c.seq or getattr(spec, "seq_len", 1)
+        params = spec.param_count()
+        params_dev = math.ceil(params / (c.tp * c.pp))
 
         fits, oom = self._check(mem, spec, dp, micro, seq)
         total = sum(mem.values())
@@ -473,60 +488,167 @@ def plan(**kwargs: Any) -> PlanResult:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m simdist.plan", description=__doc__.split("\n")[0])
-    p.add_argument("--model", default="gpt2", help=f"one of: {', '.join(MODELS)}")
+    p = argparse.ArgumentParser(
+        prog="python -m simdist.plan",
+        description=__doc__.split("\n")[0],
+        epilog="--model.KEY=VALUE overrides one key of the model's shape (keys: "
+        "layers, encoder_layers, decoder_layers, hidden, heads, kv_heads, ffn, ffn_kind, vocab, "
+        "seq_len, tied_embeddings, position, attn_bias, mlp_bias, head_bias, parallel_block). "
+        "--search explores dp/tp/pp, ZeRO, micro-batch, recompute, interleaving, sequence "
+        "parallelism and precision; --tp, --pp, --zero, --micro-batch, --recompute, "
+        "--interleave, --precision and --sequence-parallel then fix that choice.",
+    )
+    p.add_argument(
+        "--model", default="gpt2", help=f"a preset ({', '.join(MODELS)}) or a shape YAML file"
+    )
     p.add_argument("--params-count", type=float, default=None, help="plan model states only")
-    p.add_argument("--devices", type=int, default=1)
+    p.add_argument(
+        "--devices", default="1", help="devices; a list (8,64,512) gives a scaling table"
+    )
     p.add_argument("--profile", default="a100-80gb", help="profile name or YAML path")
-    p.add_argument("--zero", type=int, default=0, choices=(0, 1, 2, 3))
-    p.add_argument("--batch", type=int, default=8, help="samples per data-parallel replica")
+    p.add_argument("--zero", type=int, default=None, choices=(0, 1, 2, 3), help="default 0")
+    p.add_argument(
+        "--batch", type=int, default=8,
+        help="samples per data-parallel replica (--search: per device, unless --global-batch)",
+    )  # fmt: skip
     p.add_argument("--micro-batch", type=int, default=None)
     p.add_argument("--seq", type=int, default=None, help="sequence length (default: context)")
-    p.add_argument("--precision", default="mixed", choices=("mixed", "fp32"))
+    p.add_argument("--precision", default=None, choices=("mixed", "fp32"), help="default mixed")
     p.add_argument("--half", default=None, choices=("fp16", "bf16"))
     p.add_argument("--devices-per-node", type=int, default=None)
-    p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (within a node)")
-    p.add_argument("--pp", type=int, default=1, help="pipeline stages")
-    p.add_argument("--interleave", type=int, default=1, help="virtual stages per device")
-    p.add_argument("--recompute", default="none", choices=("none", "selective", "full"))
-    p.add_argument("--sequence-parallel", action="store_true")
+    p.add_argument("--tp", type=int, default=None, help="tensor-parallel degree (default 1)")
+    p.add_argument("--pp", type=int, default=None, help="pipeline stages (default 1)")
+    p.add_argument("--interleave", type=int, default=None, help="virtual stages per device")
+    p.add_argument("--recompute", default=None, choices=("none", "selective", "full"))
+    p.add_argument("--sequence-parallel", action="store_true", default=None)
     p.add_argument("--no-overlap", action="store_true", help="expose all DP communication")
     p.add_argument("--algorithm", default="ring", choices=("ring", "rhd", "hierarchical", "auto"))
     p.add_argument("--optimizer", default="adam", choices=("adam", "sgd"))
     p.add_argument("--bucket-mb", type=float, default=DDP_BUCKET_BYTES / 2**20)
     p.add_argument("--json", action="store_true", help="print the result as JSON")
+    s = p.add_argument_group("search (--search, or a list of --devices)")
+    s.add_argument("--search", action="store_true", help="find the fastest layout that fits")
+    s.add_argument("--global-batch", type=int, default=None, help="fix it (strong scaling)")
+    s.add_argument("--max-tp", type=int, default=None, help="default: devices per node")
+    s.add_argument("--max-pp", type=int, default=None)
+    s.add_argument("--max-micro-batch", type=int, default=64)
+    s.add_argument("--max-interleave", type=int, default=None)
+    s.add_argument("--top", type=int, default=10, help="configurations to print")
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def _model_overrides(rest: list[str]) -> tuple[dict[str, Any], list[str]]:
+    """``--model.KEY=VALUE`` (or ``--model.KEY VALUE``) arguments; the others are returned."""
+    import yaml
+
+    out: dict[str, Any] = {}
+    left: list[str] = []
+    i = 0
+    while i < len(rest):
+        arg = rest[i]
+        if arg.startswith("--model."):
+            key, eq, value = arg[len("--model.") :].partition("=")
+            if not eq:
+                if i + 1 >= len(rest):
+                    raise ValueError(f"{arg}: expected a value (--model.KEY=VALUE)")
+                value, i = rest[i + 1], i + 1
+            try:
+                out[key] = yaml.safe_load(value)
+            except yaml.YAMLError:
+                out[key] = value
+        else:
+            left.append(arg)
+        i += 1
+    return out, left
+
+
+def _devices(text: str) -> list[int]:
     try:
-        result = plan(
+        out = [int(x) for x in str(text).split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(
+            f"--devices: expected a number or a list like 8,64,512, got {text!r}"
+        ) from None
+    if not out or min(out) < 1:
+        raise ValueError(f"--devices: expected positive counts, got {text!r}")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    try:
+        overrides, rest = _model_overrides(rest)
+        if rest:
+            parser.error(f"unrecognized arguments: {' '.join(rest)}")
+        devices = _devices(args.devices)
+        base = PlanConfig(
             model=args.model,
             params_count=None if args.params_count is None else int(args.params_count),
-            devices=args.devices,
+            devices=devices[0],
             profile=args.profile,
-            zero=args.zero,
+            zero=args.zero or 0,
             batch=args.batch,
             micro_batch=args.micro_batch,
             seq=args.seq,
-            precision=args.precision,
+            precision=args.precision or "mixed",
             half=args.half,
             devices_per_node=args.devices_per_node,
-            tp=args.tp,
-            pp=args.pp,
-            interleave=args.interleave,
-            recompute=args.recompute,
-            sequence_parallel=args.sequence_parallel,
+            tp=args.tp or 1,
+            pp=args.pp or 1,
+            interleave=args.interleave or 1,
+            recompute=args.recompute or "none",
+            sequence_parallel=bool(args.sequence_parallel),
             overlap=not args.no_overlap,
             algorithm=args.algorithm,
             optimizer=args.optimizer,
             bucket_bytes=int(args.bucket_mb * 2**20),
+            model_overrides=overrides,
         )
+        if args.search or len(devices) > 1:
+            return _search_main(args, base, devices)
+        result = Planner(base).run()
     except (ValueError, ProfileError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(json.dumps(result.as_dict(), indent=2) if args.json else format_plan(result))
+    return 0
+
+
+def _search_main(args: argparse.Namespace, base: PlanConfig, devices: list[int]) -> int:
+    from .search import (
+        SearchSpace,
+        format_scaling,
+        format_search,
+        scaling,
+        scaling_dict,
+    )
+
+    space = SearchSpace(
+        global_batch=args.global_batch,
+        batch_per_device=args.batch,
+        max_tp=args.max_tp,
+        max_pp=args.max_pp,
+        max_micro_batch=args.max_micro_batch,
+        max_interleave=args.max_interleave,
+        tp=args.tp,
+        pp=args.pp,
+        zero=args.zero,
+        micro_batch=args.micro_batch,
+        recompute=args.recompute,
+        interleave=args.interleave,
+        sequence_parallel=args.sequence_parallel,
+        precision=args.precision,
+    )
+    results = scaling(base.model, devices, base.profile, space, base)
+    if len(results) == 1:
+        r = results[0]
+        print(json.dumps(r.as_dict(), indent=1) if args.json else format_search(r, args.top))
+    else:
+        if args.json:
+            print(json.dumps(scaling_dict(results), indent=1))
+        else:
+            print(format_scaling(results))
     return 0
 
 

@@ -160,6 +160,11 @@ class AnalyticStep:
     def _dp_time(self, op: str, nbytes: float, dp: int) -> float:
         if dp <= 1 or nbytes <= 0:
             return 0.0
+        c = self.cfg
+        key = ("dp", op, nbytes, dp, c.tp, c.pp, c.algorithm)
+        return self._memo(key, lambda: self._dp_time_uncached(op, nbytes, dp))
+
+    def _dp_time_uncached(self, op: str, nbytes: float, dp: int) -> float:
         link, k_dp = self._dp_link(dp)
         alg = self.cfg.algorithm
         if alg in ("hierarchical", "auto") and 1 < k_dp < dp:
@@ -193,7 +198,7 @@ class AnalyticStep:
         comm) seconds of one layer and one micro-batch; memoised per planner (a search
         evaluates many configurations with the same layer shapes)."""
         key = (spec, micro, seq, t, sp, cross, self.elem, self.dtype, self.cfg.recompute,
-               self.cost.working_set)  # fmt: skip
+               self._ws())  # fmt: skip
         cache = self.__dict__.setdefault("_layer_cache", {})
         if key not in cache:
             fwd, bwd = transformer_layer_ops(spec, micro, seq, t, sp, self.elem, cross)
@@ -206,6 +211,56 @@ class AnalyticStep:
                 r_c, r_tp = self._ops_time(_attention_core(fwd))
             cache[key] = (f_c, f_tp, b_c, b_tp, r_c, r_tp)
         return cache[key]
+
+    def _memo(self, key: tuple, compute: Any) -> Any:
+        """``compute()`` once per key and planner (the key names what the value depends on
+        besides the profile, the dtype and, for working-set-keyed profiles, the working set)."""
+        cache = self.__dict__.setdefault("_memo_cache", {})
+        key = (*key, self.elem, self.dtype, self._ws())
+        if key not in cache:
+            cache[key] = compute()
+        return cache[key]
+
+    def _ws(self) -> float | None:
+        """The working set, where the profile's memory efficiency depends on it."""
+        return (
+            self.cost.working_set if self.profile.memory_efficiency_key == "working_set" else None
+        )
+
+    def _head(self, spec: TransformerSpec, tok: int) -> tuple[float, float, float, float]:
+        """(logits + loss forward, their backward, embedding forward, its backward) seconds
+        of one micro-batch of ``tok`` tokens (vocab-parallel over the TP ranks)."""
+        e, t, h, vcb = self.elem, self.cfg.tp, spec.d_model, spec.vocab
+        head = [
+            Op(
+                "logits",
+                "matmul",
+                2 * tok * h * vcb / t,
+                e * (tok * h + h * vcb / t + tok * vcb / t),
+            ),
+            Op("cross_entropy", "vector", 5 * tok * vcb / t, (e + 4) * tok * vcb / t),
+        ]
+        head_bwd = [dataclasses.replace(head[0], count=2), dataclasses.replace(head[1])]
+        emb = [Op("embedding", "vector", tok * h, 3 * e * tok * h)]
+        hf_c, _ = self._ops_time(head)
+        hb_c, _ = self._ops_time(head_bwd)
+        ef_c, _ = self._ops_time(emb)
+        eb_c, _ = self._ops_time([dataclasses.replace(emb[0], bytes=2 * emb[0].bytes)])
+        if t > 1:  # vocab-parallel cross-entropy: all-reduce of max and sum per token
+            hf_c += 2 * self.cost.collective_time("allreduce", "ring", 4 * tok, t, "intra")
+        return hf_c, hb_c, ef_c, eb_c
+
+    def _p2p(self, tok: int, h: int) -> float:
+        """Pipeline transfers of one micro-batch on one stage: scatter-gather p2p (Narayanan
+        §4.1), 1/t of the activation per TP rank, forward and backward per virtual stage."""
+        e, t, pp, v = self.elem, self.cfg.tp, self.cfg.pp, self.cfg.interleave
+        nbytes = e * tok * h / t
+        dpn = self.profile.devices_per_node
+        link = self.cost.rail(dpn) if t * pp > dpn else self.profile.intra
+        one = collective_time("p2p", "ring", nbytes, 2, link)
+        if t > 1:
+            one += self.cost.collective_time("allgather", "ring", nbytes * t, t, "intra")
+        return 2 * v * one  # forward activation and backward gradient per virtual stage
 
     def _transformer(
         self, spec: TransformerSpec, mem: dict, dp: int, m: int, micro: int, seq: int, out: dict
@@ -267,37 +322,13 @@ class AnalyticStep:
                 for p, x in zip((f_c, f_tp, b_c, b_tp, r_c, r_tp), xt, strict=True)
             )
         h, vcb = spec.d_model, spec.vocab
-        head = [
-            Op(
-                "logits",
-                "matmul",
-                2 * tok * h * vcb / t,
-                e * (tok * h + h * vcb / t + tok * vcb / t),
-            ),
-            Op("cross_entropy", "vector", 5 * tok * vcb / t, (e + 4) * tok * vcb / t),
-        ]
-        head_bwd = [dataclasses.replace(head[0], count=2), dataclasses.replace(head[1])]
-        emb = [Op("embedding", "vector", tok * h, 3 * e * tok * h)]
-        hf_c, _ = self._ops_time(head)
-        hb_c, _ = self._ops_time(head_bwd)
-        ef_c, _ = self._ops_time(emb)
-        eb_c, _ = self._ops_time([dataclasses.replace(emb[0], bytes=2 * emb[0].bytes)])
-        if t > 1:  # vocab-parallel cross-entropy: all-reduce of max and sum per token
-            hf_c += 2 * self.cost.collective_time("allreduce", "ring", 4 * tok, t, "intra")
+        hf_c, hb_c, ef_c, eb_c = self._memo(("head", spec, tok, t), lambda: self._head(spec, tok))
         layer_f = layers * (f_c + f_tp)
         layer_b = layers * (b_c + b_tp + r_c + r_tp)
         first_stage = layer_f + layer_b + ef_c + eb_c + (hf_c + hb_c if pp == 1 else 0)
         last_stage = layer_f + layer_b + hf_c + hb_c
         stage = max(first_stage, last_stage)
-        p2p = 0.0
-        if pp > 1:  # scatter-gather p2p (Narayanan §4.1): 1/t of the activation per TP rank
-            nbytes = e * tok * h / t
-            dpn = self.profile.devices_per_node
-            link = self.cost.rail(dpn) if t * pp > dpn else self.profile.intra
-            one = collective_time("p2p", "ring", nbytes, 2, link)
-            if t > 1:
-                one += self.cost.collective_time("allgather", "ring", nbytes * t, t, "intra")
-            p2p = 2 * v * one  # forward activation and backward gradient per virtual stage
+        p2p = self._memo(("p2p", tok, h, t, pp, v), lambda: self._p2p(tok, h)) if pp > 1 else 0.0
         per_micro = stage + p2p
         pipeline = (m + (pp - 1) / v) * per_micro if pp > 1 else m * per_micro
         out["forward_compute"] = m * layers * f_c
@@ -397,7 +428,10 @@ class AnalyticStep:
         # bytes per parameter read + written: Adam 28 (fp32: g,p,m,v in; p,m,v out;
         # mixed: fp16 g in, fp16 p out instead of one fp32 each way: also 28); SGD 20
         per = 28 if c.optimizer == "adam" else 20
-        return self.cost.compute_time(12 * owned, per * owned, "vector", "fp32")
+        return self._memo(
+            ("opt", owned, per),
+            lambda: self.cost.compute_time(12 * owned, per * owned, "vector", "fp32"),
+        )
 
     # ---- MLP
     def _mlp(

@@ -76,6 +76,13 @@ class TransformerSpec:
         return 2 * self.d_model + self._attn_params()
 
     def param_count(self) -> int:
+        cached = self.__dict__.get("_param_count")  # a search asks many times per spec
+        if cached is None:
+            cached = self._count()
+            object.__setattr__(self, "_param_count", cached)  # not a field: eq/hash unchanged
+        return cached
+
+    def _count(self) -> int:
         h, v = self.d_model, self.vocab
         emb = v * h + (self.seq_len * h if self.learned_pos else 0)
         head = 0 if self.tied_head else h * v + (v if self.head_bias else 0)
