@@ -47,6 +47,8 @@ class TransformerSpec:
     n_kv_head: int = 0  # 0: n_head (multi-head attention)
     gated: bool = False
     cross_layers: int = 0  # layers with a cross-attention block (an encoder-decoder's decoder)
+    rms_norm: bool = False  # RMSNorm (a weight, no bias) instead of LayerNorm
+    relative_pos: bool = False  # T5's relative position bias: 32 buckets x heads per stack
 
     @property
     def ffn(self) -> int:
@@ -67,13 +69,14 @@ class TransformerSpec:
         """Parameters of one block without cross-attention."""
         h, f = self.d_model, self.ffn
         n_ln = 1 if self.parallel_block else 2
+        ln = self.d_model if self.rms_norm else 2 * self.d_model
         n_in = 2 if self.gated else 1  # gate and up projections
         mlp = (n_in + 1) * h * f + ((n_in * f + h) if self.mlp_bias else 0)
-        return n_ln * 2 * h + self._attn_params() + mlp
+        return n_ln * ln + self._attn_params() + mlp
 
     def cross_params(self) -> int:
         """What a cross-attention block (its LayerNorm and attention) adds to a layer."""
-        return 2 * self.d_model + self._attn_params()
+        return (1 if self.rms_norm else 2) * self.d_model + self._attn_params()
 
     def param_count(self) -> int:
         cached = self.__dict__.get("_param_count")  # a search asks many times per spec
@@ -88,8 +91,10 @@ class TransformerSpec:
         head = 0 if self.tied_head else h * v + (v if self.head_bias else 0)
         cross = self.cross_layers * self.cross_params()
         # an encoder-decoder has a final LayerNorm after each stack
-        final_ln = 2 * h * (2 if self.cross_layers else 1)
-        return emb + self.n_layer * self.layer_params() + cross + final_ln + head
+        stacks = 2 if self.cross_layers else 1
+        final_ln = (1 if self.rms_norm else 2) * h * stacks
+        rel = 32 * self.n_head * stacks if self.relative_pos else 0  # T5's 32 buckets
+        return emb + self.n_layer * self.layer_params() + cross + final_ln + head + rel
 
 
 @dataclass(frozen=True)
@@ -135,7 +140,12 @@ SHAPE_KEYS: dict[str, tuple[type | tuple[type, ...], str]] = {
     "vocab": (int, "vocabulary size"),
     "seq_len": (int, "sequence length (context)"),
     "tied_embeddings": (bool, "output head shares the input embedding (default true)"),
-    "position": (str, "learned (a table of seq_len x hidden) or rotary / relative / none"),
+    "position": (
+        str,
+        "learned (a table of seq_len x hidden), rotary, relative (T5's bias: 32 buckets x "
+        "heads per stack) or none",
+    ),
+    "norm": (str, "layernorm (weight and bias, default) or rmsnorm (weight only)"),
     "attn_bias": (bool, "attention projections have biases (default true)"),
     "mlp_bias": (bool, "feed-forward projections have biases (default true)"),
     "head_bias": (bool, "an untied output head has a bias (default false)"),
@@ -235,6 +245,9 @@ def spec_from_shape(
     position = data.get("position", "learned")
     if position not in ("learned", "rotary", "relative", "none"):
         raise fail("position", f"expected learned, rotary, relative or none, got {position!r}")
+    norm = data.get("norm", "layernorm")
+    if norm not in ("layernorm", "rmsnorm"):
+        raise fail("norm", f"expected layernorm or rmsnorm, got {norm!r}")
     parallel = data.get("parallel_block", False)
     if parallel and enc and dec:
         raise fail("parallel_block", "not with an encoder-decoder")
@@ -249,6 +262,8 @@ def spec_from_shape(
         d_ff=0 if ffn == 4 * h else ffn,
         tied_head=data.get("tied_embeddings", True),
         learned_pos=position == "learned",
+        relative_pos=position == "relative",
+        rms_norm=norm == "rmsnorm",
         attn_bias=data.get("attn_bias", True),
         mlp_bias=data.get("mlp_bias", True),
         head_bias=data.get("head_bias", False),
@@ -374,6 +389,8 @@ def is_gpt2_layout(spec: TransformerSpec) -> bool:
         and spec.kv_heads == spec.n_head
         and not spec.gated
         and not spec.cross_layers
+        and not spec.rms_norm
+        and not spec.relative_pos
     )
 
 
