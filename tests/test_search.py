@@ -260,7 +260,8 @@ def test_gpt3_175b_on_1024_a100_within_10_percent_of_narayanan():
     r = search("gpt3-175b", 1024, "a100-80gb", space, base, progress=False)
     top = r.fitting[:10]
     assert top
-    tflops = [_eq3_flops(1536) / (c.step_s * 1024) / 1e12 for c in top]
+    tflops = [c.tflops(1024, hardware=True) for c in top]
+    assert tflops == pytest.approx([_eq3_flops(1536) / (c.step_s * 1024) / 1e12 for c in top])
     close = [t for t in tflops if abs(t / NARAYANAN_175B_TFLOPS - 1) <= 0.10]
     assert close, f"top-10 predicted TF/GPU {[round(t) for t in tflops]} vs 140"
 

@@ -521,6 +521,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--interleave", type=int, default=None, help="virtual stages per device")
     p.add_argument("--recompute", default=None, choices=("none", "selective", "full"))
     p.add_argument("--sequence-parallel", action="store_true", default=None)
+    p.add_argument(
+        "--no-sequence-parallel", dest="sequence_parallel", action="store_false", default=None,
+        help="--search: only layouts without sequence parallelism",
+    )  # fmt: skip
     p.add_argument("--no-overlap", action="store_true", help="expose all DP communication")
     p.add_argument("--algorithm", default="ring", choices=("ring", "rhd", "hierarchical", "auto"))
     p.add_argument("--optimizer", default="adam", choices=("adam", "sgd"))

@@ -92,6 +92,7 @@ class Candidate:
     memory_bytes: dict[str, int] = field(default_factory=dict)
     model_flops: float | None = None
     pruned: bool = False
+    hw_flops: float | None = None  # model FLOPs + what recompute runs again
 
     @property
     def time_per_sample(self) -> float:
@@ -125,14 +126,18 @@ class Candidate:
             breakdown_s=self.breakdown_s,
             parts_s=self.parts() if self.step_s else {},
             model_tflops_per_device=self.tflops(devices),
+            hardware_tflops_per_device=self.tflops(devices, hardware=True),
             mfu=self.tflops(devices) * 1e12 / peak if peak and self.step_s else None,
         )
         return d
 
-    def tflops(self, devices: int) -> float:
-        if not (self.model_flops and self.step_s):
+    def tflops(self, devices: int, hardware: bool = False) -> float:
+        """Model FLOP/s per device in TFLOP/s (``hardware``: counting the recompute, as
+        Narayanan et al. 2021 eq. 3 does)."""
+        flops = self.hw_flops if hardware else self.model_flops
+        if not (flops and self.step_s):
             return 0.0
-        return self.model_flops / (self.step_s * devices) / 1e12
+        return flops / (self.step_s * devices) / 1e12
 
 
 @dataclass
@@ -327,7 +332,9 @@ def search(
         total = sum(mem.values())
         cands.append(Candidate(**dims, global_batch=gb, fits=total <= cap, total_bytes=total,
                                step_s=step, breakdown_s=breakdown, memory_bytes=mem,
-                               model_flops=flops))  # fmt: skip
+                               model_flops=flops,
+                               hw_flops=_hardware_flops(spec, flops, cfg["recompute"], gb,
+                                                        seq)))  # fmt: skip
     if bar is not None:
         bar.update(len(configs) - bar.n)
         bar.close()
@@ -337,6 +344,21 @@ def search(
                         peak_flops=peak, space=space, global_batch=gb, seq=seq,
                         candidates=cands, considered=len(configs), evaluated=evaluated,
                         seconds=time.perf_counter() - t0)  # fmt: skip
+
+
+def _hardware_flops(
+    spec: Any, flops: float | None, recompute: str, gb: int, seq: int
+) -> float | None:
+    """Model FLOPs plus those recompute runs again: full recompute repeats the layers'
+    forward (the model's per-token forward less the logits' 2hV), selective the attention
+    core (4 s h per token and attention block). For d_ff = 4h and full recompute this is
+    Narayanan et al. 2021 eq. (3) exactly."""
+    if not flops or not isinstance(spec, TransformerSpec) or recompute == "none":
+        return flops
+    tokens = gb * seq
+    if recompute == "full":
+        return flops + tokens * (flops / (3 * tokens) - 2 * spec.d_model * spec.vocab)
+    return flops + tokens * 4 * seq * spec.d_model * (spec.n_layer + spec.cross_layers)
 
 
 # -- explanation and tables ------------------------------------------------------------------
@@ -422,10 +444,10 @@ def format_search(r: SearchResult, top: int = 10) -> str:
         f"(seq {r.seq}), {r.considered:,} configurations ({r.evaluated:,} evaluated, "
         f"{r.considered - r.evaluated:,} pruned: model states alone over capacity), "
         f"{len(fit):,} fit, in {r.seconds:.2f} s",
-        f"  ranked by predicted time per sample; TFLOP/s = model FLOPs (no recompute) per "
-        f"device; top {min(top, len(fit))}:",
+        f"  ranked by predicted time per sample; TFLOP/s per device: model FLOPs (MFU), and "
+        f"hardware FLOPs counting recompute (HW); top {min(top, len(fit))}:",
         f"  {'#':>3} {'layout':<40}{'step s':>10}{'samples/s':>11}{'TFLOP/s':>9}{'MFU':>6}"
-        f"{'mem GB':>8}{'comp%':>7}{'comm%':>7}{'bubl%':>7}",
+        f"{'HW TF/s':>9}{'mem GB':>8}{'comp%':>7}{'comm%':>7}{'bubl%':>7}",
     ]
     for i, c in enumerate(fit[:top], 1):
         parts = c.parts()
@@ -433,7 +455,7 @@ def format_search(r: SearchResult, top: int = 10) -> str:
         mfu = f"{100 * tf * 1e12 / r.peak_flops:.0f}%" if r.peak_flops and tf else "-"
         lines.append(
             f"  {i:>3} {_layout(c):<40}{c.step_s:>10.3f}{r.global_batch / c.step_s:>11.1f}"
-            f"{tf:>9.1f}{mfu:>6}{c.total_bytes / 1e9:>8.1f}"
+            f"{tf:>9.1f}{mfu:>6}{c.tflops(r.devices, True):>9.1f}{c.total_bytes / 1e9:>8.1f}"
             f"{100 * parts['compute'] / c.step_s:>7.1f}"
             f"{100 * parts['exposed_comm'] / c.step_s:>7.1f}"
             f"{100 * parts['bubble'] / c.step_s:>7.1f}"
