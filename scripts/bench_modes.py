@@ -62,7 +62,7 @@ def final_params(model_dir: Path) -> dict[str, np.ndarray]:
 def analysis_bytes() -> dict[str, int]:
     from simdist.config import load_params
     from simdist.models import build_model
-    from simdist.streaming import device_footprint
+    from simdist.sim.streaming_step import device_footprint
 
     model = build_model(load_params(BASE).model)
     cfg = model.config

@@ -54,23 +54,7 @@ left out of the target summary, because they ran on a different machine (half a 
 device) than the profile describes. They run after the scored cases, not interleaved with
 them, so their load does not leak into the scored measurements.
 
-Sources of the published values:
-  * Rajbhandari et al. 2020, "ZeRO" (arXiv 1910.02054), Fig. 1: per-device model states,
-    7.5B parameters, N_d = 64, mixed-precision Adam (K = 12). The paper's GB are 1e9 bytes:
-    16 x 7.5e9 B = 120e9 B is its "120GB" (111.8 GiB would not round to 120).
-  * NVIDIA/nccl-tests issues: #149 (maintainer: 8xA100 NVLink all-reduce "should reach
-    ~230 GB/s" busbw), #212 (maintainer: 8xH100 ring busbw ~370 GB/s), #119 (3 nodes x 8
-    A100-40GB, 4 HDR NICs per node, all-reduce up to 128 MB: peak ~96 GB/s busbw).
-  * Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models"
-    (arXiv 2205.05198): Table 5 end-to-end iteration times on Selene A100-80GB (full
-    recompute; sequence parallel + selective recompute), Fig. 1 activation memory of the 22B
-    model, Fig. 7 activation memory relative to no recompute. Configurations (TP, PP,
-    interleaving, batch, micro-batch 1) as transcribed by Calculon (calculon-ai/calculon
-    validation/seqsel/tab5/*.json, calculon/llm/validation.py).
-  * Narayanan et al. 2021 (arXiv 2104.04473) Table 1, first row: 1.7B GPT, TP = PP = 1,
-    32 GPUs, batch 512, 137 TFLOP/s per GPU; the step time is derived with the paper's
-    eq. (3) (96 B s l h^2 (1 + s/6h + V/16lh), full recompute, V = 51200, s = 2048).
-    Transcription: SotaroKaneda/MLCarbon data/megatron_table.csv.
+Sources of the published values: ``validate_published.py`` (part 1 lives there).
 """
 
 from __future__ import annotations
@@ -84,212 +68,17 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # validate_published beside it
+
+import validate_published  # noqa: E402
 
 from simdist.comm.partition import partition  # noqa: E402
 from simdist.device import CostModel, load_profile  # noqa: E402
 from simdist.device.profile import Link, parse_link  # noqa: E402
 from simdist.device.schedule import schedule_time  # noqa: E402
-from simdist.plan import (  # noqa: E402
-    MODELS,
-    PlanConfig,
-    Planner,
-    layer_activation_bytes,
-    model_state_bytes,
-)
-
-
-@dataclasses.dataclass
-class Case:
-    case: str
-    unit: str
-    published: float
-    predict: Callable[[], float]
-    source: str
-    kind: str = ""  # memory | collective | step time | activations (formula check)
-
-
-def _busbw(profile: str, world: int, nbytes: int, link: str, **overrides) -> float:
-    prof = load_profile(profile)
-    if overrides:
-        prof = dataclasses.replace(prof, **overrides)
-    t = CostModel(prof, "fp16").collective_time("allreduce", "ring", nbytes, world, link)
-    return nbytes / t * 2 * (world - 1) / world / 1e9  # nccl-tests busbw, GB/s
-
-
-def _zero(level: int) -> float:
-    return sum(model_state_bytes(7_500_000_000, 64, level, "mixed").values()) / 1e9
-
-
-COMBINE: str | None = None  # --combine: override the profiles' combine rule (diagnostic)
-
-
-def _plan(**kwargs) -> float:
-    prof = load_profile(kwargs.pop("profile", "a100-80gb"))
-    if COMBINE:
-        prof = dataclasses.replace(prof, combine=COMBINE)
-    return Planner(PlanConfig(**kwargs), prof).run().step_s
-
-
-def _table5(model: str, devices: int, pp: int, v: int, mode: str) -> float:
-    # global batch = number of GPUs (4 for 22B), micro-batch 1, dp = 1 (Calculon's transcription)
-    kwargs = dict(
-        model=model,
-        devices=devices,
-        tp=8,
-        pp=pp,
-        interleave=v,
-        batch=devices,
-        micro_batch=1,
-        seq=2048,
-        overlap=False,
-        profile="a100-80gb",
-    )
-    if model == "megatron-22b":
-        kwargs.update(batch=4, micro_batch=4)
-    if mode == "full":
-        kwargs.update(recompute="full")
-    else:
-        kwargs.update(recompute="selective", sequence_parallel=True)
-    return _plan(**kwargs)
-
-
-def _narayanan_17b_published() -> float:
-    b, s, lyr, h, v = 512, 2048, 24, 2304, 51200
-    flops = 96 * b * s * lyr * h * h * (1 + s / (6 * h) + v / (16 * lyr * h))
-    return flops / (137e12 * 32)
-
-
-def _act22(mode: str) -> float:
-    spec = MODELS["megatron-22b"]
-    sp = mode in ("seq", "seqsel")
-    rec = {"none": "none", "seq": "none", "sel": "selective", "seqsel": "selective"}.get(
-        mode, "full"
-    )
-    return spec.n_layer * layer_activation_bytes(
-        spec, 4, 2048, tp=8, sequence_parallel=sp, recompute=rec, elem=2
-    )
-
-
-def cases() -> list[Case]:
-    zero_src = "Rajbhandari et al. 2020 (ZeRO) Fig. 1"
-    k5 = "Korthikanti et al. 2022 Table 5"
-    out = [
-        Case("ZeRO DP model states 7.5B N=64", "GB", 120.0, lambda: _zero(0), zero_src),
-        Case("ZeRO-1 (P_os) model states", "GB", 31.4, lambda: _zero(1), zero_src),
-        Case("ZeRO-2 (P_os+g) model states", "GB", 16.6, lambda: _zero(2), zero_src),
-        Case("ZeRO-3 (P_os+g+p) model states", "GB", 1.9, lambda: _zero(3), zero_src),
-        Case(
-            "all-reduce busbw 8xA100 NVLink 1 GiB",
-            "GB/s",
-            230.0,
-            lambda: _busbw("a100-80gb", 8, 2**30, "intra"),
-            "nccl-tests#149 (maintainer)",
-        ),
-        Case(
-            "all-reduce busbw 8xH100 NVLink ring 1 GiB",
-            "GB/s",
-            370.0,
-            lambda: _busbw("h100-sxm", 8, 2**30, "intra"),
-            "nccl-tests#212 (maintainer)",
-        ),
-        Case(
-            "all-reduce busbw 3x8 A100-40GB, 4 HDR/node, 128 MiB",
-            "GB/s",
-            96.0,
-            lambda: _busbw("a100-40gb", 24, 2**27, "inter", nics_per_node=4),
-            "nccl-tests#119 (peak)",
-        ),
-    ]
-    for name, model, dev, pp, v, full, seqsel in (
-        ("22B", "megatron-22b", 8, 1, 1, 1.42, 1.10),
-        ("175B", "gpt3-175b", 64, 8, 3, 18.13, 13.75),
-        ("530B", "turing-530b", 280, 35, 3, 49.05, 37.83),
-        ("1T", "megatron-1t", 512, 64, 1, 94.42, 71.49),
-    ):
-        for mode, pub in (("full", full), ("seqsel", seqsel)):
-            label = "full recompute" if mode == "full" else "seq-par + selective"
-            out.append(
-                Case(
-                    f"step {name} TP8 PP{pp} {label}",
-                    "s",
-                    pub,
-                    lambda m=model, d=dev, p=pp, vv=v, mo=mode: _table5(m, d, p, vv, mo),
-                    k5,
-                )
-            )
-    out.append(
-        Case(
-            "step 1.7B DP=32 (TP1 PP1) batch 512",
-            "s",
-            _narayanan_17b_published(),
-            lambda: _plan(
-                model="megatron-1.7b",
-                devices=32,
-                batch=16,
-                seq=2048,
-                recompute="full",
-                overlap=False,
-            ),
-            "Narayanan et al. 2021 Table 1 (137 TF/GPU, eq. 3)",
-        )
-    )
-    out += [
-        Case(
-            "activations 22B TP8 b4, no recompute",
-            "GiB",
-            59.25,
-            lambda: _act22("none") / 2**30,
-            "Korthikanti et al. 2022 Fig. 1",
-        ),
-        Case(
-            "activations 22B TP8 b4, seq-par + selective",
-            "GiB",
-            9.5625,
-            lambda: _act22("seqsel") / 2**30,
-            "Korthikanti et al. 2022 Fig. 1",
-        ),
-    ]
-    for mode, pub in (("seq", 66.84), ("sel", 49.42), ("seqsel", 16.18), ("full", 7.64)):
-        out.append(
-            Case(
-                f"activations 22B {mode} / none",
-                "%",
-                pub,
-                lambda mo=mode: 100 * _act22(mo) / _act22("none"),
-                "Korthikanti et al. 2022 Fig. 7",
-            )
-        )
-    return out
-
-
-KINDS = {"GB": "model-state memory", "GB/s": "collective busbw", "s": "step time"}
-
-
-def run() -> list[dict]:
-    """Part 1: the published points."""
-    rows = []
-    for c in cases():
-        c.kind = c.kind or KINDS.get(c.unit, "activation memory (formula check)")
-        pred = float(c.predict())
-        rows.append(
-            {
-                "case": c.case,
-                "unit": c.unit,
-                "predicted": pred,
-                "measured": c.published,
-                "rel_error": (pred - c.published) / c.published,
-                "source": c.source,
-                "kind": c.kind,
-                "part": "published",
-                "target": 0.15,
-            }
-        )
-    return rows
-
 
 # -- part 2: this machine ------------------------------------------------------------------
 
@@ -767,11 +556,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.collectives_worker:  # internal: run under mpiexec by measured_collectives
         return collectives_worker(args.collectives_worker, args.worker_probe)
-    global COMBINE
-    COMBINE = args.combine
+    validate_published.COMBINE = args.combine
     rows: list[dict] = []
     if args.part in ("published", "all"):
-        rows += run()
+        rows += validate_published.run()
     if args.part in ("measured", "all"):
         nps = [int(x) for x in args.nps.split(",") if x]
         env = {k: os.environ.get(k, "(unset)") for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")}

@@ -10,9 +10,7 @@ can be overridden as ``--section.key=value`` (the value is parsed as YAML: ``50`
 from __future__ import annotations
 
 import dataclasses
-import math
 import re
-import types
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,17 +20,7 @@ from typing import Any
 
 import yaml
 
-
-class ConfigError(ValueError):
-    """Bad user input in params or flags; the message says what, where and what to do.
-
-    ``key`` (e.g. ``optimizer.learning_rate``) is the setting at fault, when one is;
-    ``load_params`` uses it to add where that value came from (file:line or the flag).
-    """
-
-    def __init__(self, message: str, key: str | None = None) -> None:
-        super().__init__(message)
-        self.key = key
+from simdist.typed_yaml import ConfigError, build_dataclass, read_yaml
 
 
 @dataclass(frozen=True)
@@ -223,39 +211,6 @@ def preset_names() -> list[str]:
     return sorted(p.name[: -len(".yaml")] for p in files.iterdir() if p.name.endswith(".yaml"))
 
 
-class _StrictLoader(yaml.SafeLoader):
-    """A SafeLoader that refuses a key given twice in one mapping, at any depth (PyYAML
-    silently keeps the last), and records the line of every key: ``lines["optimizer.beta1"]``,
-    ``lines["optimizer.learning_rate[0].scheduler"]``."""
-
-    def __init__(self, text: str, source: str) -> None:
-        super().__init__(text)
-        self.source = source
-        self.lines: dict[str, int] = {}
-
-    def check(self, node: yaml.Node, path: str = "") -> None:
-        if isinstance(node, yaml.MappingNode):
-            seen: dict[tuple[str, str], int] = {}
-            for key_node, value_node in node.value:
-                if key_node.tag == "tag:yaml.org,2002:merge":
-                    continue
-                name, line = str(key_node.value), key_node.start_mark.line + 1
-                full = f"{path}.{name}" if path else name
-                ident = (key_node.tag, name)
-                if ident in seen:
-                    raise ConfigError(
-                        f"{self.source}:{line}: duplicate key {full} (first given on line "
-                        f"{seen[ident]}); give each key once"
-                    )
-                seen[ident] = line
-                self.lines[full] = line
-                self.check(value_node, full)
-        elif isinstance(node, yaml.SequenceNode):
-            for i, item in enumerate(node.value):
-                self.lines[f"{path}[{i}]"] = item.start_mark.line + 1
-                self.check(item, f"{path}[{i}]")
-
-
 def _read_yaml(params: str) -> tuple[dict[str, Any], str, dict[str, int]]:
     """(data, source, line of each key) of a params file or preset."""
     path = Path(params)
@@ -271,106 +226,16 @@ def _read_yaml(params: str) -> tuple[dict[str, Any], str, dict[str, int]]:
                 f"presets: {', '.join(preset_names())}"
             )
         text, source = preset.read_text(), f"preset {params}"
-    loader = _StrictLoader(text, source)
-    try:
-        node = loader.get_single_node()
-        data = None
-        if node is not None:
-            loader.check(node)
-            data = loader.construct_document(node)
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{source}: malformed YAML: {e}") from None
-    finally:
-        loader.dispose()
+    data, lines = read_yaml(text, source)
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: expected a mapping of sections, got {type(data).__name__}")
-    return data, source, loader.lines
-
-
-def _check_type(value: Any, annotation: Any, key: str) -> Any:
-    """Validate (and lightly coerce int->float) a value against a dataclass annotation."""
-    if annotation is Any:  # checked where it is interpreted (e.g. simdist.lr_schedule)
-        return value
-    origin = typing.get_origin(annotation)
-    if origin in (types.UnionType, typing.Union):
-        for arm in typing.get_args(annotation):
-            if arm is type(None):
-                if value is None:
-                    return None
-                continue
-            try:
-                return _check_type(value, arm, key)
-            except ConfigError:
-                pass
-        raise ConfigError(f"{key}: expected {_type_name(annotation)}, got {value!r}")
-    if origin is list:
-        (item,) = typing.get_args(annotation)
-        if not isinstance(value, list):
-            what = getattr(item, "__name__", str(item))
-            raise ConfigError(f"{key}: expected a list of {what}, got {value!r}")
-        return [_check_type(v, item, f"{key}[{i}]") for i, v in enumerate(value)]
-    if annotation is float:
-        if isinstance(value, str):
-            # PyYAML reads "1e-2" (no dot) as a string; accept it as the number it spells
-            try:
-                value = float(value)
-            except ValueError:
-                pass
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(f"{key}: expected a number, got {value!r}")
-        return float(value)
-    if annotation is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{key}: expected an integer, got {value!r}")
-        if not -(2**63) <= value < 2**63:  # it travels as int64 (MPI, HDF5 attributes)
-            raise ConfigError(f"{key}: {value} does not fit in a 64-bit integer")
-        return value
-    if annotation is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"{key}: expected true or false, got {value!r}")
-        return value
-    if annotation is str:
-        if not isinstance(value, str):
-            raise ConfigError(f"{key}: expected a string, got {value!r}")
-        return value
-    raise TypeError(f"unsupported annotation {annotation!r} for {key}")
-
-
-def _type_name(annotation: Any) -> str:
-    if typing.get_origin(annotation) is list:
-        return "a list"
-    args = typing.get_args(annotation)
-    if args:
-        return " or ".join("null" if a is type(None) else _type_name(a) for a in args)
-    return {float: "a number", int: "an integer", bool: "true or false", str: "a string"}.get(
-        annotation, getattr(annotation, "__name__", str(annotation))
-    )
+    return data, source, lines
 
 
 def _build(cls: type, values: dict[str, Any], section: str) -> Any:
-    if not isinstance(values, dict):
-        raise ConfigError(f"section {section!r} must be a mapping, got {values!r}", section)
-    hints = typing.get_type_hints(cls)
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(values) - known)
-    if unknown:
-        raise ConfigError(
-            f"unknown key {section}.{unknown[0]}; "
-            f"valid keys in {section}: {', '.join(sorted(known))}",
-            key=f"{section}.{unknown[0]}",
-        )
-    checked = {}
-    for name, value in values.items():
-        key = f"{section}.{name}"
-        checked[name] = _check_type(value, hints[name], key)
-        if isinstance(checked[name], float) and not math.isfinite(checked[name]):
-            raise ConfigError(f"{key} must be a finite number, got {checked[name]}", key=key)
-        if key in CHOICES and checked[name] not in CHOICES[key]:
-            options = ", ".join(str(c).lower() for c in CHOICES[key])
-            raise ConfigError(f"{key}: {value!r} is not one of {options}")
-    return cls(**checked)
+    return build_dataclass(cls, values, section, CHOICES)
 
 
 def parse_overrides(argv: list[str]) -> tuple[str | None, dict[str, Any]]:

@@ -1,9 +1,10 @@
-"""Weight streaming (Cerebras MemoryX / SwarmX): the plan, its footprint and its time.
+"""Weight streaming (Cerebras MemoryX / SwarmX): the plan and its footprint.
 
 This module needs no MPI: what each server owns and what each step streams
-(``StreamPlan``), a device's memory footprint, the simulated step time, and the kernel the
-servers' norm chain uses. The schedule that runs it on MPI ranks is
-``simdist.schedules.weight_streaming`` (with ``simdist.schedules.streaming_io``).
+(``StreamPlan``), a device's memory footprint and the kernel the servers' norm chain
+uses; its simulated step time is ``simdist.sim.streaming_step`` (shared with plan mode).
+The schedule that runs it on MPI ranks is ``simdist.schedules.weight_streaming`` (with
+``simdist.schedules.streaming_io``).
 
 ``runconfig.execution_mode: weight_streaming`` (``--execution_mode``) splits the ranks into
 roles (``simdist.comm.groups``): W weight servers (``--weight_servers``) hold the
@@ -43,13 +44,13 @@ order (``lane_sum_of_squares``), then add the slices in the same order. The upda
 element-wise. So R devices train to the same bits as DP (ZeRO 0/1/2) on R ranks with
 ``grad_accum_steps = 1``, and as ZeRO-2 with accumulation (per-micro-batch reduction).
 
-Simulated time (``simulate_step``): the device's compute per stage from the model's kernel
-costs and the profile, weight transfers over the profile's streaming bandwidth (MemoryX to
-system; one transfer at a time, into a free slot, so ``prefetch_depth`` decides the
-overlap), gradients out over the other direction of the same full-duplex link (SwarmX
-reduces them on the way). Exposed streaming time = step time - compute time. Not modelled:
-the servers' optimizer time (MemoryX publishes no compute figure) and link latency where the
-profile gives none.
+Simulated time (``simdist.sim.streaming_step``): the device's compute per stage from the
+model's kernel costs and the profile, weight transfers over the profile's streaming
+bandwidth (MemoryX to system; one transfer at a time, into a free slot, so
+``prefetch_depth`` decides the overlap), gradients out over the other direction of the
+same full-duplex link (SwarmX reduces them on the way). Exposed streaming time = step time
+- compute time. Not modelled: the servers' optimizer time (MemoryX publishes no compute
+figure) and link latency where the profile gives none.
 """
 
 from __future__ import annotations
@@ -61,13 +62,13 @@ import numpy as np
 
 from simdist.arena import Layout
 from simdist.config import ConfigError, Params
-from simdist.device import CostModel, format_bytes
+from simdist.device import format_bytes
 from simdist.kernels._jit import kernel
 from simdist.models.base import GradientGroup
 from simdist.models.stages import Stage
+from simdist.sim.streaming_step import device_footprint, finishing_stage
 
 F32 = np.float32
-GRADIENT_SLOTS = 2  # one group's gradients in flight while the next is computed
 
 
 @dataclass(frozen=True)
@@ -212,9 +213,9 @@ class StreamPlan:
         # which stage's backward finishes each group: the last one (lowest k) reading all of it
         self.finishes: dict[int, list[int]] = {k: [] for k in range(len(self.stages))}
         for i, gr in enumerate(self.groups):
-            ks = [k for k, st in enumerate(self.stages) if set(gr.names) <= set(st.forward_params)]
-            if ks:
-                self.finishes[min(ks)].append(i)
+            k = finishing_stage(self.stages, gr.names)
+            if k is not None:
+                self.finishes[k].append(i)
 
     def owner(self, index: int) -> int:
         for s, (lo, hi) in enumerate(self.ranges):
@@ -289,24 +290,6 @@ def _balanced_cuts(sizes: list[int], parts: int) -> list[int]:
     return cuts
 
 
-def device_footprint(model, replicas: int, micro_batch: int, depth: int) -> dict[str, int]:
-    """Bytes a weight-streaming device will account, by entry (what
-    ``simdist.schedules.weight_streaming`` allocates; nothing is allocated here)."""
-    from simdist.comm.p2p import DEPTH, SEGMENT
-
-    layout = Layout(model.parameter_specs(), replicas)
-    plan = StreamPlan(layout, model.stages(), model.gradient_groups(), 1)
-    out = {
-        "window.weights": 4 * (depth + 1) * plan.slot_size,
-        "window.gradients": 4 * GRADIENT_SLOTS * plan.shared_group_size,
-        "window.held_gradients": 4 * plan.held_size,
-        "model.arena": int(model.activation_bytes(micro_batch)),
-    }
-    if replicas > 1:
-        out["collectives.scratch"] = 4 * DEPTH * SEGMENT
-    return out
-
-
 def weight_streaming_tip(model, params: Params, micro_batch: int, replicas: int, capacity: int):
     """The out-of-memory hint of a pipelined run: would weight streaming fit, and how big
     is its device footprint? Empty for models without stages."""
@@ -320,107 +303,6 @@ def weight_streaming_tip(model, params: Params, micro_batch: int, replicas: int,
         f"(weights stay on --weight_servers ranks; the device holds a streaming window of "
         f"prefetch_depth + 1 = {depth + 1} blocks and the activations)"
     )
-
-
-# ------------------------------------------------------------------------- simulated time
-@dataclass
-class StepTime:
-    """One simulated step of one device (seconds, bytes)."""
-
-    total_s: float = 0.0
-    compute_s: float = 0.0
-    weight_wait_s: float = 0.0  # compute stalled for weights not yet in the window
-    gradient_wait_s: float = 0.0  # stalled for a free gradient slot
-    drain_s: float = 0.0  # after the last compute, until the last gradient is out
-    weights_in_bytes: float = 0.0
-    gradients_out_bytes: float = 0.0
-
-    @property
-    def exposed_streaming_s(self) -> float:
-        return self.total_s - self.compute_s
-
-
-def simulate_step(
-    work: list[tuple[float, float, float]],
-    depth: int,
-    bandwidth: float | None,
-    latency: float = 0.0,
-    gradient_slots: int = GRADIENT_SLOTS,
-) -> StepTime:
-    """Replay one step: ``work`` lists (weight bytes in, compute seconds, gradient bytes
-    out) per stage execution, in order. A weight transfer starts when the inbound link is
-    free and its slot is (the slot's previous stage, depth + 1 transfers back, has
-    computed); a stage computes when the previous one is done and its weights have arrived;
-    a stage that produces gradients also needs a free gradient slot (the transfer
-    ``gradient_slots`` groups back has left). ``bandwidth`` None: transfers take no time."""
-    t = StepTime()
-    beta = 0.0 if not bandwidth else 1.0 / bandwidth
-    slots = depth + 1
-    in_free = out_free = end = 0.0
-    weight_done: list[float] = []  # compute end of each stage that used a weight slot
-    grad_out: list[float] = []  # transfer end of each gradient
-    for w_bytes, compute, g_bytes in work:
-        ready = end
-        if w_bytes > 0:
-            i = len(weight_done)
-            slot_free = weight_done[i - slots] if i >= slots else 0.0
-            start = max(in_free, slot_free)
-            in_free = start + latency + w_bytes * beta
-            if in_free > ready:
-                t.weight_wait_s += in_free - ready
-                ready = in_free
-            t.weights_in_bytes += w_bytes
-        if g_bytes > 0 and len(grad_out) >= gradient_slots:
-            free = grad_out[-gradient_slots]
-            if free > ready:
-                t.gradient_wait_s += free - ready
-                ready = free
-        end = ready + compute
-        t.compute_s += compute
-        if w_bytes > 0:
-            weight_done.append(end)
-        if g_bytes > 0:
-            out_free = max(out_free, end) + latency + g_bytes * beta
-            grad_out.append(out_free)
-            t.gradients_out_bytes += g_bytes
-    t.total_s = max(end, out_free)
-    t.drain_s = t.total_s - end
-    return t
-
-
-def stage_compute_times(model, stages: list[Stage], cost: CostModel, batch: int) -> tuple:
-    """(forward seconds, backward seconds) per stage on the simulated device, from the
-    model's ``kernel_costs`` where it has them (kernel names start with the stage's name;
-    the embedding's and the head's are recognised by theirs), else 6 N FLOPs per token.
-    Returns (fwd, bwd, note)."""
-    nst = len(stages)
-    fwd, bwd = [0.0] * nst, [0.0] * nst
-    if not cost.profile.has_peak("matmul", cost.dtype):
-        return fwd, bwd, f"{cost.profile.name} publishes no {cost.dtype} peak: compute not modelled"
-    index = {st.name: k for k, st in enumerate(stages)}
-    costs = getattr(model, "kernel_costs", None)
-    if costs is not None:
-        for kc in costs(batch):
-            head = kc.name.split(".")
-            key = ".".join(head[:2]) if head[0] == "h" else head[0]
-            if key in index:
-                k = index[key]
-            elif head[0] in ("tokens", "embedding", "wte", "wpe"):
-                k = 0
-            else:
-                k = nst - 1
-            secs = kc.count * cost.compute_time(
-                kc.flops, kc.bytes, kc.kind, shape=kc.shape, serial_flops=kc.serial_flops
-            )
-            (fwd if kc.phase == "forward" else bwd)[k] += secs
-        return fwd, bwd, "compute: the model's kernel costs on the profile"
-    specs = {s.name: s for s in model.parameter_specs()}
-    tokens = batch * getattr(getattr(model, "config", None), "block_size", 1)
-    for k, st in enumerate(stages):
-        n = sum(specs[p].numel for p in st.forward_params if len(specs[p].shape) >= 2)
-        fwd[k] = cost.compute_time(2.0 * tokens * n, 4.0 * n)
-        bwd[k] = 2 * fwd[k]
-    return fwd, bwd, "compute: 2 FLOPs per weight and token forward, twice that backward"
 
 
 # ------------------------------------------------------------------------- kernels

@@ -332,7 +332,7 @@ def test_kernel_costs_cover_the_gradient_groups():
     assert matmul == 2 * model.flops_per_sample()
     assert model.activation_bytes(2) > 0 and model.flops_per_sample() > 0
     # plan shapes: bert-base has BERT-base's 110M parameters (with the MLM head's bias)
-    from simdist.models.bert import plan_shape
+    from simdist.models.bert_shapes import plan_shape
 
     base = plan_shape(resolve_config("bert-base"))
     assert 109e6 < base["param_count"] < 111e6, base

@@ -22,7 +22,8 @@ from simdist.comm.groups import DEVICE, SERVER, WORKER, Roles
 from simdist.config import ConfigError
 from simdist.models.base import GradientViews
 from simdist.models.gpt2 import GPT2, GPT2Config
-from simdist.streaming import StreamPlan, device_footprint, lane_sum_of_squares, simulate_step
+from simdist.sim.streaming_step import device_footprint, simulate_step
+from simdist.streaming import StreamPlan, lane_sum_of_squares
 
 TINY_CFG = GPT2Config(n_layer=3, n_head=2, n_embd=32, block_size=16, vocab_size=64)
 
@@ -281,3 +282,42 @@ def test_demo_model_fails_pipelined_and_trains_streamed(tmp_path):
     assert perf["exposed_streaming_time_s"] > 0
     assert perf["simulated_step_time_s"] >= perf["simulated_compute_s_per_step"]
     shutil.rmtree(d)
+
+
+@pytest.mark.parametrize("accum", [1, 2])
+def test_plan_predicts_the_streamed_runs_simulated_step(tmp_path, accum):
+    """``python -m simdist.plan --execution weight_streaming`` on gpt2-mini's shapes and a
+    run of gpt2_mini on 2 devices + 1 server replay the same step through
+    ``simdist.sim.streaming_step.device_step``: equal to float round-off; the device memory
+    is the same footprint (the run also holds its input batch)."""
+    from simdist.plan import plan
+
+    d = tmp_path / "run"
+    cmd = [
+        *STREAM,
+        "--params=gpt2_mini",
+        "--train_input.batch_size=2",
+        f"--optimizer.grad_accum_steps={accum}",
+        "--profile=a100-80gb",
+        "--runconfig.mode=train",
+        "--runconfig.max_steps=2",
+        "--runconfig.save_checkpoints_steps=0",
+        "--runconfig.progress_bar=false",
+        f"--runconfig.model_dir={d}",
+    ]
+    out = run_mpi(3, cmd, 300)
+    assert out.returncode == 0, out.stdout
+    p = json.loads((d / "performance.json").read_text())
+    r = plan(model="gpt2-mini", devices=2, profile="a100-80gb", precision="fp32",
+             execution="weight_streaming", batch=2 * accum, micro_batch=2)  # fmt: skip
+    assert any("weight-streaming step" in n for n in r.notes), r.notes
+    assert r.step_s == pytest.approx(p["simulated_step_time_s"], rel=1e-9)
+    assert r.breakdown_s["compute"] == pytest.approx(p["simulated_compute_s_per_step"], rel=1e-9)
+    assert r.breakdown_s["exposed_weight_wait"] == pytest.approx(
+        p["exposed_weight_wait_s"], rel=1e-9, abs=1e-15
+    )
+    assert p["exposed_streaming_time_s"] > 0  # the link is really in both
+    peak = p["device_memory"][0]["peak_bytes"]
+    for cat in ("streaming_window", "workspace", "parameters", "gradients"):
+        assert r.memory_bytes[cat] == peak[cat], cat
+    assert 0 <= peak["activations"] - r.memory_bytes["activations"] <= 2 * 4096

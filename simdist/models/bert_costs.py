@@ -6,8 +6,9 @@
 gradient "tn". Attention is bidirectional: the softmax covers all T x T scores. Dropout
 costs a hash per element (SplitMix64: ~12 integer operations, counted as FLOPs).
 
-``plan_shape(cfg)``: what ``simdist.plan`` needs to plan a BERT preset (the encoder layer
-has GPT-2's layer shapes; embeddings add segments, the heads add pooler and MLM transform).
+``bert_shapes.plan_shape(cfg)``: what ``simdist.plan`` needs to plan a BERT preset (the
+encoder layer has GPT-2's layer shapes; embeddings add segments, the heads add pooler and
+MLM transform).
 """
 
 from __future__ import annotations

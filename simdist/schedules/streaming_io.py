@@ -17,7 +17,8 @@ from simdist.comm import groups as g
 from simdist.comm.groups import Groups
 from simdist.device import DeviceMemory
 from simdist.models.base import GradientViews
-from simdist.streaming import GRADIENT_SLOTS, Item, StreamPlan, lane_sum_of_squares
+from simdist.sim.streaming_step import GRADIENT_SLOTS
+from simdist.streaming import Item, StreamPlan, lane_sum_of_squares
 
 F32 = np.float32
 CHAIN_TAG = 0x57  # server-chain lane accumulators on the servers' communicator

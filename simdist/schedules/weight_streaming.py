@@ -31,22 +31,21 @@ from simdist.comm.groups import DEVICE, SERVER, Groups, Roles
 from simdist.config import ConfigError
 from simdist.data.datasets import build_dataset
 from simdist.data.sampler import DistributedSampler
-from simdist.device import CostModel, DeviceMemory, format_bytes
+from simdist.device import DeviceMemory, format_bytes
 from simdist.faults import nonfinite_text
 from simdist.input_workers import device_input, input_report
 from simdist.models import build_model
 from simdist.optim import Optimizer
 from simdist.schedules.base import Schedule, StateShard, StepResult
 from simdist.schedules.streaming_io import GradientStream, ServerShard, WeightWindow
-from simdist.streaming import (
+from simdist.sim.streaming_step import (
     GRADIENT_SLOTS,
     StepTime,
-    StreamingOptions,
-    StreamPlan,
-    simulate_step,
-    stage_compute_times,
-    warm_kernels,
+    device_compute,
+    device_step,
+    stage_traffic,
 )
+from simdist.streaming import StreamingOptions, StreamPlan, warm_kernels
 
 F32 = np.float32
 
@@ -168,9 +167,10 @@ class WeightStreaming(Schedule):
             p.train_input.shuffle,
             self.accum,
         )
-        self.cost = CostModel(self.profile, "fp32")
-        self.fwd_s, self.bwd_s, self.note = stage_compute_times(
-            self.model, self.plan.stages, self.cost, self.micro_batch
+        numel = {sp.name: sp.numel for sp in self.layout.specs}
+        self.traffic = stage_traffic(self.plan.stages, self.model.gradient_groups(), numel)
+        self.fwd_s, self.bwd_s, self.note = device_compute(
+            self.model, self.plan.stages, self.profile, self.micro_batch
         )
 
     def feed(self, run) -> None:
@@ -234,21 +234,9 @@ class WeightStreaming(Schedule):
         return loss
 
     def _simulate(self) -> StepTime:
-        work = []
-        nst = len(self.plan.stages)
-        for _ in range(self.accum):
-            for k in range(nst):
-                work.append((4.0 * self.plan.forward_items[k].size, self.fwd_s[k], 0.0))
-            for k in range(nst - 1, -1, -1):
-                item = self.plan.backward_item_of.get(k)
-                gbytes = 4.0 * sum(
-                    self.plan.groups[i].hi - self.plan.groups[i].lo for i in self.plan.finishes[k]
-                )
-                work.append((4.0 * item.size if item else 0.0, self.bwd_s[k], gbytes))
-        prof = self.profile
-        bw = prof.streaming.bandwidth if prof.streaming else prof.host.bandwidth
-        lat = prof.host.latency if prof.streaming is None else 0.0
-        return simulate_step(work, self.opts.prefetch_depth, bw, lat)
+        return device_step(
+            self.traffic, self.fwd_s, self.bwd_s, self.accum, self.profile, self.opts.prefetch_depth
+        )
 
     def _update(self, sumsq: float, n: int, rate: float) -> float | None:
         """Servers: clip as data parallelism does and apply the optimizer to their range."""

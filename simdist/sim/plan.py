@@ -57,18 +57,15 @@ schedules, one set of cost functions (``simdist.device``: kernels, collectives):
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
 import math
-import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from simdist.device.cost import CostModel
 from simdist.device.memory import CATEGORIES, DeviceMemory, SimulatedOutOfMemoryError
-from simdist.device.profile import DeviceProfile, ProfileError, load_profile
+from simdist.device.profile import DeviceProfile, load_profile
 
 from .plan_analytic import DDP_BUCKET_BYTES, AnalyticStep
 from .plan_shapes import (
@@ -106,6 +103,8 @@ class PlanConfig:
     algorithm: str = "ring"
     optimizer: str = "adam"  # adam | sgd (momentum)
     bucket_bytes: int = DDP_BUCKET_BYTES
+    execution: str | None = None  # pipelined (resident) | weight_streaming; default: profile's
+    prefetch_depth: int = 1  # weight streaming: stages in flight ahead of the computed one
     model_overrides: dict[str, Any] = field(default_factory=dict)  # --model.KEY=VALUE
 
 
@@ -151,6 +150,13 @@ class Planner(AnalyticStep):
         if config.devices_per_node:
             prof = dataclasses.replace(prof, devices_per_node=config.devices_per_node)
         self.profile = prof
+        # the run's runconfig.execution_mode names resident execution "pipelined"
+        execution = config.execution or prof.execution
+        self.execution = "resident" if execution == "pipelined" else execution
+        if self.execution not in ("resident", "weight_streaming"):
+            raise ValueError(f"execution must be pipelined or weight_streaming, got {execution!r}")
+        if config.prefetch_depth < 0:
+            raise ValueError(f"prefetch depth must be >= 0, got {config.prefetch_depth}")
         self.notes: list[str] = []
         if config.precision == "mixed":
             half = config.half or ("fp16" if prof.has_peak("matmul", "fp16") else "bf16")
@@ -195,7 +201,14 @@ class Planner(AnalyticStep):
 
         if self._simdist_runs(spec):  # the run's own step, from the shapes
             step, model_flops = self._simdist_step(spec, mem, dp, m, micro, seq, breakdown)
-        elif prof.execution == "weight_streaming":
+        elif self.execution == "weight_streaming" and self._simdist_streams(spec):
+            step, model_flops = self._streamed_step(spec, mem, dp, m, micro, seq, breakdown)
+        elif self.execution == "weight_streaming":
+            if prof.streaming is None:
+                raise ValueError(
+                    f"{prof.name} has no weight store: weight streaming on it is planned only "
+                    "for a model and precision simdist runs (a GPT-2 layout, --precision fp32)"
+                )
             step, model_flops = self._weight_streaming(spec, mem, micro, seq, m, breakdown)
         else:
             mem.update(states)
@@ -274,7 +287,7 @@ class Planner(AnalyticStep):
             and c.recompute == "none"
             and not c.sequence_parallel
             and c.overlap  # --no-overlap asks for the analytic rule (everything exposed)
-            and self.profile.execution != "weight_streaming"
+            and self.execution != "weight_streaming"
         )
 
     def _simdist_model(self, spec: MLPSpec | TransformerSpec) -> Any:
@@ -368,14 +381,67 @@ class Planner(AnalyticStep):
             "replays it): ZeRO-2's per-group reduce-scatters overlap the rest of the "
             "backward, every other collective is exposed; no input or host time"
         )
-        params = spec.param_count()
-        if tokens:
+        return summary.total_s, self._model_flops(spec, dp, m, micro, seq)
+
+    def _model_flops(self, spec: Any, dp: int, m: int, micro: int, seq: int) -> float:
+        """Model FLOPs of one step over all replicas (attention included for transformers)."""
+        if isinstance(spec, TransformerSpec):
             h, f, nl = spec.d_model, spec.ffn, spec.n_layer
             per_token = nl * (8 * h * h + 4 * h * f + 4 * seq * h) + 2 * h * spec.vocab
-            flops = 3.0 * c.batch * dp * seq * per_token
-        else:
-            flops = float(6 * params * micro * m * dp)
-        return summary.total_s, flops
+            return 3.0 * self.cfg.batch * dp * seq * per_token
+        return float(6 * spec.param_count() * micro * m * dp)
+
+    # ---- weight streaming simdist runs: the run's streaming step on the shapes
+    def _simdist_streams(self, spec: Any) -> bool:
+        """Would ``simdist.train --execution_mode weight_streaming`` run this (fp32, a
+        GPT-2-layout model, no tensor or pipeline split)? Then the plan is the run's step."""
+        c = self.cfg
+        return (
+            isinstance(spec, TransformerSpec)
+            and is_gpt2_layout(spec)
+            and c.precision == "fp32"
+            and c.tp == c.pp == c.interleave == 1
+            and c.recompute == "none"
+        )
+
+    def _streamed_step(
+        self, spec: Any, mem: dict, dp: int, m: int, micro: int, seq: int, out: dict
+    ) -> tuple[float, float]:
+        """What a weight-streaming run of this configuration replays on each device
+        (``simdist.sim.streaming_step.device_step``) and accounts in its memory
+        (``device_footprint``), from a model built from the shapes."""
+        from .streaming_step import (
+            FOOTPRINT_CATEGORY,
+            device_compute,
+            device_footprint,
+            device_step,
+            stage_traffic,
+        )
+
+        c, prof = self.cfg, self.profile
+        if seq != spec.seq_len:
+            raise ValueError(f"weight streaming runs at {spec.name}'s context ({spec.seq_len})")
+        self._weight_store_note(spec)
+        model = self._simdist_model(spec)
+        stages = model.stages()
+        numel = {s.name: s.numel for s in model.parameter_specs()}
+        traffic = stage_traffic(stages, model.gradient_groups(), numel)
+        fwd, bwd, note = device_compute(model, stages, prof, micro)
+        t = device_step(traffic, fwd, bwd, m, prof, c.prefetch_depth)
+        for entry, n in device_footprint(model, dp, micro, c.prefetch_depth).items():
+            mem[FOOTPRINT_CATEGORY[entry]] += n
+        out.update(
+            compute=t.compute_s,
+            exposed_weight_wait=t.weight_wait_s,
+            exposed_gradient_wait=t.gradient_wait_s,
+            exposed_gradient_drain=t.drain_s,
+        )
+        self.notes.append(
+            f"schedule: simdist's own weight-streaming step (simdist.sim.streaming_step, as a "
+            f"run replays it), prefetch depth {c.prefetch_depth}; {note}; the servers' "
+            "optimizer time is not modelled"
+        )
+        return t.total_s, self._model_flops(spec, dp, m, micro, seq)
 
     def _unknown_note(self) -> list[str]:
         """Unpublished profile figures this plan could have used (other dtypes left out)."""
@@ -485,176 +551,3 @@ def format_plan(r: PlanResult) -> str:
 def plan(**kwargs: Any) -> PlanResult:
     """Programmatic entry: ``plan(model="gpt2-xl", devices=64, zero=2, batch=8)``."""
     return Planner(PlanConfig(**kwargs)).run()
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m simdist.plan",
-        description=__doc__.split("\n")[0],
-        epilog="--model.KEY=VALUE overrides one key of the model's shape (keys: "
-        "layers, encoder_layers, decoder_layers, hidden, heads, kv_heads, ffn, ffn_kind, vocab, "
-        "seq_len, tied_embeddings, position, attn_bias, mlp_bias, head_bias, parallel_block). "
-        "--search explores dp/tp/pp, ZeRO, micro-batch, recompute, interleaving, sequence "
-        "parallelism and precision; --tp, --pp, --zero, --micro-batch, --recompute, "
-        "--interleave, --precision and --sequence-parallel then fix that choice.",
-    )
-    p.add_argument(
-        "--model", default="gpt2", help=f"a preset ({', '.join(MODELS)}) or a shape YAML file"
-    )
-    p.add_argument("--params-count", type=float, default=None, help="plan model states only")
-    p.add_argument(
-        "--devices", default="1", help="devices; a list (8,64,512) gives a scaling table"
-    )
-    p.add_argument("--profile", default="a100-80gb", help="profile name or YAML path")
-    p.add_argument("--zero", type=int, default=None, choices=(0, 1, 2, 3), help="default 0")
-    p.add_argument(
-        "--batch", type=int, default=8,
-        help="samples per data-parallel replica (--search: per device, unless --global-batch)",
-    )  # fmt: skip
-    p.add_argument("--micro-batch", type=int, default=None)
-    p.add_argument("--seq", type=int, default=None, help="sequence length (default: context)")
-    p.add_argument("--precision", default=None, choices=("mixed", "fp32"), help="default mixed")
-    p.add_argument("--half", default=None, choices=("fp16", "bf16"))
-    p.add_argument("--devices-per-node", type=int, default=None)
-    p.add_argument("--tp", type=int, default=None, help="tensor-parallel degree (default 1)")
-    p.add_argument("--pp", type=int, default=None, help="pipeline stages (default 1)")
-    p.add_argument("--interleave", type=int, default=None, help="virtual stages per device")
-    p.add_argument("--recompute", default=None, choices=("none", "selective", "full"))
-    p.add_argument("--sequence-parallel", action="store_true", default=None)
-    p.add_argument(
-        "--no-sequence-parallel", dest="sequence_parallel", action="store_false", default=None,
-        help="--search: only layouts without sequence parallelism",
-    )  # fmt: skip
-    p.add_argument("--no-overlap", action="store_true", help="expose all DP communication")
-    p.add_argument("--algorithm", default="ring", choices=("ring", "rhd", "hierarchical", "auto"))
-    p.add_argument("--optimizer", default="adam", choices=("adam", "sgd"))
-    p.add_argument("--bucket-mb", type=float, default=DDP_BUCKET_BYTES / 2**20)
-    p.add_argument("--json", action="store_true", help="print the result as JSON")
-    s = p.add_argument_group("search (--search, or a list of --devices)")
-    s.add_argument("--search", action="store_true", help="find the fastest layout that fits")
-    s.add_argument("--global-batch", type=int, default=None, help="fix it (strong scaling)")
-    s.add_argument("--max-tp", type=int, default=None, help="default: devices per node")
-    s.add_argument("--max-pp", type=int, default=None)
-    s.add_argument("--max-micro-batch", type=int, default=64)
-    s.add_argument("--max-interleave", type=int, default=None)
-    s.add_argument("--top", type=int, default=10, help="configurations to print")
-    return p
-
-
-def _model_overrides(rest: list[str]) -> tuple[dict[str, Any], list[str]]:
-    """``--model.KEY=VALUE`` (or ``--model.KEY VALUE``) arguments; the others are returned."""
-    import yaml
-
-    out: dict[str, Any] = {}
-    left: list[str] = []
-    i = 0
-    while i < len(rest):
-        arg = rest[i]
-        if arg.startswith("--model."):
-            key, eq, value = arg[len("--model.") :].partition("=")
-            if not eq:
-                if i + 1 >= len(rest):
-                    raise ValueError(f"{arg}: expected a value (--model.KEY=VALUE)")
-                value, i = rest[i + 1], i + 1
-            try:
-                out[key] = yaml.safe_load(value)
-            except yaml.YAMLError:
-                out[key] = value
-        else:
-            left.append(arg)
-        i += 1
-    return out, left
-
-
-def _devices(text: str) -> list[int]:
-    try:
-        out = [int(x) for x in str(text).split(",") if x.strip()]
-    except ValueError:
-        raise ValueError(
-            f"--devices: expected a number or a list like 8,64,512, got {text!r}"
-        ) from None
-    if not out or min(out) < 1:
-        raise ValueError(f"--devices: expected positive counts, got {text!r}")
-    return out
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args, rest = parser.parse_known_args(argv)
-    try:
-        overrides, rest = _model_overrides(rest)
-        if rest:
-            parser.error(f"unrecognized arguments: {' '.join(rest)}")
-        devices = _devices(args.devices)
-        base = PlanConfig(
-            model=args.model,
-            params_count=None if args.params_count is None else int(args.params_count),
-            devices=devices[0],
-            profile=args.profile,
-            zero=args.zero or 0,
-            batch=args.batch,
-            micro_batch=args.micro_batch,
-            seq=args.seq,
-            precision=args.precision or "mixed",
-            half=args.half,
-            devices_per_node=args.devices_per_node,
-            tp=args.tp or 1,
-            pp=args.pp or 1,
-            interleave=args.interleave or 1,
-            recompute=args.recompute or "none",
-            sequence_parallel=bool(args.sequence_parallel),
-            overlap=not args.no_overlap,
-            algorithm=args.algorithm,
-            optimizer=args.optimizer,
-            bucket_bytes=int(args.bucket_mb * 2**20),
-            model_overrides=overrides,
-        )
-        if args.search or len(devices) > 1:
-            return _search_main(args, base, devices)
-        result = Planner(base).run()
-    except (ValueError, ProfileError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    print(json.dumps(result.as_dict(), indent=2) if args.json else format_plan(result))
-    return 0
-
-
-def _search_main(args: argparse.Namespace, base: PlanConfig, devices: list[int]) -> int:
-    from .search import (
-        SearchSpace,
-        format_scaling,
-        format_search,
-        scaling,
-        scaling_dict,
-    )
-
-    space = SearchSpace(
-        global_batch=args.global_batch,
-        batch_per_device=args.batch,
-        max_tp=args.max_tp,
-        max_pp=args.max_pp,
-        max_micro_batch=args.max_micro_batch,
-        max_interleave=args.max_interleave,
-        tp=args.tp,
-        pp=args.pp,
-        zero=args.zero,
-        micro_batch=args.micro_batch,
-        recompute=args.recompute,
-        interleave=args.interleave,
-        sequence_parallel=args.sequence_parallel,
-        precision=args.precision,
-    )
-    results = scaling(base.model, devices, base.profile, space, base)
-    if len(results) == 1:
-        r = results[0]
-        print(json.dumps(r.as_dict(), indent=1) if args.json else format_search(r, args.top))
-    else:
-        if args.json:
-            print(json.dumps(scaling_dict(results), indent=1))
-        else:
-            print(format_scaling(results))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

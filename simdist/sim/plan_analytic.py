@@ -471,18 +471,23 @@ class AnalyticStep:
         return m * (f + b) + dp_exp + opt, float(flops)
 
     # ---- weight streaming (Cerebras)
+    def _weight_store_note(self, spec: Any) -> None:
+        c, store_link = self.cfg, self.profile.streaming
+        if store_link is None:
+            return
+        store = sum(model_state_bytes(spec.param_count(), 1, 0, c.precision, c.optimizer).values())
+        if store > store_link.capacity_bytes:
+            self.notes.append(
+                f"model states {store / 1e12:.2f} TB exceed the weight store "
+                f"({store_link.capacity_bytes / 1e12:.1f} TB)"
+            )
+
     def _weight_streaming(
         self, spec: Any, mem: dict, micro: int, seq: int, m: int, out: dict
     ) -> tuple[float, None]:
         c, e, prof = self.cfg, self.elem, self.profile
-        assert prof.streaming is not None
         params = spec.param_count()
-        store = sum(model_state_bytes(params, 1, 0, c.precision, c.optimizer).values())
-        if store > prof.streaming.capacity_bytes:
-            self.notes.append(
-                f"model states {store / 1e12:.2f} TB exceed the weight store "
-                f"({prof.streaming.capacity_bytes / 1e12:.1f} TB)"
-            )
+        self._weight_store_note(spec)
         layer = spec.layer_params() if isinstance(spec, TransformerSpec) else params
         mem["parameters"] = e * layer  # one streamed layer on the wafer at a time
         mem["gradients"] = e * layer
@@ -493,6 +498,7 @@ class AnalyticStep:
             "weight streaming: optimizer state and master weights live in the weight store "
             "(MemoryX); the step below is the streaming I/O bound"
         )
+        assert prof.streaming is not None
         io = prof.streaming.bandwidth
         w = e * params
         # per micro-batch: weights in for forward, in again for backward while the gradients

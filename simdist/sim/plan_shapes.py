@@ -14,8 +14,6 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 # -- model shapes ------------------------------------------------------------------------
 
 
@@ -169,24 +167,15 @@ def shape_files() -> dict[str, Any]:
 
 
 def _read_shape(text: str, source: str) -> tuple[dict[str, Any], dict[str, int]]:
-    from simdist.config import ConfigError, _StrictLoader  # duplicate keys, line of each key
+    from simdist.typed_yaml import ConfigError, read_yaml  # duplicate keys, line of each key
 
-    loader = _StrictLoader(text, source)
     try:
-        node = loader.get_single_node()
-        data = None
-        if node is not None:
-            loader.check(node)
-            data = loader.construct_document(node)
+        data, lines = read_yaml(text, source)
     except ConfigError as e:
         raise ShapeError(str(e)) from None
-    except yaml.YAMLError as e:
-        raise ShapeError(f"{source}: malformed YAML: {e}") from None
-    finally:
-        loader.dispose()
     if not isinstance(data, dict):
         raise ShapeError(f"{source}: expected a mapping of shape keys, got {type(data).__name__}")
-    return data, loader.lines
+    return data, lines
 
 
 def spec_from_shape(

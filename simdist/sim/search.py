@@ -277,11 +277,6 @@ def search(
     prof = load_profile(profile)
     if base.devices_per_node:
         prof = dataclasses.replace(prof, devices_per_node=base.devices_per_node)
-    if prof.execution == "weight_streaming":
-        raise ValueError(
-            f"--search plans resident-weight devices; {prof.name} streams weights (plan it "
-            "without --search)"
-        )
     planners: dict[str, Planner] = {}
 
     def planner(precision: str) -> Planner:
@@ -291,7 +286,13 @@ def search(
             planners[precision] = p
         return planners[precision]
 
-    spec = planner(space.precision or "mixed").spec
+    first = planner(space.precision or "mixed")
+    if first.execution == "weight_streaming":
+        raise ValueError(
+            f"--search plans resident weights; {prof.name} streams them here (plan it without "
+            "--search)"
+        )
+    spec = first.spec
     if not isinstance(spec, (TransformerSpec, MLPSpec)):
         raise ValueError("--search needs a model's shapes (not --params-count)")
     configs = enumerate_configs(spec, devices, space, prof.devices_per_node)

@@ -1,0 +1,3 @@
+from simdist.report.page import main
+
+raise SystemExit(main())

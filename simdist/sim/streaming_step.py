@@ -1,0 +1,220 @@
+"""One weight-streaming step on the simulated device: the run's clock and plan mode both.
+
+A weight-streaming device (``simdist.streaming``) computes stage after stage while the
+weights of the next stages stream in and the gradients of finished groups stream out. Its
+step is a replay of that list of (weight bytes in, compute seconds, gradient bytes out) per
+stage execution (``simulate_step``). The list follows from the model's stages and gradient
+groups alone (``stage_traffic``): the run (``simdist.schedules.weight_streaming``) passes its
+live model's, ``python -m simdist.plan`` those of a model built from shapes, and both call
+``device_step``, so the two agree by construction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from simdist.device import CostModel, DeviceProfile
+from simdist.models.base import GradientGroup
+from simdist.models.stages import Stage
+
+GRADIENT_SLOTS = 2  # one group's gradients in flight while the next is computed
+
+
+@dataclass
+class StepTime:
+    """One simulated step of one device (seconds, bytes)."""
+
+    total_s: float = 0.0
+    compute_s: float = 0.0
+    weight_wait_s: float = 0.0  # compute stalled for weights not yet in the window
+    gradient_wait_s: float = 0.0  # stalled for a free gradient slot
+    drain_s: float = 0.0  # after the last compute, until the last gradient is out
+    weights_in_bytes: float = 0.0
+    gradients_out_bytes: float = 0.0
+
+    @property
+    def exposed_streaming_s(self) -> float:
+        return self.total_s - self.compute_s
+
+
+def simulate_step(
+    work: list[tuple[float, float, float]],
+    depth: int,
+    bandwidth: float | None,
+    latency: float = 0.0,
+    gradient_slots: int = GRADIENT_SLOTS,
+) -> StepTime:
+    """Replay one step: ``work`` lists (weight bytes in, compute seconds, gradient bytes
+    out) per stage execution, in order. A weight transfer starts when the inbound link is
+    free and its slot is (the slot's previous stage, depth + 1 transfers back, has
+    computed); a stage computes when the previous one is done and its weights have arrived;
+    a stage that produces gradients also needs a free gradient slot (the transfer
+    ``gradient_slots`` groups back has left). ``bandwidth`` None: transfers take no time."""
+    t = StepTime()
+    beta = 0.0 if not bandwidth else 1.0 / bandwidth
+    slots = depth + 1
+    in_free = out_free = end = 0.0
+    weight_done: list[float] = []  # compute end of each stage that used a weight slot
+    grad_out: list[float] = []  # transfer end of each gradient
+    for w_bytes, compute, g_bytes in work:
+        ready = end
+        if w_bytes > 0:
+            i = len(weight_done)
+            slot_free = weight_done[i - slots] if i >= slots else 0.0
+            start = max(in_free, slot_free)
+            in_free = start + latency + w_bytes * beta
+            if in_free > ready:
+                t.weight_wait_s += in_free - ready
+                ready = in_free
+            t.weights_in_bytes += w_bytes
+        if g_bytes > 0 and len(grad_out) >= gradient_slots:
+            free = grad_out[-gradient_slots]
+            if free > ready:
+                t.gradient_wait_s += free - ready
+                ready = free
+        end = ready + compute
+        t.compute_s += compute
+        if w_bytes > 0:
+            weight_done.append(end)
+        if g_bytes > 0:
+            out_free = max(out_free, end) + latency + g_bytes * beta
+            grad_out.append(out_free)
+            t.gradients_out_bytes += g_bytes
+    t.total_s = max(end, out_free)
+    t.drain_s = t.total_s - end
+    return t
+
+
+def stage_compute_times(model, stages: list[Stage], cost: CostModel, batch: int) -> tuple:
+    """(forward seconds, backward seconds) per stage on the simulated device, from the
+    model's ``kernel_costs`` where it has them (kernel names start with the stage's name;
+    the embedding's and the head's are recognised by theirs), else 6 N FLOPs per token.
+    Returns (fwd, bwd, note)."""
+    nst = len(stages)
+    fwd, bwd = [0.0] * nst, [0.0] * nst
+    if not cost.profile.has_peak("matmul", cost.dtype):
+        return fwd, bwd, f"{cost.profile.name} publishes no {cost.dtype} peak: compute not modelled"
+    index = {st.name: k for k, st in enumerate(stages)}
+    costs = getattr(model, "kernel_costs", None)
+    if costs is not None:
+        for kc in costs(batch):
+            head = kc.name.split(".")
+            key = ".".join(head[:2]) if head[0] == "h" else head[0]
+            if key in index:
+                k = index[key]
+            elif head[0] in ("tokens", "embedding", "wte", "wpe"):
+                k = 0
+            else:
+                k = nst - 1
+            secs = kc.count * cost.compute_time(
+                kc.flops, kc.bytes, kc.kind, shape=kc.shape, serial_flops=kc.serial_flops
+            )
+            (fwd if kc.phase == "forward" else bwd)[k] += secs
+        return fwd, bwd, "compute: the model's kernel costs on the profile"
+    specs = {s.name: s for s in model.parameter_specs()}
+    tokens = batch * getattr(getattr(model, "config", None), "block_size", 1)
+    for k, st in enumerate(stages):
+        n = sum(specs[p].numel for p in st.forward_params if len(specs[p].shape) >= 2)
+        fwd[k] = cost.compute_time(2.0 * tokens * n, 4.0 * n)
+        bwd[k] = 2 * fwd[k]
+    return fwd, bwd, "compute: 2 FLOPs per weight and token forward, twice that backward"
+
+
+@dataclass(frozen=True)
+class StageTraffic:
+    """Elements each stage streams: weights in for its forward and for its backward (0: the
+    stage has no backward weights), and the gradients its backward finishes (sent out)."""
+
+    forward_in: tuple[int, ...]
+    backward_in: tuple[int, ...]
+    gradients_out: tuple[int, ...]
+
+
+def finishing_stage(stages: list[Stage], names: tuple[str, ...]) -> int | None:
+    """The stage whose backward finishes a gradient group: the last one (lowest index)
+    reading all of its parameters; None if none reads them all."""
+    ks = [k for k, st in enumerate(stages) if set(names) <= set(st.forward_params)]
+    return min(ks) if ks else None
+
+
+def stage_traffic(
+    stages: list[Stage], groups: list[GradientGroup], numel: dict[str, int]
+) -> StageTraffic:
+    fwd = tuple(sum(numel[n] for n in st.forward_params) for st in stages)
+    bwd = tuple(sum(numel[n] for n in st.backward_params) for st in stages)
+    out = [0] * len(stages)
+    for g in groups:
+        k = finishing_stage(stages, tuple(g.names))
+        if k is not None:
+            out[k] += sum(numel[n] for n in g.names)
+    return StageTraffic(fwd, bwd, tuple(out))
+
+
+def step_work(
+    traffic: StageTraffic, fwd_s: list[float], bwd_s: list[float], accum: int, word: int = 4
+) -> list[tuple[float, float, float]]:
+    """The (weight bytes in, compute seconds, gradient bytes out) of each stage execution
+    of one step, in order: per micro-batch every stage forward, then backward in reverse;
+    ``word`` bytes per element."""
+    work = []
+    nst = len(fwd_s)
+    for _ in range(accum):
+        for k in range(nst):
+            work.append((word * traffic.forward_in[k], fwd_s[k], 0.0))
+        for k in range(nst - 1, -1, -1):
+            work.append((word * traffic.backward_in[k], bwd_s[k], word * traffic.gradients_out[k]))
+    return work
+
+
+def device_step(
+    traffic: StageTraffic,
+    fwd_s: list[float],
+    bwd_s: list[float],
+    accum: int,
+    profile: DeviceProfile,
+    depth: int,
+) -> StepTime:
+    """One device's step: the profile's streaming link (MemoryX to system; a profile
+    without one streams over its host link, with that link's latency)."""
+    if profile.streaming is not None:
+        bandwidth, latency = profile.streaming.bandwidth, 0.0  # no latency published
+    else:
+        bandwidth, latency = profile.host.bandwidth, profile.host.latency
+    return simulate_step(step_work(traffic, fwd_s, bwd_s, accum), depth, bandwidth, latency)
+
+
+def device_compute(model, stages: list[Stage], profile: DeviceProfile, batch: int) -> tuple:
+    """``stage_compute_times`` on the profile's fp32 cost model (the run's precision)."""
+    return stage_compute_times(model, stages, CostModel(profile, "fp32"), batch)
+
+
+def device_footprint(model, replicas: int, micro_batch: int, depth: int) -> dict[str, int]:
+    """Bytes a weight-streaming device accounts, by entry (what the schedule allocates:
+    ``prefetch_depth + 1`` weight slots of the largest stage, ``GRADIENT_SLOTS`` slots of the
+    largest shared gradient group, the held groups, the activation arena and, with several
+    devices, the reduce-scatter's scratch); nothing is allocated here."""
+    from simdist.comm.p2p import DEPTH, SEGMENT
+
+    numel = {s.name: s.numel for s in model.parameter_specs()}
+    groups = model.gradient_groups()
+    traffic = stage_traffic(model.stages(), groups, numel)
+    sizes = [(sum(numel[n] for n in g.names), g.held) for g in groups]
+    out = {
+        "window.weights": 4 * (depth + 1) * max(traffic.forward_in + traffic.backward_in),
+        "window.gradients": 4 * GRADIENT_SLOTS * max((n for n, h in sizes if not h), default=0),
+        "window.held_gradients": 4 * sum(n for n, h in sizes if h),
+        "model.arena": int(model.activation_bytes(micro_batch)),
+    }
+    if replicas > 1:
+        out["collectives.scratch"] = 4 * DEPTH * SEGMENT
+    return out
+
+
+# the device memory category of each footprint entry (as the schedule reserves them)
+FOOTPRINT_CATEGORY = {
+    "window.weights": "streaming_window",
+    "window.gradients": "streaming_window",
+    "window.held_gradients": "streaming_window",
+    "model.arena": "activations",
+    "collectives.scratch": "workspace",
+}
