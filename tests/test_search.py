@@ -201,7 +201,8 @@ def test_search_cli_prints_why_and_json_has_all(capsys):
     d = json.loads(capsys.readouterr().out)
     assert len(d["configurations"]) == d["considered"] > 1000
     best = d["configurations"][0]
-    assert best["fits"] and best["global_batch"] == 256
+    assert best["fits"] and best["global_batch"] == 256 and best["rank"] == 1
+    assert best["config"]["devices"] == 32 and best["config"]["batch"] * best["dp"] == 256
     assert sum(best["parts_s"].values()) == pytest.approx(best["step_s"], rel=1e-9)
 
 

@@ -111,25 +111,41 @@ class Candidate:
             "optimizer": b.get("optimizer", 0.0),
         }
 
-    def as_dict(self, capacity: int, devices: int, peak: float | None) -> dict[str, Any]:
-        d = {k: getattr(self, k) for k in DIMENSIONS}
-        d.update(
-            global_batch=self.global_batch,
-            fits=self.fits,
-            pruned=self.pruned,
-            step_s=self.step_s,
-            time_per_sample_s=self.time_per_sample if self.step_s else None,
-            samples_per_s=self.global_batch / self.step_s if self.step_s else None,
-            memory_total_bytes=self.total_bytes,
-            memory_headroom_bytes=capacity - self.total_bytes,
-            memory_bytes=self.memory_bytes,
-            breakdown_s=self.breakdown_s,
-            parts_s=self.parts() if self.step_s else {},
-            model_tflops_per_device=self.tflops(devices),
-            hardware_tflops_per_device=self.tflops(devices, hardware=True),
-            mfu=self.tflops(devices) * 1e12 / peak if peak and self.step_s else None,
-        )
-        return d
+    def as_dict(self, r: SearchResult, rank: int | None) -> dict[str, Any]:
+        """A plan result's fields (``config``, ``memory_bytes``, ``step_s``, ... as ``python
+        -m simdist.plan --json`` writes them, so ``simdist.report`` reads a search like a
+        list of plans) plus the search's own (rank, time per sample, parts, TFLOP/s)."""
+        cfg = {k: getattr(self, k) for k in DIMENSIONS if k != "dp"}
+        cfg.update(model=r.model, devices=r.devices, profile=r.profile,
+                   batch=self.global_batch // self.dp, seq=r.seq)  # fmt: skip
+        samples = self.global_batch / self.step_s if self.step_s else None
+        return {
+            "rank": rank,
+            "model": r.model,
+            "profile": r.profile,
+            "config": cfg,
+            "dp": self.dp,
+            "global_batch": self.global_batch,
+            "micro_batches": self.global_batch // self.dp // self.micro_batch,
+            "fits": self.fits,
+            "pruned": self.pruned,
+            "step_s": self.step_s,
+            "time_per_sample_s": self.time_per_sample if self.step_s else None,
+            "samples_per_s": samples,
+            "tokens_per_s": samples * r.seq if samples else None,
+            "memory_bytes": self.memory_bytes,
+            "total_bytes": self.total_bytes,
+            "capacity_bytes": r.capacity_bytes,
+            "memory_headroom_bytes": r.capacity_bytes - self.total_bytes,
+            "breakdown_s": self.breakdown_s,
+            "parts_s": self.parts() if self.step_s else {},
+            "model_flops_per_step": self.model_flops,
+            "model_tflops_per_device": self.tflops(r.devices),
+            "hardware_tflops_per_device": self.tflops(r.devices, hardware=True),
+            "mfu": self.tflops(r.devices) * 1e12 / r.peak_flops
+            if r.peak_flops and self.step_s
+            else None,
+        }
 
     def tflops(self, devices: int, hardware: bool = False) -> float:
         """Model FLOP/s per device in TFLOP/s (``hardware``: counting the recompute, as
@@ -179,8 +195,8 @@ class SearchResult:
             "fitting": len(self.fitting),
             "search_seconds": self.seconds,
             "configurations": [
-                c.as_dict(self.capacity_bytes, self.devices, self.peak_flops)
-                for c in self.candidates
+                c.as_dict(self, i + 1 if c.fits and c.step_s else None)
+                for i, c in enumerate(self.candidates)
             ],
         }
 
