@@ -50,6 +50,14 @@ schedules, one set of cost functions (``simdist.device``: kernels, collectives):
   ZeRO-3 gathers parameters for forward and backward, hidden behind that pass's compute
   except the first layer's gather. ``--no-overlap`` exposes everything (Megatron 2021).
   Optimizer: one memory-bound pass over the owned shard.
+* Model shapes (``simdist.sim.plan_shapes``, YAML files): grouped-query attention narrows
+  the K/V projections (and the stored K, V) to kv_heads/heads; a gated FFN (SwiGLU) has
+  three d_ff matrices and stores gate, up and their product (3e·sbf instead of 2e·sbf); an
+  encoder-decoder's decoder layers add a cross-attention block (same kernels and stored
+  activations as self-attention, one sequence length for both streams), and a pipeline
+  stage is planned with the mean layer. Model FLOPs: 2 per GEMM weight per token plus the
+  attention core, ×3 for forward and backward.
+* Search (``simdist.sim.search``): every layout these rules allow, each planned as above.
 * Weight-streaming profiles (Cerebras): weights in external memory stream in for forward and
   again for backward while gradients stream out; the step is bounded by that I/O, and
   compute is left out where the vendor publishes no peak.
