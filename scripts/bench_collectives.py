@@ -137,6 +137,7 @@ def slowest_rank(coll: Collectives, local: list[float]) -> np.ndarray:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", help="write rows and summary to this file (rank 0)")
+    ap.add_argument("--plots", help="write bench_collectives.png (+ .json) here (rank 0)")
     ap.add_argument("--ops", default=",".join(OPS), help="comma-separated subset of " + str(OPS))
     ap.add_argument("--algorithms", default=",".join(ALGORITHMS), help="default: all")
     ap.add_argument("--min", default="4K", help="smallest buffer (bytes, K/M/G suffixes)")
@@ -260,20 +261,21 @@ def main() -> int:
                     f"{s['geomean_ratio_ge_1MiB']:.2f}x, minimum {s['min_ratio_ge_1MiB']:.2f}x"
                 )
         print(f"# load average at end {list(os.getloadavg())}")
+        info["loadavg_end"] = list(os.getloadavg())
+        result = {
+            "machine": info,
+            "skipped": skipped,
+            "rows": rows,
+            "ratios": ratios,
+            "summary": summary,
+        }
         if args.json:
-            info["loadavg_end"] = list(os.getloadavg())
             with open(args.json, "w") as f:
-                json.dump(
-                    {
-                        "machine": info,
-                        "skipped": skipped,
-                        "rows": rows,
-                        "ratios": ratios,
-                        "summary": summary,
-                    },
-                    f,
-                    indent=1,
-                )
+                json.dump(result, f, indent=1)
+        if args.plots:
+            from bench_plots import write_plots  # scripts/bench_plots.py, beside this script
+
+            write_plots(result, args.plots)
     coll.free()
     return 0
 

@@ -296,6 +296,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", default="fc_mnist,gpt2-mini")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--plots", type=Path, help="write bench_train.png (+ .json) here")
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--steps", type=int, default=0, help="override the per-model step count")
@@ -366,20 +367,20 @@ def main() -> int:
             rows.append(row)
     summary = summarize(rows, gemm)
     print_table(rows, summary)
+    result = {
+        "machine": info,
+        "gemm_gflops": gemm,
+        "gemm_gflops_numpy": gemm_np,
+        "gemm_gflops_kernels": gemm_kernels,
+        "rows": rows,
+        "summary": summary,
+    }
     if args.json:
-        args.json.write_text(
-            json.dumps(
-                {
-                    "machine": info,
-                    "gemm_gflops": gemm,
-                    "gemm_gflops_numpy": gemm_np,
-                    "gemm_gflops_kernels": gemm_kernels,
-                    "rows": rows,
-                    "summary": summary,
-                },
-                indent=1,
-            )
-        )
+        args.json.write_text(json.dumps(result, indent=1))
+    if args.plots:
+        from bench_plots import write_plots  # scripts/bench_plots.py, beside this script
+
+        write_plots(result, args.plots)
     return 0
 
 

@@ -1,4 +1,4 @@
-"""ZeRO memory and communication: levels 0/1/2 at np 1, 2, 4 in one table, one run.
+"""ZeRO memory and communication: levels 0/1/2/3 at np 1, 2, 4 in one table, one run.
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python scripts/bench_zero.py [--json FILE]
         [--hidden 4096,4096] [--steps 30] [--nps 1,2,4]
@@ -8,10 +8,15 @@ deep and wide enough (default 784-2048x4-10, 14.2M parameters) that the model st
 what the process holds. Columns per rank, from simdist's own accounting of what it actually
 allocated (performance.json): param/grad/optimizer/bucket bytes against the fp32 AdamW
 formula (Psi_p = padded parameter count, N = ranks):
-    DP 16 Psi_p;  ZeRO-1 8 Psi_p + 8 Psi_p/N;  ZeRO-2 4 Psi_p + 12 Psi_p/N + bucket,
+    DP 16 Psi_p;  ZeRO-1 8 Psi_p + 8 Psi_p/N;  ZeRO-2 4 Psi_p + 12 Psi_p/N + bucket;
+    ZeRO-3 16 Psi_p/N + 2 windows (each the largest layer, 4 bytes an element) + bucket,
 the peak RSS of the busiest rank (the process, Python and MPI included), bytes sent per
-step (expected 2(N-1)/N * 4 Psi_p for every level) and the step time. With np > cores the
-step times measure oversubscription, not the algorithm: compare levels at equal np.
+step (expected 2(N-1)/N * 4 Psi_p for levels 0-2; ZeRO-3 (N-1)/N * 4 (Psi_p + G), G the
+elements its stages all-gather in a step, ``simdist.param_gather``: the mean over ranks,
+where rank 0, whose figure the column shows, sends more or less when a gathered group's
+slice boundaries split it unevenly) and the step time.
+With np > cores the step times measure oversubscription, not the algorithm: compare
+levels at equal np.
 """
 
 from __future__ import annotations
@@ -55,12 +60,32 @@ def run(np_: int, level: int, hidden: str, steps: int) -> dict:
     return perf, perf["parameters_padded"]
 
 
-def formula(level: int, psi: int, n: int, bucket: int) -> int:
+def zero3_shapes(hidden: str, n: int) -> tuple[int, int]:
+    """(elements of one gather window, elements all-gathered per step) of the MLP."""
+    from simdist.arena import Layout
+    from simdist.config import FCMNISTConfig
+    from simdist.models.fc_mnist import FCMNIST
+    from simdist.param_gather import BACKWARD, FORWARD, GatherPlan, WindowCache, stage_gathers
+
+    model = FCMNIST(FCMNISTConfig("fc_mnist", [int(h) for h in hidden.split(",")], 784, 10))
+    layout = Layout(model.parameter_specs(), n)
+    plan = GatherPlan(layout, model.stages(), model.gradient_groups())
+    cache, k = WindowCache(plan), len(plan.stages)
+    gathered = 0
+    for phase, order in ((FORWARD, range(k)), (BACKWARD, range(k - 1, -1, -1))):
+        for j in order:
+            gathered += sum(g.b - g.a for g in stage_gathers(plan, cache, j, phase, True)[1])
+    return plan.window, gathered
+
+
+def formula(level: int, psi: int, n: int, bucket: int, window: int = 0) -> int:
     if level == 0:
         return 16 * psi
     if level == 1:
         return 8 * psi + 8 * psi // n
-    return 4 * psi + 12 * psi // n + bucket
+    if level == 2:
+        return 4 * psi + 12 * psi // n + bucket
+    return 16 * psi // n + 2 * 4 * window + bucket
 
 
 def main() -> int:
@@ -78,7 +103,8 @@ def main() -> int:
     )
     print(hdr)
     for n in map(int, args.nps.split(",")):
-        for level in (0, 1, 2):
+        window, gathered = zero3_shapes(args.hidden, n)
+        for level in (0, 1, 2, 3):
             perf, psi = run(n, level, args.hidden, args.steps)
             mem = perf["memory_bytes"]
             p, g = mem.get("parameters", 0), mem.get("gradients", 0)
@@ -90,10 +116,13 @@ def main() -> int:
                 "grad_bytes": g,
                 "optimizer_bytes": o,
                 "bucket_bytes": b,
-                "formula_bytes": formula(level, psi, n, b),
+                "formula_bytes": formula(level, psi, n, b, window),
                 "peak_rss_bytes": perf["peak_rss_bytes"],
                 "comm_bytes_per_step": perf["comm_bytes_sent_per_step"],
-                "expected_comm_bytes_per_step": 2 * (n - 1) / n * 4 * psi,
+                "expected_comm_bytes_per_step": (n - 1)
+                / n
+                * 4
+                * (2 * psi if level < 3 else psi + gathered),
                 "step_time_s": perf["step_time_s"],
             }
             rows.append(row)
@@ -108,6 +137,14 @@ def main() -> int:
     if (2, 0) in by and (2, 2) in by:
         ratio = by[(2, 2)]["step_time_s"] / by[(2, 0)]["step_time_s"]
         print(f"\nZeRO-2 / DP step time at np 2: {ratio:.3f} (target <= 1.05)")
+    for n in sorted({r["np"] for r in rows}):
+        if (n, 3) in by and (n, 2) in by:
+            z3, z2 = by[(n, 3)], by[(n, 2)]
+            state = lambda r: sum(r[k] for k in ("param_bytes", "grad_bytes", "optimizer_bytes"))  # noqa: E731
+            print(
+                f"ZeRO-3 at np {n}: model state {state(z3) / state(z2):.3f} x ZeRO-2's, "
+                f"peak RSS {z3['peak_rss_bytes'] / z2['peak_rss_bytes']:.3f} x"
+            )
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     return 0

@@ -25,6 +25,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import h5py
 import numpy as np
@@ -260,8 +261,9 @@ def optimizer_keys(path: Path, attrs: dict) -> list[str]:
         return sorted(f.keys()) if shards else sorted(f.get("optimizer", {}).keys())
 
 
-def consolidate(path: Path, out: Path) -> Path:
-    """One self-contained file: full parameters and full optimizer state (shards merged)."""
+def consolidate(path: Path, out: Path, **set_attrs: Any) -> Path:
+    """One self-contained file: full parameters and full optimizer state (shards merged);
+    ``set_attrs`` replace attributes (``reshard``)."""
     path, out = Path(path), Path(out)
     attrs = verify(path)
     layout = attrs["layout"]
@@ -285,10 +287,26 @@ def consolidate(path: Path, out: Path) -> Path:
             s = o.create_group(key)
             for k, v in per_name.items():
                 s.create_dataset(k, data=v)
-        for k, v in {**attrs, "optimizer_shards": [], "consolidated_from": str(path)}.items():
+        merged = {**attrs, "optimizer_shards": [], "consolidated_from": str(path), **set_attrs}
+        for k, v in merged.items():
             f.attrs[k] = json.dumps(v) if isinstance(v, dict | list) else v
     _commit(tmp, out)
     return out
+
+
+def reshard(path: Path, out: Path, tensor_parallel: int) -> Path:
+    """A checkpoint for another tensor-parallel degree. In batch mode every device of a
+    group holds the whole model, so the tensors stay as they are; the file records the new
+    degree (a run refuses a checkpoint of another degree, so the change is always explicit)."""
+    if tensor_parallel < 1:
+        raise CheckpointError(f"--tensor-parallel must be >= 1, got {tensor_parallel}")
+    return consolidate(
+        path,
+        out,
+        tensor_parallel=tensor_parallel,
+        tensor_parallel_mode="batch",
+        resharded_from=str(Path(path)),
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -299,10 +317,16 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("out")
     i = sub.add_parser("info", help="print a checkpoint's attributes")
     i.add_argument("checkpoint")
+    r = sub.add_parser("reshard", help="rewrite a checkpoint for another tensor-parallel degree")
+    r.add_argument("checkpoint")
+    r.add_argument("out")
+    r.add_argument("--tensor-parallel", type=int, required=True)
     args = parser.parse_args(argv)
     try:
         if args.cmd == "consolidate":
             print(consolidate(Path(args.checkpoint), Path(args.out)))
+        elif args.cmd == "reshard":
+            print(reshard(Path(args.checkpoint), Path(args.out), args.tensor_parallel))
         else:
             print(json.dumps(verify(Path(args.checkpoint)), indent=1, default=str))
     except CheckpointError as e:

@@ -110,6 +110,9 @@ class OptimizerConfig:
 class RunConfig:
     mode: str = "train_and_eval"
     max_steps: int = 500
+    # stop this invocation after this many steps (SambaFlow's --steps_this_run): max_steps
+    # still sets the schedule's length, and a later run resumes from the checkpoint here
+    steps_this_run: int | None = None
     save_summary_steps: int = 50
     save_checkpoints_steps: int = 250
     keep_checkpoint_max: int = 3
@@ -135,6 +138,10 @@ class RunConfig:
     weight_servers: int = 1  # weight streaming: ranks holding weights + optimizer state
     prefetch_depth: int = 1  # weight streaming: stages streamed ahead of the computing one
     input_workers_per_replica: int = 0  # CPU ranks per replica preparing its batches
+    # SambaFlow's tensor-parallel mode: N devices of one node act as one model instance;
+    # "batch" divides its batch among them (batch_size is per group of N)
+    tensor_parallel: int = 1
+    tensor_parallel_mode: str = "batch"
 
 
 @dataclass(frozen=True)
@@ -191,6 +198,10 @@ FLAG_ALIASES: dict[str, tuple[str, str | None]] = {
     "--max_predictions_per_seq": ("model.max_predictions_per_seq", "value"),
     "--warmup_steps": ("optimizer.warmup_steps", "value"),
     "--logging_steps": ("runconfig.save_summary_steps", "value"),
+    "--steps_this_run": ("runconfig.steps_this_run", "value"),
+    "--tensor-parallel": ("runconfig.tensor_parallel", "value"),
+    "--tensor_parallel": ("runconfig.tensor_parallel", "value"),
+    "--tensor-parallel-mode": ("runconfig.tensor_parallel_mode", "value"),
     "--weight_decay": ("optimizer.weight_decay", "value"),
     "--learning_rate": ("optimizer.learning_rate", "value"),
     "--adam_beta2": ("optimizer.beta2", "value"),
@@ -201,6 +212,7 @@ CHOICES: dict[str, tuple] = {
     "runconfig.mode": ("train", "eval", "train_and_eval"),
     "runconfig.collective_algorithm": ("auto", "ring", "rhd", "hierarchical", "shm", "native"),
     "runconfig.execution_mode": ("pipelined", "weight_streaming"),
+    "runconfig.tensor_parallel_mode": ("batch", "weight"),
     "runconfig.progress_bar": ("auto", True, False),
     "optimizer.optimizer_type": ("adamw", "sgd"),
 }
@@ -397,13 +409,14 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "optimizer.max_gradient_norm": (lambda v: v > 0, "> 0"),
     "optimizer.grad_accum_steps": (_at_least(1), ">= 1"),
     "runconfig.max_steps": (_at_least(0), ">= 0"),
+    "runconfig.steps_this_run": (_at_least(1), ">= 1"),
     "runconfig.save_summary_steps": (_at_least(1), ">= 1"),
     "runconfig.save_checkpoints_steps": (_at_least(0), ">= 0"),
     "runconfig.keep_checkpoint_max": (_at_least(0), ">= 0"),
     "runconfig.model_dir": (bool, "a non-empty path"),
     "runconfig.seed": (_at_least(0), ">= 0"),  # numpy's generators refuse negative seeds
     "runconfig.checkpoint_path": (bool, "a non-empty path"),
-    "runconfig.zero_opt_level": (lambda v: v in (0, 1, 2), "0, 1 or 2"),
+    "runconfig.zero_opt_level": (lambda v: v in (0, 1, 2, 3), "0, 1, 2 or 3"),
     "runconfig.ranks_per_node": (_at_least(1), ">= 1"),
     "runconfig.min_world_size": (_at_least(1), ">= 1"),
     "runconfig.stall_timeout_s": (_at_least(0), ">= 0"),
@@ -412,6 +425,7 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "runconfig.weight_servers": (_at_least(1), ">= 1"),
     "runconfig.prefetch_depth": (_at_least(0), ">= 0"),
     "runconfig.input_workers_per_replica": (_at_least(0), ">= 0"),
+    "runconfig.tensor_parallel": (_at_least(1), ">= 1"),
 }
 # What a value means where the rule alone does not say (README, and some messages).
 NOTES: dict[str, str] = {
@@ -419,15 +433,18 @@ NOTES: dict[str, str] = {
     "optimizer.max_gradient_norm": "null: no clipping",
     "train_input.batch_size": "per replica; give exactly one of the two batch sizes",
     "train_input.global_batch_size": "divisible by replicas x grad_accum_steps",
-    "runconfig.save_checkpoints_steps": "0: only at the end",
+    "runconfig.save_checkpoints_steps": "0: none (but on a stop signal or steps_this_run)",
+    "runconfig.steps_this_run": "null: to max_steps; stops early, checkpointed, schedule kept",
     "runconfig.keep_checkpoint_max": "0: keep all",
-    "runconfig.zero_opt_level": "no ZeRO-3; > 0 needs enable_data_parallel, pipelined only",
+    "runconfig.zero_opt_level": "> 0 needs enable_data_parallel, pipelined only; 3: fc_mnist, gpt2",
     "runconfig.ranks_per_node": "null: as MPI places ranks; pipelined only",
     "runconfig.stall_timeout_s": "0 turns the watchdog off",
     "runconfig.check_collectives": "false: op/length/dtype hash; true: full signature",
     "runconfig.min_world_size": "at most the number of ranks started",
     "runconfig.weight_servers": "weight_streaming only; fewer than the ranks",
     "runconfig.prefetch_depth": "weight_streaming only",
+    "runconfig.tensor_parallel": "ranks per group, on one node; divides the ranks",
+    "runconfig.tensor_parallel_mode": "batch: batch_size per group, split over it; weight: not yet",
     "model.n_head": "divides n_embd",
     "model.preset": "gpt2-mini, gpt2, gpt2-medium, gpt2-large, gpt2-xl; null: give all sizes",
 }
@@ -435,7 +452,6 @@ NOTES: dict[str, str] = {
 
 def _rule_error(key: str, rule: str, value: Any) -> ConfigError:
     hint = {
-        "runconfig.zero_opt_level": " (ZeRO-3 is not implemented)",
         "runconfig.stall_timeout_s": " (0 turns the watchdog off)",
     }.get(key, "")
     return ConfigError(f"{key} must be {rule}, got {value!r}{hint}", key)
@@ -483,6 +499,8 @@ def validate(p: Params) -> None:
             "weight streaming uses the placement MPI reports (set it to null)",
             "runconfig.ranks_per_node",
         )
+    if r.tensor_parallel > 1:
+        _check_tensor_parallel(p)
     if r.execution_mode != "weight_streaming":
         defaults = RunConfig()
         for name in ("weight_servers", "prefetch_depth"):
@@ -498,6 +516,28 @@ def validate(p: Params) -> None:
         load_profile(r.device_profile)
     except ProfileError as e:
         raise ConfigError(f"runconfig.device_profile: {e}") from None
+
+
+def _check_tensor_parallel(p: Params) -> None:
+    r, t = p.runconfig, p.train_input
+    if r.tensor_parallel_mode == "weight":
+        raise ConfigError(
+            "runconfig.tensor_parallel_mode=weight (layers split Megatron-style) is not "
+            "implemented yet; batch mode is (runconfig.tensor_parallel_mode: batch)",
+            "runconfig.tensor_parallel_mode",
+        )
+    if r.execution_mode != "pipelined" or r.input_workers_per_replica:
+        raise ConfigError(
+            "runconfig.tensor_parallel applies to pipelined execution without input workers",
+            "runconfig.tensor_parallel",
+        )
+    if t.batch_size is not None and t.batch_size % r.tensor_parallel:
+        raise ConfigError(
+            f"train_input.batch_size={t.batch_size} is the batch of one tensor-parallel group "
+            f"and is divided among its {r.tensor_parallel} devices: give a multiple of "
+            f"{r.tensor_parallel}",
+            "train_input.batch_size",
+        )
 
 
 def _short_type(annotation: Any) -> str:
@@ -541,6 +581,9 @@ def batch_sizes(p: Params, world: int) -> tuple[int, int]:
     """(per-replica micro-batch, global batch per optimizer step) for this world size."""
     t, accum = p.train_input, p.optimizer.grad_accum_steps
     replicas = world
+    tp = p.runconfig.tensor_parallel  # batch mode: batch_size is per group of tp ranks
+    if t.global_batch_size is None and tp > 1:
+        return t.batch_size // tp, t.batch_size // tp * replicas * accum
     if t.global_batch_size is not None:
         if t.global_batch_size % (replicas * accum):
             raise ConfigError(

@@ -1,7 +1,8 @@
 """What a rank will hold on its simulated device, known before anything is allocated.
 
 ``rank_entries`` lists every device tensor ``Run.build`` creates, in creation order, with
-its exact size: the flat parameters, the gradients (whole buffer, or ZeRO-2's slice plus
+its exact size: the flat parameters (ZeRO-3: this rank's slice plus the two gather windows
+of ``simdist.param_gather``), the gradients (whole buffer, or ZeRO-2/3's slice plus
 bucket), the model's activation arena, the input micro-batch where the model reads it in
 place, the optimizer state over this rank's update range, and the collectives' reused
 scratch. ``check_device_memory`` reserves that list on a scratch ``DeviceMemory`` of the
@@ -28,6 +29,7 @@ from simdist.arena import Layout
 from simdist.config import ConfigError
 from simdist.device import DeviceMemory, SimulatedOutOfMemoryError, format_bytes
 from simdist.models.base import ParamSpec
+from simdist.param_gather import GatherPlan
 
 
 class DeviceOutOfMemoryError(SimulatedOutOfMemoryError, ConfigError):
@@ -56,9 +58,10 @@ class RankSetup:
     algorithm: str
     activation_bytes: Any  # callable: micro-batch -> bytes of the model's arena
     input_bytes_per_sample: int  # 0 when the model copies its inputs into the arena
+    window_elements: int = 0  # ZeRO-3: one gather window (param_gather.GatherPlan.window)
 
 
-def _bucket_elements(layout: Layout, groups) -> int:
+def bucket_elements(layout: Layout, groups) -> int:
     """ZeRO-2's bucket: held groups side by side plus one region for the largest other."""
     numel = {s.name: s.numel for s in layout.specs}
     held = shared = 0
@@ -93,10 +96,16 @@ def rank_entries(setup: RankSetup, **override: Any) -> list[Entry]:
     s = dataclasses.replace(setup, **override)
     layout = Layout([ParamSpec(n, (k,), True) for n, k in s.numel_specs], s.world)
     f32 = 4
-    out = [Entry("parameters", "params", f32 * layout.padded)]
-    if s.zero_level == 2:
+    if s.zero_level == 3:  # 4 psi / N of parameters and the gathered working set
+        out = [
+            Entry("parameters", "param_slice", f32 * layout.shard_size),
+            Entry("parameters", "param_window", f32 * 2 * s.window_elements),
+        ]
+    else:
+        out = [Entry("parameters", "params", f32 * layout.padded)]
+    if s.zero_level >= 2:
         out.append(Entry("gradients", "grad_slice", f32 * layout.shard_size))
-        out.append(Entry("buckets", "grad_bucket", f32 * _bucket_elements(layout, s.groups)))
+        out.append(Entry("buckets", "grad_bucket", f32 * bucket_elements(layout, s.groups)))
     else:
         out.append(Entry("gradients", "grads", f32 * layout.padded))
         if s.accum > 1:
@@ -156,14 +165,25 @@ def setup_for(run: Any) -> RankSetup:
         algorithm=algorithm,
         activation_bytes=model.activation_bytes,
         input_bytes_per_sample=per_sample,
+        window_elements=window_elements(model, run.world),
     )
+
+
+def window_elements(model: Any, world: int) -> int:
+    """Elements of one ZeRO-3 gather window for ``model`` at ``world`` ranks (0: the model
+    has no stages, so it cannot run ZeRO-3)."""
+    if not hasattr(model, "stages"):
+        return 0
+    layout = Layout(model.parameter_specs(), world)
+    return GatherPlan(layout, model.stages(), model.gradient_groups()).window
 
 
 def suggestions(setup: RankSetup, capacity: int) -> str:
     """What would fit, each option computed with ``rank_entries``."""
     tips: list[str] = []
     if setup.world > 1:
-        for z in range(setup.zero_level + 1, 3):
+        top = 4 if setup.window_elements else 3  # ZeRO-3 needs a model with stages
+        for z in range(setup.zero_level + 1, top):
             need = total_bytes(rank_entries(setup, zero_level=z))
             if need <= capacity:
                 tips.append(
@@ -194,9 +214,10 @@ def suggestions(setup: RankSetup, capacity: int) -> str:
                     )
                     break
     if not tips:
-        floor = rank_entries(setup, micro_batch=1, zero_level=2 if setup.world > 1 else 0)
+        best = (3 if setup.window_elements else 2) if setup.world > 1 else 0
+        floor = rank_entries(setup, micro_batch=1, zero_level=best)
         tips.append(
-            f"even micro-batch 1{' with ZeRO-2' if setup.world > 1 else ''} needs "
+            f"even micro-batch 1{f' with ZeRO-{best}' if best else ''} needs "
             f"{format_bytes(total_bytes(floor))}: use more ranks with ZeRO, a smaller model, "
             "or a device profile with more memory"
         )
@@ -285,4 +306,5 @@ __all__ = [
     "setup_for",
     "suggestions",
     "total_bytes",
+    "window_elements",
 ]

@@ -1,4 +1,4 @@
-"""Synchronous data parallelism and ZeRO-1/2 as "which slice and which collective".
+"""Synchronous data parallelism and ZeRO-1/2/3 as "which slice and which collective".
 
 | level | gradients held        | sync                                    | optimizer state |
 |-------|-----------------------|-----------------------------------------|-----------------|
@@ -7,12 +7,18 @@
 |       |                       | of the updated parameter slices         |                 |
 | 2     | own slice + 1 bucket  | reduce-scatter each gradient group as   | own slice       |
 |       |                       | backward finishes it; all-gather params |                 |
+| 3     | own slice + 1 bucket  | as 2; parameters: own slice only, each  | own slice       |
+|       |                       | stage's groups all-gathered into a      |                 |
+|       |                       | window before its forward and backward  |                 |
 
 simdist's all-reduce is reduce-scatter + all-gather over the slice boundaries
 (``Layout.bounds``), and a reduce-scatter restricted to one group's range sums every element
 in the same order as the whole-buffer one (the order depends only on the element's owner),
 so levels 0, 1 and 2 train to bit-identical parameters (gradient accumulation aside: ZeRO-2
-reduces every micro-batch, which is what keeps its gradient memory at one slice).
+reduces every micro-batch, which is what keeps its gradient memory at one slice). Level 3
+gathers copies of exactly the values levels 1/2 hold after their all-gather, so the model
+computes the same bits from them (``PartitionedParameters``; the gather schedule is
+``simdist.param_gather``).
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from simdist.kernels.optim import sum_of_squares
 
 from .arena import Layout
 from .models.base import GradientGroup, GradientViews
+from .param_gather import BACKWARD, FORWARD, GatherPlan, WindowCache, stage_gathers
 
 
 class GradientSync:
@@ -69,8 +76,12 @@ class GradientSync:
         total = self.coll.allreduce_scalars(np.array([partial], np.float64))[0]
         return float(np.sqrt(total))
 
-    def gather_parameters(self, params: np.ndarray) -> None:
-        if self.level > 0:
+    def gather_parameters(self, params: np.ndarray | None) -> None:
+        """Levels 1-2: all-gather the updated slices. Level 3 gathers nothing here (each
+        stage gathers its own before it runs): the windows are stale from now on."""
+        if self.level == 3:
+            self.partitioned.cache.invalidate()
+        elif self.level > 0:
             self.coll.allgather(params, bounds=self.layout.bounds, algorithm=self.algorithm)
 
     def make_sharded(self, groups: list[GradientGroup], alloc) -> ShardedGradients:
@@ -156,3 +167,177 @@ class ShardedGradients(GradientViews):
         if micro > 0:
             self.finish_step()  # the previous micro-batch must have finished every group
         self.micro = micro
+
+
+class PartitionedParameters:
+    """ZeRO-3's parameters: this rank's slice of the flat buffer (rank-private memory) and
+    two gather windows (``simdist.param_gather``), shared memory where the ranks share a
+    node so the "shm" all-gather reads peers' blocks in place.
+
+    The model runs unchanged: ``forward_stage`` / ``backward_stage`` are wrapped on the
+    model instance so that each stage's groups are all-gathered (and the next use's
+    prefetched) before it computes, and the stage reads its parameters from the window.
+    What the caller passes as ``params`` is this object, which refuses lookups: every read
+    of a parameter must come through a stage.
+    """
+
+    def __init__(self, sync: GradientSync, model, alloc):
+        self.sync, self.layout, self.model = sync, sync.layout, model
+        self.plan = GatherPlan(sync.layout, model.stages(), model.gradient_groups())
+        self.lo, self.hi = sync.partition
+        self.slice = alloc("parameters", "param_slice", self.hi - self.lo)
+        width = self.plan.window
+        buf = alloc("parameters", "param_window", 2 * width, shared=True)
+        self.windows = [buf[:width], buf[width:]]
+        self.cache = WindowCache(self.plan)
+        self.views: list[dict[str, np.ndarray]] = [{}, {}]
+        self.training = True
+        self.gathers = 0  # all-gather calls so far (tests, bench)
+        self._numel = {s.name: s for s in self.layout.specs}
+        fwd, bwd = model.forward_stage, model.backward_stage
+        plan = self.plan
+
+        def forward_stage(k: int, params):
+            if k == 0 and not self.training:
+                self._join_pass(active=True)
+            w = self._before(k, FORWARD)
+            return fwd(k, self.views[w] if w is not None else {})
+
+        def backward_stage(k: int, params, grads, dloss: float):
+            w = self._before(k, BACKWARD)
+            return bwd(k, self.views[w] if w is not None else {}, grads, dloss)
+
+        model.forward_stage, model.backward_stage = forward_stage, backward_stage
+        self._n_stages = len(plan.stages)
+        sync.partitioned = self
+
+    # -- the gathers ----------------------------------------------------------------------
+    def _before(self, k: int, phase: str) -> int | None:
+        w, gathers = stage_gathers(self.plan, self.cache, k, phase, self.training)
+        for g in gathers:
+            self._gather(g)
+        return w
+
+    def _gather(self, g) -> None:
+        region = self.windows[g.window][g.offset : g.offset + g.b - g.a]
+        bounds = self.plan.block_bounds(g.group)
+        r = self.sync.coll.rank
+        s, e = int(bounds[r]), int(bounds[r + 1])
+        if e > s:  # this rank's block of the group, from its slice
+            np.copyto(region[s:e], self.slice[g.a + s - self.lo : g.a + e - self.lo])
+        self.sync.coll.allgather(region, bounds=bounds, algorithm=self.sync.algorithm)
+        self.gathers += 1
+        if g.offset == 0:  # the window is being reloaded: its old views are gone
+            self.views[g.window] = {}
+        views = self.views[g.window]
+        for n in self.plan.names[g.group]:
+            spec = self._numel[n]
+            start = self.layout.offsets[n] - g.a
+            views[n] = region[start : start + spec.numel].reshape(spec.shape)
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        raise KeyError(
+            f"ZeRO-3: parameter {name!r} read outside a stage (its values live in slices; "
+            "read parameters through forward_stage / backward_stage)"
+        )
+
+    # -- around the steps -----------------------------------------------------------------
+    def initialize(self, init, rng) -> None:
+        """Run ``init(params, rng)`` (the model's ``init_parameters``) keeping only this
+        rank's slice: each tensor is filled in a temporary, then its part of the slice is
+        copied out, so no rank ever holds more than one whole tensor extra. Every rank
+        draws the same numbers in the same order, so the slices are those of the whole
+        buffer ZeRO 0-2 initialise (and broadcast)."""
+        store = self
+
+        class Filler(dict):
+            def __getitem__(self, name: str) -> np.ndarray:
+                self.flush()
+                spec = store._numel[name]
+                self.current = (name, np.zeros(spec.shape, np.float32))
+                return self.current[1]
+
+            def flush(self) -> None:
+                cur = getattr(self, "current", None)
+                if cur is not None:
+                    store.write_tensor(cur[0], cur[1])
+                    self.current = None
+
+        filler = Filler()
+        init(filler, rng)
+        filler.flush()
+        self.cache.invalidate()
+
+    def write_tensor(self, name: str, value: np.ndarray) -> None:
+        """Copy this rank's part of parameter ``name`` (whole tensor given) into the slice."""
+        a = self.layout.offsets[name]
+        flat = value.reshape(-1)
+        s, e = max(a, self.lo), min(a + flat.size, self.hi)
+        if e > s:
+            self.slice[s - self.lo : e - self.lo] = flat[s - a : e - a]
+
+    def gather_to_root(self, comm) -> StreamedParameters | None:
+        """Collective: every parameter by name on rank 0 (checkpoints), else None.
+
+        No rank ever holds the model: rank 0 gets a mapping whose ``items()`` receives each
+        tensor's pieces from their owners as the checkpoint writer reaches it; the other
+        ranks send their pieces in the same (layout) order, blocking until rank 0 takes
+        them, then return."""
+        if comm.Get_rank() == 0:
+            return StreamedParameters(self, comm)
+        for _, s, e in self._pieces():
+            if e > s:
+                comm.Send(self.slice[s - self.lo : e - self.lo], dest=0, tag=CHECKPOINT_TAG)
+        return None
+
+    def _pieces(self, rank: int | None = None):
+        """(name, lo, hi) of parameter name's flat elements in ``rank``'s slice."""
+        lo, hi = (self.lo, self.hi) if rank is None else self.layout.shard(rank)
+        for spec in self.layout.specs:
+            a = self.layout.offsets[spec.name]
+            yield spec.name, max(a, lo), min(a + spec.numel, hi)
+
+    def evaluating(self, on: bool) -> None:
+        """Evaluation: no backward follows the forward (prefetch stops at the head), and
+        ranks with fewer eval batches than others join the others' gathers (``join``)."""
+        self.training = not on
+
+    def _join_pass(self, active: bool) -> bool:
+        """Before every eval forward pass the ranks agree whether anyone still runs one
+        (ranks score different numbers of batches, but every gather needs all of them)."""
+        flag = np.array([1.0 if active else 0.0])
+        return bool(self.sync.coll.allreduce_scalars(flag)[0] > 0)
+
+    def join(self) -> None:
+        """After this rank's last eval batch: run gather-only passes while others run."""
+        while self._join_pass(active=False):
+            for k in range(self._n_stages):
+                self._before(k, FORWARD)
+
+
+CHECKPOINT_TAG = 0x2E3  # point-to-point tag of ZeRO-3's checkpoint gather
+
+
+class StreamedParameters:
+    """Rank 0's view of ZeRO-3's parameters for the checkpoint writer: ``items()`` yields
+    each tensor whole, received from the ranks whose slices hold it (one tensor at a time
+    in memory). Iterate it once, on rank 0, while the other ranks send."""
+
+    def __init__(self, store: PartitionedParameters, comm):
+        self.store, self.comm = store, comm
+
+    def items(self):
+        st, layout = self.store, self.store.layout
+        pieces = [list(st._pieces(r)) for r in range(self.comm.Get_size())]
+        for i, spec in enumerate(layout.specs):
+            a = layout.offsets[spec.name]
+            flat = np.empty(spec.numel, np.float32)
+            for r, mine in enumerate(pieces):
+                _, s, e = mine[i]
+                if e <= s:
+                    continue
+                if r == 0:
+                    flat[s - a : e - a] = st.slice[s - st.lo : e - st.lo]
+                else:
+                    self.comm.Recv(flat[s - a : e - a], source=r, tag=CHECKPOINT_TAG)
+            yield spec.name, flat.reshape(spec.shape)

@@ -145,6 +145,14 @@ class Run:
         layout = self.schedule.layout
         shapes = {s.name: s.shape for s in layout.specs}
         step, tensors, attrs = checkpoint.load(path, shapes, self.schedule.model.name)
+        tp_was, tp = int(attrs.get("tensor_parallel", 1)), r.tensor_parallel
+        if tp_was != tp:  # fixed when a run starts (SambaFlow): changed only explicitly
+            raise ConfigError(
+                f"{path} was written with runconfig.tensor_parallel={tp_was}, this run has "
+                f"{tp}: reshard it first (python -m simdist.checkpoint reshard {path} OUT "
+                f"--tensor-parallel {tp}) and resume from OUT (runconfig.checkpoint_path)",
+                "runconfig.tensor_parallel",
+            )
         base = own.params_lo
         for seg in layout.segments(base, base + own.params.size):
             off = layout.offsets[seg.name]
@@ -176,23 +184,39 @@ class Run:
         self._summary_t = (now, self.step)
         self.schedule.start(self)
         if self.is_main:
-            self._bar = ProgressBar(r.max_steps, self.step, r.progress_bar)
+            self._bar = ProgressBar(self.stop_step, self.step, r.progress_bar)
         if self.step >= r.max_steps:
             self.log(f"nothing to train: global_step {self.step} >= max_steps {r.max_steps}")
+        elif self.stop_step < r.max_steps:
+            self.log(
+                f"steps_this_run {r.steps_this_run}: training to global_step {self.stop_step} "
+                f"of max_steps {r.max_steps}; run again to resume from its checkpoint"
+            )
+
+    @property
+    def stop_step(self) -> int:
+        """The global step this invocation trains to: max_steps, or sooner with
+        ``runconfig.steps_this_run`` (counted from where it started or resumed)."""
+        r = self.params.runconfig
+        if r.steps_this_run is None:
+            return r.max_steps
+        return min(r.max_steps, self.timers.first_step + r.steps_this_run)
 
     def after_step(self, result: StepResult) -> None:
         """``result.stop``: the ranks agreed to stop here (a signal): summary and checkpoint
         now."""
         r, step = self.params.runconfig, self.step
-        last = step == r.max_steps or result.stop
+        last = step == self.stop_step or result.stop
         if step % r.save_summary_steps == 0 or last:
             mean_loss = self.schedule.mean_loss(self, result)  # collective
             if self.is_main:
                 write_summary(self, step, mean_loss, result.norm)
         if self._bar:
             self._bar.update(step, result.loss if result.mean_loss is None else result.mean_loss)
+        early = step == self.stop_step < r.max_steps  # steps_this_run: the next run resumes here
         if (
             result.stop
+            or early
             or r.save_checkpoints_steps
             and (step % r.save_checkpoints_steps == 0 or last)
         ):

@@ -25,7 +25,7 @@ def train(run: Run) -> None:
     run.start_training()
     # guard: stall watchdog phases, the per-step agreement (NaN/Inf, stop signals), hooks
     with StepGuard(run) as guard:
-        for step in range(run.step, run.params.runconfig.max_steps):
+        for step in range(run.step, run.stop_step):
             result = run.schedule.step(run, step, guard)  # produces global_step step + 1
             run.step = step + 1
             guard.enter("after_step", run.step)

@@ -49,7 +49,7 @@ def test_flag_aliases():
         (["--optimizer.learning_rate=fast"], "optimizer.learning_rate: expected a number"),
         (["--runconfig.autoload=3"], "runconfig.autoload: expected true or false"),
         (["--model.hidden_sizes=[a]"], "model.hidden_sizes[0]: expected an integer"),
-        (["--zero_opt_level", "3"], "zero_opt_level must be 0, 1 or 2"),
+        (["--zero_opt_level", "4"], "zero_opt_level must be 0, 1, 2 or 3"),
         (["--runconfig.mode=fly"], "runconfig.mode: 'fly' is not one of"),
         (["--bogus"], "unrecognised argument '--bogus'"),
         (["--params", "no_such_preset"], "neither a file nor a preset"),

@@ -245,6 +245,21 @@ def test_weight_streaming_is_bitwise_data_parallel_and_checkpoints_cross_modes(t
     assert json.loads((ws1 / "eval.json").read_text()) == ref_eval
 
 
+def test_fc_mnist_streams_its_layers_bitwise_as_data_parallel(tmp_path):
+    """FC-MNIST is a model of stages too (one per layer, as ZeRO-3 gathers them): streamed
+    through 1 server to 2 devices it trains to the bits of 2-rank data parallelism."""
+    args = ["--params=fc_mnist", "--model.hidden_sizes=[64, 32]", "--runconfig.mode=train",
+            "--runconfig.max_steps=4", "--runconfig.save_checkpoints_steps=4",
+            "--runconfig.progress_bar=false", "--optimizer.max_gradient_norm=1.0"]  # fmt: skip
+    dp, ws = tmp_path / "dp", tmp_path / "ws"
+    out = run_mpi(2, [*PIPELINED, *args, f"--runconfig.model_dir={dp}"], 180)
+    assert out.returncode == 0, out.stdout
+    out = run_mpi(3, [*STREAM, *args, f"--runconfig.model_dir={ws}"], 180)
+    assert out.returncode == 0, out.stdout
+    assert "1 weight server(s) + 2 device(s)" in out.stdout
+    assert_same_bits(state(ws / "checkpoint_4.h5"), state(dp / "checkpoint_4.h5"), "FC WS vs DP")
+
+
 DEMO = ["--params", "gpt2_streaming", "--runconfig.progress_bar=false"]
 
 

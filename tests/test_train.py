@@ -133,6 +133,35 @@ def test_resume_is_bitwise_identical(tmp_path, level):
             assert np.array_equal(a[which][k], b[which][k]), k
 
 
+def test_steps_this_run_stops_early_and_keeps_the_schedule(tmp_path):
+    """SambaFlow's --steps_this_run: two runs of 6 steps reach max_steps 12 with the bits of
+    one uninterrupted run; the learning-rate schedule (a warmup then a decay to max_steps)
+    follows max_steps, not the steps of one run, and the early stop checkpoints although
+    the periodic checkpoints (every 12 steps) would not."""
+    args = [
+        "--runconfig.mode=train",
+        "--runconfig.max_steps=12",
+        "--runconfig.save_checkpoints_steps=12",
+        "--optimizer.learning_rate=[{scheduler: Linear, initial_learning_rate: 0.0, "
+        "end_learning_rate: 0.01, total_iters: 4}, {scheduler: CosineDecay, "
+        "initial_learning_rate: 0.01, end_learning_rate: 0.001, total_iters: 8}]",
+    ]
+    train(2, tmp_path / "full", *args)
+    first = train(2, tmp_path / "split", *args, "--steps_this_run", "6")
+    assert "training to global_step 6 of max_steps 12" in first.stdout
+    from simdist.checkpoint import latest_checkpoint
+
+    assert latest_checkpoint(tmp_path / "split").name.endswith("6.h5")
+    second = train(2, tmp_path / "split", *args, "--steps_this_run", "6")
+    assert "resumed from" in second.stdout and "global_step = 12" in second.stdout
+    a, b = final_state(tmp_path / "full"), final_state(tmp_path / "split")
+    for which in (0, 1):
+        for k in a[which]:
+            assert np.array_equal(a[which][k], b[which][k]), k
+    third = train(2, tmp_path / "split", *args, "--steps_this_run", "6")  # nothing left
+    assert "nothing to train" in third.stdout
+
+
 @pytest.mark.parametrize("old,new", [(4, 2), (2, 4), (4, 3), (3, 5)])
 def test_reshard_resume_continues_like_consolidated_start(tmp_path, old, new):
     """A ZeRO checkpoint written at ``old`` ranks resumes at ``new`` ranks exactly as a run

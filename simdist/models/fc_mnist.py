@@ -19,6 +19,7 @@ from simdist.kernels.linear import (
 from simdist.kernels.loss import softmax_cross_entropy_backward, softmax_cross_entropy_forward
 
 from .base import GradientGroup, KernelCost, ParamSpec, gemm, vector
+from .stages import Stage
 
 
 class _Workspace:
@@ -48,6 +49,7 @@ class FCMNIST:
         self._ws: dict[int, _Workspace] = {}
         self._train: _Workspace | None = None
         self._inputs: np.ndarray | None = None
+        self._ws_now: _Workspace | None = None
 
     def parameter_specs(self) -> list[ParamSpec]:
         specs = []
@@ -72,40 +74,70 @@ class FCMNIST:
             self._ws[batch] = _Workspace(self.sizes, batch)
         return self._ws[batch]
 
-    def _forward(self, ws: _Workspace, params, inputs: np.ndarray, targets: np.ndarray) -> None:
-        x = inputs
+    # ---------------------------------------------------------------- stages (ZeRO-3)
+    def stages(self) -> list[Stage]:
+        """One stage per layer: fc{i+1}'s forward reads its weight and bias, its backward
+        the weight (the first layer's backward reads none: its input needs no gradient)."""
+        out = []
         for i in range(self.n_layers):
-            out = ws.acts[i]
-            w, b = params[f"fc{i + 1}.weight"], params[f"fc{i + 1}.bias"]
-            if i < self.n_layers - 1:  # hidden layer: bias and ReLU in one pass
-                linear_relu_forward(out, x, w, b)
-            else:
-                linear_forward(out, x, w, b)
-            x = out
-        softmax_cross_entropy_forward(ws.losses, ws.probs, ws.acts[-1], targets)
+            w, b = f"fc{i + 1}.weight", f"fc{i + 1}.bias"
+            out.append(Stage(f"fc{i + 1}", (w, b), (w,) if i > 0 else ()))
+        return out
 
+    def begin(self, inputs: np.ndarray, targets: np.ndarray) -> None:
+        """Load a micro-batch for ``forward_stage`` (the training workspace when its size
+        matches, else an evaluation workspace of this batch size)."""
+        n = inputs.shape[0]
+        train = self._train
+        self._ws_now = train if train is not None and train.losses.shape[0] == n else None
+        if self._ws_now is None:
+            self._ws_now = self._workspace(n)
+        self._inputs, self._targets = inputs, targets
+
+    def forward_stage(self, k: int, params) -> float | None:
+        ws = self._ws_now
+        x = self._inputs if k == 0 else ws.acts[k - 1]
+        w, b = params[f"fc{k + 1}.weight"], params[f"fc{k + 1}.bias"]
+        if k < self.n_layers - 1:  # hidden layer: bias and ReLU in one pass
+            linear_relu_forward(ws.acts[k], x, w, b)
+            return None
+        linear_forward(ws.acts[k], x, w, b)
+        softmax_cross_entropy_forward(ws.losses, ws.probs, ws.acts[-1], self._targets)
+        return float(ws.losses.mean(dtype=np.float64))
+
+    def backward_stage(self, k: int, params, grads, dloss: float) -> None:
+        ws = self._ws_now
+        if k == self.n_layers - 1:  # dlogits overwrite the saved probabilities in place
+            softmax_cross_entropy_backward(ws.probs, ws.probs, self._targets, np.float32(dloss))
+        dout = ws.probs if k == self.n_layers - 1 else ws.dacts[k]
+        names = (f"fc{k + 1}.weight", f"fc{k + 1}.bias")
+        if k > 0:
+            # dx comes out masked by the ReLU that produced x (fused, same bits)
+            x, dx = ws.acts[k - 1], ws.dacts[k - 1]
+            linear_relu_backward(dx, grads[names[0]], grads[names[1]], dout, x, params[names[0]])
+        else:
+            linear_backward_params(grads[names[0]], grads[names[1]], dout, self._inputs)
+        grads.done(names)
+
+    def eval_stats(self) -> tuple[float, int]:
+        ws = self._ws_now
+        correct = int((ws.probs.argmax(axis=1) == self._targets).sum())
+        return float(ws.losses.sum(dtype=np.float64)), correct
+
+    # ---------------------------------------------------------------- protocol: compute
     def forward(self, params, inputs: np.ndarray, targets: np.ndarray) -> float:
         ws = self._train
         if ws is None or ws.losses.shape[0] != inputs.shape[0]:
             raise ValueError(f"allocate({inputs.shape[0]}) before forward with that batch")
-        self._forward(ws, params, inputs, targets)
-        self._inputs, self._targets = inputs, targets
-        return float(ws.losses.mean(dtype=np.float64))
+        self.begin(inputs, targets)
+        loss = 0.0
+        for k in range(self.n_layers):
+            loss = self.forward_stage(k, params)
+        return loss
 
     def backward(self, params, grads, dloss: float) -> None:
-        ws = self._train
-        dout = ws.probs  # dlogits overwrite the saved probabilities in place
-        softmax_cross_entropy_backward(dout, ws.probs, self._targets, np.float32(dloss))
-        for i in range(self.n_layers - 1, 0, -1):
-            x, dx = ws.acts[i - 1], ws.dacts[i - 1]
-            w = params[f"fc{i + 1}.weight"]
-            names = (f"fc{i + 1}.weight", f"fc{i + 1}.bias")
-            # dx comes out masked by the ReLU that produced x (fused, same bits)
-            linear_relu_backward(dx, grads[names[0]], grads[names[1]], dout, x, w)
-            grads.done(names)
-            dout = dx
-        linear_backward_params(grads["fc1.weight"], grads["fc1.bias"], dout, self._inputs)
-        grads.done(("fc1.weight", "fc1.bias"))
+        for k in range(self.n_layers - 1, -1, -1):
+            self.backward_stage(k, params, grads, dloss)
 
     def gradient_groups(self) -> list[GradientGroup]:
         return [
@@ -114,10 +146,10 @@ class FCMNIST:
         ]
 
     def evaluate(self, params, inputs: np.ndarray, targets: np.ndarray) -> tuple[float, int]:
-        ws = self._workspace(inputs.shape[0])
-        self._forward(ws, params, inputs, targets)
-        correct = int((ws.probs.argmax(axis=1) == targets).sum())
-        return float(ws.losses.sum(dtype=np.float64)), correct
+        self.begin(inputs, targets)
+        for k in range(self.n_layers):
+            self.forward_stage(k, params)
+        return self.eval_stats()
 
     def activation_bytes(self, batch_size: int) -> int:
         sizes = self.sizes

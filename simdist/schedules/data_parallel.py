@@ -1,11 +1,13 @@
-"""Synchronous data parallelism with ZeRO 0-2: every rank a replica.
+"""Synchronous data parallelism with ZeRO 0-3: every rank a replica.
 
 Every rank holds the whole model's parameters (in shared memory where the ranks share a
-node), its gradients (ZeRO-2: only its slice and a bucket) and the optimizer state of its
-update range (``simdist.parallel.GradientSync``). A step: each micro-batch forward and
-backward on this rank's samples, the gradient sync, the per-step agreement (non-finite
-check, stop flag; ``simdist.faults.StepGuard``), clipping, the update of this rank's range
-and the parameter gather. The simulated accelerator (``simdist.simulate``) hooks this
+node; ZeRO-3: only its slice, in private memory, plus two gather windows,
+``simdist.parallel.PartitionedParameters``), its gradients (ZeRO-2/3: only its slice and a
+bucket) and the optimizer state of its update range (``simdist.parallel.GradientSync``).
+A step: each micro-batch forward and backward on this rank's samples, the gradient sync,
+the per-step agreement (non-finite check, stop flag; ``simdist.faults.StepGuard``),
+clipping, the update of this rank's range and the parameter gather (ZeRO-3: none; each
+stage gathers its own). The simulated accelerator (``simdist.simulate``) hooks this
 object's calls, so it carries the attributes ``simulate.attach`` and ``memplan`` read.
 """
 
@@ -29,13 +31,37 @@ from simdist.data.sampler import DistributedSampler
 from simdist.faults import describe_nonfinite
 from simdist.input_workers import device_input, input_report
 from simdist.kernels.optim import sum_of_squares
-from simdist.memplan import DeviceAllocator, check_device_memory
+from simdist.memplan import DeviceAllocator, bucket_elements, check_device_memory
 from simdist.models import build_model
 from simdist.models.base import GradientViews
 from simdist.optim import Optimizer
-from simdist.parallel import GradientSync
+from simdist.parallel import GradientSync, PartitionedParameters
+from simdist.param_gather import GatherPlan
 from simdist.schedules.base import Schedule, StateShard, StepResult
 from simdist.streaming import weight_streaming_tip
+
+
+def tensor_parallel_groups(place: Placement, tp: int) -> list[tuple[int, ...]]:
+    """SambaFlow's tensor-parallel groups: ``tp`` consecutive ranks each, every group inside
+    one node (TP traffic never leaves a node), so ``tp`` divides the ranks and fits a node."""
+    world = place.world
+    if world % tp:
+        raise ConfigError(
+            f"runconfig.tensor_parallel={tp} must divide the {world} ranks (groups of {tp} "
+            "consecutive ranks); start a multiple of it",
+            "runconfig.tensor_parallel",
+        )
+    groups = [tuple(range(a, a + tp)) for a in range(0, world, tp)]
+    for g in groups:
+        nodes = sorted({place.node_of[k] for k in g})
+        if len(nodes) > 1:
+            raise ConfigError(
+                f"runconfig.tensor_parallel={tp}: ranks {list(g)} span nodes {nodes}, but a "
+                "tensor-parallel group must sit on one node (at most its ranks per node, "
+                f"{list(place.ranks_per_node)} here); lower it or place the ranks by node",
+                "runconfig.tensor_parallel",
+            )
+    return groups
 
 
 class DataParallel(Schedule):
@@ -73,6 +99,8 @@ class DataParallel(Schedule):
                 f"memory); this run has {self.placement.num_nodes} nodes (use auto, ring, rhd "
                 "or hierarchical)"
             )
+        self.tensor_parallel = r.tensor_parallel
+        self.tp_groups = tensor_parallel_groups(self.placement, r.tensor_parallel)
         self.coll = Collectives(
             comm, r.collective_algorithm, r.check_collectives, placement=self.placement
         )
@@ -80,6 +108,13 @@ class DataParallel(Schedule):
         self.device = simulate.create_device(run.profile, comm, self.placement)
         self.memory = DeviceAllocator(self.device.memory, self.coll)
         self.model = build_model(self.params.model)
+        if self.zero_level == 3 and not hasattr(self.model, "stages"):
+            raise ConfigError(
+                f"runconfig.zero_opt_level=3 gathers each stage's parameters before it runs, "
+                f"and model {self.model.name!r} has no stages; use zero_opt_level 0-2 "
+                "(ZeRO-3 supports fc_mnist and gpt2)",
+                "runconfig.zero_opt_level",
+            )
         if hasattr(self.model, "bind_step"):  # dropout masks hash (seed, global step, sample)
             self.model.bind_step(r.seed, lambda: run.step)
         self.data = build_dataset(self.params, self.micro_batch)
@@ -92,6 +127,13 @@ class DataParallel(Schedule):
         check_device_memory(self, tip)  # simulated OOM now, before any buffer exists
         t = self.params.train_input
         origin = "global given" if t.global_batch_size is not None else "per replica given"
+        if self.tensor_parallel > 1:
+            groups = " ".join(f"{list(g)}" for g in self.tp_groups)
+            run.log(
+                f"simdist: tensor parallel (batch mode), {len(self.tp_groups)} group(s) of "
+                f"{self.tensor_parallel} ranks, each on one node: {groups}; the group's batch "
+                f"of {self.micro_batch * self.tensor_parallel} is divided among its ranks"
+            )
         run.log(
             f"simdist: {self.world} replica(s), model {self.model.name}, micro-batch "
             f"{self.micro_batch} x {self.params.optimizer.grad_accum_steps} accumulation, "
@@ -99,15 +141,24 @@ class DataParallel(Schedule):
             f"collectives {r.collective_algorithm}; data: {self.data.source}"
         )
 
+    def checkpoint_attrs(self) -> dict[str, Any]:
+        return {"tensor_parallel": self.tensor_parallel, "tensor_parallel_mode": "batch"}
+
     def _choose_shared_buffers(self, run) -> None:
         """Parameters and gradients (or ZeRO-2's bucket) in shared-memory windows, for the
         "shm" collectives, where the ranks share a node and its shared memory has room."""
-        padded = Layout(self.model.parameter_specs(), self.world).padded
-        self.shared_buffers = self.coll.can_share(8 * padded)  # collective
+        layout = Layout(self.model.parameter_specs(), self.world)
+        padded = layout.padded
+        need = 8 * padded  # parameters and gradients
+        if self.zero_level == 3:  # two gather windows and the gradient bucket
+            plan = GatherPlan(layout, self.model.stages(), self.model.gradient_groups())
+            groups = [(g.names, g.held) for g in self.model.gradient_groups()]
+            need = 4 * (2 * plan.window + bucket_elements(layout, groups))
+        self.shared_buffers = self.coll.can_share(need)  # collective
         if not self.shared_buffers:
             self.memory.coll = None  # alloc(shared=True) gives plain arrays
         if self.coll.shared and not self.shared_buffers:
-            room = window_room_error(8 * padded * self.world)
+            room = window_room_error(need * self.world)
             if self.params.runconfig.collective_algorithm == "shm":
                 raise ConfigError(
                     f"runconfig.collective_algorithm=shm: {room}, or choose auto, ring or rhd"
@@ -117,13 +168,19 @@ class DataParallel(Schedule):
     def allocate(self, run) -> None:
         p, r = self.params, self.params.runconfig
         self.layout = layout = Layout(self.model.parameter_specs(), self.world)
-        # buffers of the training collectives: shared memory where the ranks share a node
-        self.params_flat = self.memory.alloc("parameters", "params", layout.padded, shared=True)
-        self.pviews = layout.views(self.params_flat)
         accum = p.optimizer.grad_accum_steps
         self.sync = GradientSync(
             self.coll, layout, self.zero_level, r.collective_algorithm, self.shared_buffers
         )
+        # buffers of the training collectives: shared memory where the ranks share a node
+        self.partitioned = None
+        if self.zero_level == 3:  # this rank's slice; stages gather into windows
+            self.partitioned = PartitionedParameters(self.sync, self.model, self.memory.alloc)
+            self.params_flat = None
+            self.pviews = self.partitioned
+        else:
+            self.params_flat = self.memory.alloc("parameters", "params", layout.padded, shared=True)
+            self.pviews = layout.views(self.params_flat)
         place = self.placement
         run.log(
             f"placement: {place.num_nodes} node(s), ranks per node "
@@ -132,7 +189,7 @@ class DataParallel(Schedule):
             f"gradient collectives: {self.sync.algorithm}"
         )
         self.micro_grads = None
-        if self.zero_level == 2:
+        if self.zero_level >= 2:
             # gradients exist only as this rank's slice plus a bucket (see parallel.py)
             self.grads = None
             self.gviews = self.sync.make_sharded(self.model.gradient_groups(), self.memory.alloc)
@@ -156,8 +213,12 @@ class DataParallel(Schedule):
             p.train_input.shuffle,
             accum,
         )
-        self.model.init_parameters(self.pviews, np.random.default_rng(r.seed))
-        self.coll.broadcast(self.params_flat, root=0)  # replicas start identical, as DDP
+        rng = np.random.default_rng(r.seed)
+        if self.partitioned is not None:  # every rank draws the same: no broadcast needed
+            self.partitioned.initialize(self.model.init_parameters, rng)
+        else:
+            self.model.init_parameters(self.pviews, rng)
+            self.coll.broadcast(self.params_flat, root=0)  # replicas start identical, as DDP
         self.sim = simulate.attach(self)  # hooks the step's calls; per-step device time
         self.state_shard = StateShard(
             self.comm,
@@ -167,7 +228,9 @@ class DataParallel(Schedule):
             hi,
             self.optimizer.state,
             sharded=self.sync.level > 0,
-            params=self.params_flat,  # every replica holds (and resumes) all parameters
+            # every replica holds (and resumes) all parameters; ZeRO-3 its slice
+            params=self.params_flat if self.partitioned is None else self.partitioned.slice,
+            params_lo=0 if self.partitioned is None else lo,
         )
         plo, phi = self.sync.partition
         self._own = slice(plo - lo, phi - lo)  # this rank's partition in the reduced grads
@@ -187,10 +250,11 @@ class DataParallel(Schedule):
         p, model, sync = self.params, self.model, self.sync
         n, accum = step + 1, p.optimizer.grad_accum_steps
         dloss = 1.0 / (self.micro_batch * accum)  # mean over this replica's samples this step
-        lo, hi = sync.update_range
         hook = guard.hook  # test-only fault injection (SIMDIST_FAULT); None in real runs
         guard.enter("forward_backward", n)
         loss = 0.0
+        if self.partitioned is not None:  # gathers start from empty windows every step
+            self.partitioned.cache.invalidate()
         for micro, indices in enumerate(self.sampler.indices(step)):
             x, y = self.data.train_batch(indices)
             if hook:
@@ -205,23 +269,32 @@ class DataParallel(Schedule):
         sumsq, _, stop = guard.check(n, own_sumsq, loss, lambda: self._nonfinite(n, grads, loss))
         norm = self.clip(grads, sumsq)
         guard.enter("update", n)
-        self.optimizer.step(self.params_flat[lo:hi], grads, n, run.learning_rate(step))
+        self.optimizer.step(self.owned_parameters(), grads, n, run.learning_rate(step))
         guard.enter("gather_parameters", n)
         sync.gather_parameters(self.params_flat)
         return StepResult(loss, norm, stop)
 
     def _nonfinite(self, n: int, grads: np.ndarray, loss: float) -> str:
         lo, hi = self.sync.partition
+        own = self.params_flat[lo:hi] if self.partitioned is None else self.partitioned.slice
         return describe_nonfinite(
             self.comm,
             n,
             loss,
             grads[self._own],
-            self.params_flat[lo:hi],
+            own,
             lo,
             self.layout,
             self.params.runconfig.model_dir,
         )
+
+    def owned_parameters(self) -> np.ndarray:
+        """The parameters this rank updates: its range of the flat buffer (ZeRO-3: its
+        slice, the only parameters it holds between stages)."""
+        if self.partitioned is not None:
+            return self.partitioned.slice
+        lo, hi = self.sync.update_range
+        return self.params_flat[lo:hi]
 
     def gradients(self, micro: int) -> GradientViews:
         """Where the model writes micro-batch ``micro``'s gradients."""
@@ -254,7 +327,10 @@ class DataParallel(Schedule):
         return mean
 
     def check_replicas(self, step: int) -> None:
-        """Replicas must hold bitwise-identical parameters: compare a hash across ranks."""
+        """Replicas must hold bitwise-identical parameters: compare a hash across ranks
+        (ZeRO-3 holds disjoint slices: nothing replicated to compare)."""
+        if self.partitioned is not None:
+            return
         digest = zlib.crc32(self.params_flat.view(np.uint8))
         digests = self.comm.allgather(digest)
         if len(set(digests)) != 1:
@@ -265,6 +341,8 @@ class DataParallel(Schedule):
 
     # ----------------------------------------------------------------- around the steps
     def checkpoint_parameters(self, run) -> dict[str, np.ndarray] | None:
+        if self.partitioned is not None:  # the slices, gathered on rank 0
+            return self.partitioned.gather_to_root(self.comm)
         return self.pviews
 
     def eval_sums(self, run) -> np.ndarray:
@@ -273,10 +351,15 @@ class DataParallel(Schedule):
         lo, hi = n * self.rank // self.world, n * (self.rank + 1) // self.world
         batch = self.params.eval_input.batch_size
         loss_sum, correct = 0.0, 0
+        if self.partitioned is not None:
+            self.partitioned.evaluating(True)
         for start in range(lo, hi, batch):
             x, y = self.data.eval_batch(start, min(start + batch, hi))
             l, c = self.model.evaluate(self.pviews, x, y)
             loss_sum, correct = loss_sum + l, correct + c
+        if self.partitioned is not None:  # ranks with fewer batches join others' gathers
+            self.partitioned.join()
+            self.partitioned.evaluating(False)
         meta = (n, self.data.targets_per_sample) if self.rank == 0 else (0, 0)
         return np.array([loss_sum, correct, *meta], np.float64)
 

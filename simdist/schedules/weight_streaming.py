@@ -73,7 +73,7 @@ class WeightStreaming(Schedule):
         if not hasattr(self.model, "stages"):
             raise ConfigError(
                 f"model {self.model.name!r} has no stages, so it cannot stream its weights; "
-                "use runconfig.execution_mode=pipelined (weight streaming supports gpt2)"
+                "use runconfig.execution_mode=pipelined (weight streaming: gpt2, fc_mnist)"
             )
         self.profile = run.profile
         self.layout = Layout(self.model.parameter_specs(), R)

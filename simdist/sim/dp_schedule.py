@@ -1,14 +1,17 @@
-"""The events of one data-parallel / ZeRO 0-2 step, predicted from a model's shapes.
+"""The events of one data-parallel / ZeRO 0-3 step, predicted from a model's shapes.
 
 What ``simdist.train``'s loop records on a rank (``simdist.sim.rank``'s hooks) when it runs
-``GradientSync`` at ``zero_opt_level`` 0, 1 or 2, written down from the shapes alone so that
+``GradientSync`` at ``zero_opt_level`` 0, 1, 2 or 3, written down from the shapes alone so that
 plan mode can hand the same list to the same ``StepModel`` a run uses. Per micro-batch: the
-input fetch, forward, backward (ZeRO-2: one reduce-scatter per gradient group, in the order
-the backward finishes them, each over the group's range cut at the ZeRO slice boundaries),
-gradient accumulation. Then the sync (level 0: the all-reduce of the whole padded buffer;
+input fetch, forward, backward (ZeRO-2/3: one reduce-scatter per gradient group, in the
+order the backward finishes them, each over the group's range cut at the ZeRO slice
+boundaries; ZeRO-3: the parameter all-gathers of every stage, forward and backward, as
+``simdist.param_gather``'s window cache issues them, replayed on the same object the run
+uses), gradient accumulation. Then the sync (level 0: the all-reduce of the whole padded buffer;
 level 1: its reduce-scatter to the slices), the loop's per-step agreement (3 float64 values,
 ``allreduce_scalars``), clipping, the optimizer over the range this rank updates, and the
-parameter all-gather (levels 1 and 2). Measured intervals are zero: a plan has no host time.
+parameter all-gather (levels 1 and 2; level 3 has none: the next step's stages gather).
+Measured intervals are zero: a plan has no host time.
 
 ``tests/test_simulate.py`` runs the same configurations and checks that the run's simulated
 step time equals the plan's.
@@ -22,6 +25,7 @@ import numpy as np
 
 from simdist.arena import Layout
 from simdist.comm.partition import partition
+from simdist.param_gather import BACKWARD, FORWARD, GatherPlan, WindowCache, stage_gathers
 
 from .step import Coll, Span
 
@@ -71,15 +75,32 @@ def dp_step_events(
     (a simdist model built from its config; nothing is allocated). ``clip_scales``: the
     gradient norm exceeds ``max_gradient_norm`` this step, so clipping scales the gradients
     (data-dependent: a run decides it per step)."""
-    if level not in (0, 1, 2):
-        raise ValueError(f"zero level must be 0, 1 or 2 for a simdist step, got {level}")
+    if level not in (0, 1, 2, 3):
+        raise ValueError(f"zero level must be 0, 1, 2 or 3 for a simdist step, got {level}")
     layout = Layout(model.parameter_specs(), world)
     padded, bounds = layout.padded, layout.bounds
-    group_rs = group_reduce_scatters(layout, model, micro_batch, seq) if level == 2 else []
+    group_rs = group_reduce_scatters(layout, model, micro_batch, seq) if level >= 2 else []
+    if level == 3:
+        plan = GatherPlan(layout, model.stages(), model.gradient_groups())
+        cache = WindowCache(plan)  # empty at the start of every step, as in the run
+    n_stages = len(plan.stages) if level == 3 else 0
+
+    def gathers(phase: str, order) -> list[Coll]:
+        out = []
+        for k in order:
+            for g in stage_gathers(plan, cache, k, phase, True)[1]:
+                blocks = _blocks(plan.block_bounds(g.group))
+                out.append(_coll("allgather", algorithm, blocks, staged, phase))
+        return out
+
     events: list[Span | Coll] = []
     for micro in range(accum):
         events.append(Span("input", 0.0, 0.0, {}))
+        if level == 3:
+            events += gathers(FORWARD, range(n_stages))
         events.append(Span("forward", 0.0, 0.0, {"shape": (micro_batch, seq)}))
+        if level == 3:
+            events += gathers(BACKWARD, range(n_stages - 1, -1, -1))
         for blocks in group_rs:
             events.append(_coll("reduce_scatter", algorithm, blocks, staged, "backward"))
         events.append(Span("backward", 0.0, 0.0, {}))
@@ -101,7 +122,7 @@ def dp_step_events(
     events.append(Span("clip", 0.0, 0.0, {"norm": False, "scaled": held if clip_scales else 0}))
     updated = layout.shard_size if level > 0 else padded
     events.append(Span("optimizer", 0.0, 0.0, {"elements": updated, "type": optimizer_type}))
-    if level > 0:
+    if level in (1, 2):
         events.append(_coll("allgather", algorithm, _blocks(bounds), staged, "gather"))
     events.append(Span("gather", 0.0, 0.0, {}))
     return events

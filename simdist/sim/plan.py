@@ -281,7 +281,7 @@ class Planner(AnalyticStep):
 
     # ---- a configuration simdist.train runs: the run's step-time model on the shapes
     def _simdist_runs(self, spec: Any) -> bool:
-        """Would ``simdist.train`` run this (fp32, data parallel / ZeRO 0-2, resident
+        """Would ``simdist.train`` run this (fp32, data parallel / ZeRO 0-3, resident
         weights, a model simdist implements)? Then the plan is the run's own step."""
         c = self.cfg
         model_ok = isinstance(spec, MLPSpec) or (
@@ -290,7 +290,7 @@ class Planner(AnalyticStep):
         return (
             model_ok
             and c.precision == "fp32"
-            and c.zero <= 2
+            and c.zero <= 3
             and c.tp == c.pp == c.interleave == 1
             and c.recompute == "none"
             and not c.sequence_parallel
@@ -319,7 +319,7 @@ class Planner(AnalyticStep):
         from simdist.arena import Layout
         from simdist.comm.cost import choose_algorithm
         from simdist.device.collective import Network
-        from simdist.memplan import RankSetup, by_category, rank_entries
+        from simdist.memplan import RankSetup, by_category, rank_entries, window_elements
 
         from .clock import VirtualClock
         from .dp_schedule import dp_step_events
@@ -351,6 +351,7 @@ class Planner(AnalyticStep):
             algorithm=algorithm,
             activation_bytes=model.activation_bytes,
             input_bytes_per_sample=0,
+            window_elements=window_elements(model, dp),
         )
         mem.update(by_category(rank_entries(setup)))
         dpn = prof.devices_per_node
@@ -387,7 +388,8 @@ class Planner(AnalyticStep):
         self.notes.append(
             f"schedule: simdist's own DP/ZeRO-{c.zero} step (simdist.sim.step, as a run "
             "replays it): ZeRO-2's per-group reduce-scatters overlap the rest of the "
-            "backward, every other collective is exposed; no input or host time"
+            "backward (ZeRO-3's too), every other collective is exposed (ZeRO-3's stage "
+            "all-gathers included); no input or host time"
         )
         return summary.total_s, self._model_flops(spec, dp, m, micro, seq)
 

@@ -26,7 +26,11 @@ Overlap rules: ZeRO-2's per-group reduce-scatters (the backward's collectives, o
 gradient group) are placed at the point of the backward where their group was finished and
 overlap the rest of it on the communication stream; every other collective is blocking and
 exposed (DP's all-reduce and ZeRO-1's reduce-scatter after backward, the parameter
-all-gather, the agreement and norm collectives). ``close(host_s)`` adds the loop's own host
+all-gather, the agreement and norm collectives). ZeRO-3's parameter all-gathers happen
+inside forward and backward (each stage's groups, ``simdist.param_gather``): they are placed
+before the phase's kernels, exposed (the run issues each prefetch synchronously one stage
+early; its overlap with the stage's compute is not credited), and the backward's
+reduce-scatters overlap as ZeRO-2's do. ``close(host_s)`` adds the loop's own host
 time (measured by the run; 0 in plan mode) and ends the step.
 """
 
@@ -279,10 +283,12 @@ class StepModel:
                 clock.advance("input (measured)", rec.t1 - rec.t0, cat="input")
             elif kind == "forward":
                 shape = info["shape"]
+                colls = self._gathers_first(colls)
                 self._run_kernels(self.kernels(shape)[0], detail)
             elif kind == "backward":
+                colls = self._gathers_first(colls)
                 marks = self._run_kernels(self.kernels(shape)[1], detail)
-                if self.level == 2 and len(colls) == len(marks):
+                if self.level >= 2 and len(colls) == len(marks):
                     for c, t_done in zip(colls, marks, strict=True):
                         self._place(c, clock.now - t_done, f"grad.{c.op}")
                 else:
@@ -321,6 +327,13 @@ class StepModel:
             for c in colls:
                 self._place(c, 0.0, c.op)
         return out
+
+    def _gathers_first(self, colls: list[Coll]) -> list[Coll]:
+        """Place a phase's parameter all-gathers (ZeRO-3) now, exposed; the rest remain."""
+        for c in colls:
+            if c.op == "allgather":
+                self._place(c, 0.0, "params.allgather (stage)")
+        return [c for c in colls if c.op != "allgather"]
 
     def close(self, host_s: float, played: Played | None = None) -> StepSummary:
         """End the step after the loop's own host work between the spans (measured, serial

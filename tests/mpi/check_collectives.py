@@ -25,6 +25,7 @@ import tempfile
 import time
 
 import numpy as np
+from checks import Tally  # tests/mpi/checks.py, beside this script
 from simdist.kernels.optim import sum_of_squares
 
 from simdist.comm import ALGORITHMS, CollectiveMismatchError, Collectives, partition
@@ -35,28 +36,8 @@ COMM = world()
 RANK, P = COMM.Get_rank(), COMM.Get_size()
 ALGS = [*ALGORITHMS, "auto"]
 LENGTHS = sorted({0, 1, P - 1, P + 1, 1000, 2**20 + 3})
-failures = 0
-checks = 0
-
-
-def expect(ok: bool, what: str) -> None:
-    """Record one check; print failures right away, with the rank."""
-    global failures, checks
-    checks += 1
-    if not ok:
-        failures += 1
-        print(f"[rank {RANK}/{P}] FAIL: {what}", flush=True)
-
-
-def same(got: np.ndarray, want: np.ndarray, what: str) -> None:
-    """Bitwise equality (NaN-free inputs), with the first differing index in the message."""
-    ok = got.shape == want.shape and np.array_equal(got.view(np.uint32), want.view(np.uint32))
-    if not ok and got.shape == want.shape:
-        i = int(np.flatnonzero(got.view(np.uint32) != want.view(np.uint32))[0])
-        what += f" (first difference at {i}: got {got[i]!r}, want {want[i]!r})"
-    elif not ok:
-        what += f" (shape {got.shape} != {want.shape})"
-    expect(ok, what)
+TALLY = Tally(RANK, P)
+expect, same = TALLY.expect, TALLY.same
 
 
 def contribution(r: int, n: int) -> np.ndarray:
@@ -582,14 +563,14 @@ def main() -> int:
     finally:
         if RANK == 0:
             shutil.rmtree(folder, ignore_errors=True)
-    total = int(coll.allreduce_scalars(np.array([float(failures)]))[0])
+    total = int(coll.allreduce_scalars(np.array([float(TALLY.failures)]))[0])
     if RANK == 0:
         print(
-            f"check_collectives np={P}: {checks} checks per rank, {total} failures in all, "
+            f"check_collectives np={P}: {TALLY.checks} checks per rank, {total} failures in all, "
             f"{time.perf_counter() - t0:.1f} s",
             flush=True,
         )
-    return 1 if total or failures else 0
+    return 1 if total or TALLY.failures else 0
 
 
 if __name__ == "__main__":

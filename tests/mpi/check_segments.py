@@ -30,6 +30,7 @@ import time
 from typing import Any
 
 import numpy as np
+from checks import Tally  # tests/mpi/checks.py, beside this script
 from mpi4py import MPI
 
 from simdist.comm import Collectives, partition
@@ -43,26 +44,8 @@ from simdist.comm.world import world
 
 COMM = world()
 RANK, P = COMM.Get_rank(), COMM.Get_size()
-failures = 0
-checks = 0
-
-
-def expect(ok: bool, what: str) -> None:
-    global failures, checks
-    checks += 1
-    if not ok:
-        failures += 1
-        print(f"[rank {RANK}/{P}] FAIL: {what}", flush=True)
-
-
-def same(got: np.ndarray, want: np.ndarray, what: str) -> None:
-    ok = got.shape == want.shape and np.array_equal(got.view(np.uint32), want.view(np.uint32))
-    if not ok and got.shape == want.shape:
-        i = int(np.flatnonzero(got.view(np.uint32) != want.view(np.uint32))[0])
-        what += f" (first difference at {i}: got {got[i]!r}, want {want[i]!r})"
-    elif not ok:
-        what += f" (shape {got.shape} != {want.shape})"
-    expect(ok, what)
+TALLY = Tally(RANK, P)
+expect, same = TALLY.expect, TALLY.same
 
 
 class Counting:
@@ -255,10 +238,10 @@ def main() -> int:
         check_pieces()
         check_algorithms()
         check_real_segments()
-    total = COMM.allreduce(failures)
+    total = COMM.allreduce(TALLY.failures)
     if RANK == 0:
         print(
-            f"check_segments np={P}: {checks} checks per rank, {total} failures in all, "
+            f"check_segments np={P}: {TALLY.checks} checks per rank, {total} failures in all, "
             f"{time.perf_counter() - t0:.1f} s",
             flush=True,
         )

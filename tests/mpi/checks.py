@@ -1,0 +1,33 @@
+"""What the MPI check scripts share: record a check, compare bits, count the failures.
+
+Each rank keeps its own count (``Tally``) and prints a failure as it happens, with the rank,
+so a run of several ranks shows which one saw what.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class Tally:
+    def __init__(self, rank: int, size: int) -> None:
+        self.rank, self.size = rank, size
+        self.failures = 0
+        self.checks = 0
+
+    def expect(self, ok: bool, what: str) -> None:
+        """Record one check; print a failure right away, with the rank."""
+        self.checks += 1
+        if not ok:
+            self.failures += 1
+            print(f"[rank {self.rank}/{self.size}] FAIL: {what}", flush=True)
+
+    def same(self, got: np.ndarray, want: np.ndarray, what: str) -> None:
+        """Bitwise equality (NaN-free float32 inputs), naming the first differing index."""
+        ok = got.shape == want.shape and np.array_equal(got.view(np.uint32), want.view(np.uint32))
+        if not ok and got.shape == want.shape:
+            i = int(np.flatnonzero(got.view(np.uint32) != want.view(np.uint32))[0])
+            what += f" (first difference at {i}: got {got[i]!r}, want {want[i]!r})"
+        elif not ok:
+            what += f" (shape {got.shape} != {want.shape})"
+        self.expect(ok, what)
