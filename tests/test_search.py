@@ -191,6 +191,19 @@ def test_search_respects_the_rules_and_constraints():
     assert all(not c.fits for c in r.candidates if c.pruned)
 
 
+def test_fp32_is_searched_on_request_where_half_precision_is_faster():
+    gpu = search("gpt2-mini", 2, "a100-80gb", SearchSpace(global_batch=8), progress=False)
+    assert {c.precision for c in gpu.candidates} == {"mixed"}
+    fp32 = search("gpt2-mini", 2, "a100-80gb", SearchSpace(global_batch=8, precision="fp32"),
+                  progress=False)  # fmt: skip
+    assert {c.precision for c in fp32.candidates} == {"fp32"} and fp32.fitting
+    # fp32 data parallel is the run's own step (simdist.sim.step), as in a single plan
+    c = next(c for c in fp32.fitting if c.recompute == "none" and c.tp == c.pp == 1)
+    res = Planner(PlanConfig(model="gpt2-mini", devices=2, zero=c.zero, batch=8 // c.dp,
+                             micro_batch=c.micro_batch, precision="fp32")).run()  # fmt: skip
+    assert res.step_s == c.step_s and any("simdist's own" in n for n in res.notes)
+
+
 def test_search_cli_prints_why_and_json_has_all(capsys):
     args = ["--model", "gpt2-xl", "--devices", "32", "--global-batch", "256", "--search"]
     assert main([*args, "--top", "3"]) == 0
@@ -199,7 +212,7 @@ def test_search_cli_prints_why_and_json_has_all(capsys):
     assert "#1 " in out and "headroom" in out and "what changing one choice" in out
     assert main([*args, "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
-    assert len(d["configurations"]) == d["considered"] > 1000
+    assert len(d["configurations"]) == d["considered"] > 500
     best = d["configurations"][0]
     assert best["fits"] and best["global_batch"] == 256 and best["rank"] == 1
     assert best["config"]["devices"] == 32 and best["config"]["batch"] * best["dp"] == 256
@@ -220,14 +233,16 @@ def test_scaling_table_states_its_kind(capsys):
 
 def test_search_of_1e5_configurations_takes_under_10_cpu_seconds():
     """Issue 21: 10^5 configurations in under 10 s (CPU time, so a loaded machine does not
-    decide it): Megatron's 22B at 8 sizes from 96 to 12,288 devices, global batch 1536."""
+    decide it): Megatron's 22B at 16 sizes from 64 to 12,288 devices, global batch 3072."""
+    sizes = (64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192,
+             12288)  # fmt: skip
     t0 = time.process_time()
     n = evaluated = 0
-    for d in (96, 192, 384, 768, 1536, 3072, 6144, 12288):
-        r = search("megatron-22b", d, "a100-80gb", SearchSpace(global_batch=1536), progress=False)
+    for d in sizes:
+        r = search("megatron-22b", d, "a100-80gb", SearchSpace(global_batch=3072), progress=False)
         n, evaluated = n + r.considered, evaluated + r.evaluated
     cpu = time.process_time() - t0
-    assert n > 100_000 and evaluated > 90_000
+    assert n > 100_000 and evaluated > 100_000
     assert cpu < 10.0, f"{n} configurations took {cpu:.1f} CPU s"
 
 

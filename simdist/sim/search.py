@@ -22,7 +22,9 @@ Rules that keep the space to what the frameworks run (Megatron-LM, DeepSpeed):
 * interleaving (v > 1) needs pp > 1, v dividing the layers per stage and the number of
   micro-batches a multiple of pp (Megatron's interleaved schedule);
 * ZeRO 2 and 3 only without pipeline parallelism (DeepSpeed refuses them with a pipeline);
-  ZeRO > 0 needs dp > 1; sequence parallelism needs tp > 1.
+  ZeRO > 0 needs dp > 1; sequence parallelism needs tp > 1;
+* precision: mixed (the profile's half type), and fp32 too unless the device's half-precision
+  matmul peak is the faster (GPUs: fp32 then only with ``--precision fp32``).
 """
 
 from __future__ import annotations
@@ -228,7 +230,10 @@ def enumerate_configs(
         tps = [t for t in tps if spec.n_head % t == 0 and spec.kv_heads % t == 0]
     else:
         tps = [1]
-    precisions = [space.precision] if space.precision else ["mixed", "fp32"]
+    # fp32 only on request where half precision has the faster matmul peak (see search())
+    precisions = [space.precision] if space.precision else (
+        ["mixed"] if has_half else ["mixed", "fp32"]
+    )  # fmt: skip
     recomputes = [space.recompute] if space.recompute else (
         ["none", "selective", "full"] if transformer else ["none"]
     )  # fmt: skip
@@ -311,7 +316,20 @@ def search(
     spec = first.spec
     if not isinstance(spec, (TransformerSpec, MLPSpec)):
         raise ValueError("--search needs a model's shapes (not --params-count)")
-    configs = enumerate_configs(spec, devices, space, prof.devices_per_node)
+    # On a device whose half-precision matmul peak exceeds fp32's (every GPU profile), an fp32
+    # layout needs twice the memory and runs its GEMMs at a fraction of the rate: it is
+    # searched only when asked for (--precision fp32); each fp32 data-parallel layout is also
+    # the run's own step replayed (~10 ms, not a closed form).
+    half = first.dtype if first.elem == 2 else None
+    has_half = bool(
+        half
+        and prof.has_peak("matmul", half)
+        and (
+            not prof.has_peak("matmul", "fp32")
+            or prof.peak("matmul", half) > prof.peak("matmul", "fp32")
+        )
+    )
+    configs = enumerate_configs(spec, devices, space, prof.devices_per_node, has_half)
     gb = space.global_batch or space.batch_per_device * devices
     seq = base.seq or getattr(spec, "seq_len", 1)
     cap = prof.memory_bytes
