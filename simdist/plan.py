@@ -2,20 +2,23 @@
 
 The planner lives in ``simdist.sim.plan`` (formulas and rules in its docstring), next to the
 step-time model it shares with a run (``simdist.sim.step``); this module keeps the command
-and the import path ``simdist.plan`` that scripts and tests use.
+(a single plan, ``--search`` over layouts, a scaling table over a list of ``--devices``; see
+``simdist.sim.search``) and the import path ``simdist.plan`` that scripts and tests use.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import sys
+from typing import Any
 
+from simdist.device.profile import ProfileError
 from simdist.sim.plan import (
     PlanConfig,
     Planner,
     PlanResult,
-    build_parser,
     format_plan,
-    main,
     plan,
 )
 from simdist.sim.plan_analytic import DDP_BUCKET_BYTES, Op, transformer_layer_ops
@@ -26,6 +29,13 @@ from simdist.sim.plan_shapes import (
     TransformerSpec,
     layer_activation_bytes,
     model_state_bytes,
+)
+from simdist.sim.search import (
+    SearchSpace,
+    format_scaling,
+    format_search,
+    scaling,
+    scaling_dict,
 )
 
 __all__ = [
@@ -46,6 +56,178 @@ __all__ = [
     "plan",
     "transformer_layer_ops",
 ]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m simdist.plan",
+        description="Analytic plan mode: memory per device and predicted step time, without "
+        "running anything; or the fastest layout that fits (--search).",
+        epilog="--model.KEY=VALUE overrides one key of the model's shape (keys: "
+        "layers, encoder_layers, decoder_layers, hidden, heads, kv_heads, ffn, ffn_kind, vocab, "
+        "seq_len, tied_embeddings, position, attn_bias, mlp_bias, head_bias, parallel_block). "
+        "--search explores dp/tp/pp, ZeRO, micro-batch, recompute, interleaving, sequence "
+        "parallelism and precision; --tp, --pp, --zero, --micro-batch, --recompute, "
+        "--interleave, --precision and --sequence-parallel then fix that choice.",
+    )
+    p.add_argument(
+        "--model", default="gpt2", help=f"a preset ({', '.join(MODELS)}) or a shape YAML file"
+    )
+    p.add_argument("--params-count", type=float, default=None, help="plan model states only")
+    p.add_argument(
+        "--devices", default="1", help="devices; a list (8,64,512) gives a scaling table"
+    )
+    p.add_argument("--profile", default="a100-80gb", help="profile name or YAML path")
+    p.add_argument("--zero", type=int, default=None, choices=(0, 1, 2, 3), help="default 0")
+    p.add_argument(
+        "--batch", type=int, default=8,
+        help="samples per data-parallel replica (--search: per device, unless --global-batch)",
+    )  # fmt: skip
+    p.add_argument("--micro-batch", type=int, default=None)
+    p.add_argument("--seq", type=int, default=None, help="sequence length (default: context)")
+    p.add_argument("--precision", default=None, choices=("mixed", "fp32"), help="default mixed")
+    p.add_argument("--half", default=None, choices=("fp16", "bf16"))
+    p.add_argument("--devices-per-node", type=int, default=None)
+    p.add_argument(
+        "--execution",
+        choices=("pipelined", "weight_streaming"),
+        default=None,
+        help="execution mode (default: the profile's; weight_streaming as simdist.train runs it)",
+    )
+    p.add_argument("--prefetch-depth", type=int, default=1, help="weight streaming (default 1)")
+    p.add_argument("--tp", type=int, default=None, help="tensor-parallel degree (default 1)")
+    p.add_argument("--pp", type=int, default=None, help="pipeline stages (default 1)")
+    p.add_argument("--interleave", type=int, default=None, help="virtual stages per device")
+    p.add_argument("--recompute", default=None, choices=("none", "selective", "full"))
+    p.add_argument("--sequence-parallel", action="store_true", default=None)
+    p.add_argument(
+        "--no-sequence-parallel", dest="sequence_parallel", action="store_false", default=None,
+        help="--search: only layouts without sequence parallelism",
+    )  # fmt: skip
+    p.add_argument("--no-overlap", action="store_true", help="expose all DP communication")
+    p.add_argument("--algorithm", default="ring", choices=("ring", "rhd", "hierarchical", "auto"))
+    p.add_argument("--optimizer", default="adam", choices=("adam", "sgd"))
+    p.add_argument("--bucket-mb", type=float, default=DDP_BUCKET_BYTES / 2**20)
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    s = p.add_argument_group("search (--search, or a list of --devices)")
+    s.add_argument("--search", action="store_true", help="find the fastest layout that fits")
+    s.add_argument("--global-batch", type=int, default=None, help="fix it (strong scaling)")
+    s.add_argument("--max-tp", type=int, default=None, help="default: devices per node")
+    s.add_argument("--max-pp", type=int, default=None)
+    s.add_argument("--max-micro-batch", type=int, default=64)
+    s.add_argument("--max-interleave", type=int, default=None)
+    s.add_argument("--top", type=int, default=10, help="configurations to print")
+    return p
+
+
+def _model_overrides(rest: list[str]) -> tuple[dict[str, Any], list[str]]:
+    """``--model.KEY=VALUE`` (or ``--model.KEY VALUE``) arguments; the others are returned."""
+    import yaml
+
+    out: dict[str, Any] = {}
+    left: list[str] = []
+    i = 0
+    while i < len(rest):
+        arg = rest[i]
+        if arg.startswith("--model."):
+            key, eq, value = arg[len("--model.") :].partition("=")
+            if not eq:
+                if i + 1 >= len(rest):
+                    raise ValueError(f"{arg}: expected a value (--model.KEY=VALUE)")
+                value, i = rest[i + 1], i + 1
+            try:
+                out[key] = yaml.safe_load(value)
+            except yaml.YAMLError:
+                out[key] = value
+        else:
+            left.append(arg)
+        i += 1
+    return out, left
+
+
+def _devices(text: str) -> list[int]:
+    try:
+        out = [int(x) for x in str(text).split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(
+            f"--devices: expected a number or a list like 8,64,512, got {text!r}"
+        ) from None
+    if not out or min(out) < 1:
+        raise ValueError(f"--devices: expected positive counts, got {text!r}")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    try:
+        overrides, rest = _model_overrides(rest)
+        if rest:
+            parser.error(f"unrecognized arguments: {' '.join(rest)}")
+        devices = _devices(args.devices)
+        base = PlanConfig(
+            model=args.model,
+            params_count=None if args.params_count is None else int(args.params_count),
+            devices=devices[0],
+            profile=args.profile,
+            zero=args.zero or 0,
+            batch=args.batch,
+            micro_batch=args.micro_batch,
+            seq=args.seq,
+            precision=args.precision or "mixed",
+            half=args.half,
+            devices_per_node=args.devices_per_node,
+            execution=args.execution,
+            prefetch_depth=args.prefetch_depth,
+            tp=args.tp or 1,
+            pp=args.pp or 1,
+            interleave=args.interleave or 1,
+            recompute=args.recompute or "none",
+            sequence_parallel=bool(args.sequence_parallel),
+            overlap=not args.no_overlap,
+            algorithm=args.algorithm,
+            optimizer=args.optimizer,
+            bucket_bytes=int(args.bucket_mb * 2**20),
+            model_overrides=overrides,
+        )
+        if args.search or len(devices) > 1:
+            return _search_main(args, base, devices)
+        result = Planner(base).run()
+    except (ValueError, ProfileError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(json.dumps(result.as_dict(), indent=2) if args.json else format_plan(result))
+    return 0
+
+
+def _search_main(args: argparse.Namespace, base: PlanConfig, devices: list[int]) -> int:
+    space = SearchSpace(
+        global_batch=args.global_batch,
+        batch_per_device=args.batch,
+        max_tp=args.max_tp,
+        max_pp=args.max_pp,
+        max_micro_batch=args.max_micro_batch,
+        max_interleave=args.max_interleave,
+        tp=args.tp,
+        pp=args.pp,
+        zero=args.zero,
+        micro_batch=args.micro_batch,
+        recompute=args.recompute,
+        interleave=args.interleave,
+        sequence_parallel=args.sequence_parallel,
+        precision=args.precision,
+    )
+    results = scaling(base.model, devices, base.profile, space, base)
+    if len(results) == 1:
+        r = results[0]
+        print(json.dumps(r.as_dict(), indent=1) if args.json else format_search(r, args.top))
+    else:
+        if args.json:
+            print(json.dumps(scaling_dict(results), indent=1))
+        else:
+            print(format_scaling(results))
+    return 0
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -13,8 +13,10 @@ module                   holds
                          per-run report (critical path, performance.json, timeline)
 ``plan``                 plan mode (``python -m simdist.plan``): memory and step time from
                          shapes; a configuration simdist runs goes through ``step``
-``plan_shapes``          plan mode's model shapes and closed-form memory formulas
+``plan_shapes``          plan mode's model shapes (YAML files, ``simdist/models/shapes``)
+                         and closed-form memory formulas
 ``plan_analytic``        plan mode's Megatron / DDP schedule for what simdist does not run
+``search``               plan mode's search over layouts (``--search``) and scaling table
 =======================  ===================================================================
 
 Per-kernel and per-collective costs, profiles and memory live in ``simdist.device``. No

@@ -50,6 +50,14 @@ schedules, one set of cost functions (``simdist.device``: kernels, collectives):
   ZeRO-3 gathers parameters for forward and backward, hidden behind that pass's compute
   except the first layer's gather. ``--no-overlap`` exposes everything (Megatron 2021).
   Optimizer: one memory-bound pass over the owned shard.
+* Model shapes (``simdist.sim.plan_shapes``, YAML files): grouped-query attention narrows
+  the K/V projections (and the stored K, V) to kv_heads/heads; a gated FFN (SwiGLU) has
+  three d_ff matrices and stores gate, up and their product (3e·sbf instead of 2e·sbf); an
+  encoder-decoder's decoder layers add a cross-attention block (same kernels and stored
+  activations as self-attention, one sequence length for both streams), and a pipeline
+  stage is planned with the mean layer. Model FLOPs: 2 per GEMM weight per token plus the
+  attention core, ×3 for forward and backward.
+* Search (``simdist.sim.search``): every layout these rules allow, each planned as above.
 * Weight-streaming profiles (Cerebras): weights in external memory stream in for forward and
   again for backward while gradients stream out; the step is bounded by that I/O, and
   compute is left out where the vendor publishes no peak.
@@ -57,18 +65,15 @@ schedules, one set of cost functions (``simdist.device``: kernels, collectives):
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
 import math
-import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from simdist.device.cost import CostModel
 from simdist.device.memory import CATEGORIES, DeviceMemory, SimulatedOutOfMemoryError
-from simdist.device.profile import DeviceProfile, ProfileError, load_profile
+from simdist.device.profile import DeviceProfile, load_profile
 
 from .plan_analytic import DDP_BUCKET_BYTES, AnalyticStep
 from .plan_shapes import (
@@ -77,6 +82,7 @@ from .plan_shapes import (
     MLPSpec,
     TransformerSpec,
     is_gpt2_layout,
+    load_shape,
     model_state_bytes,
 )
 
@@ -107,6 +113,7 @@ class PlanConfig:
     bucket_bytes: int = DDP_BUCKET_BYTES
     execution: str | None = None  # pipelined (resident) | weight_streaming; default: profile's
     prefetch_depth: int = 1  # weight streaming: stages in flight ahead of the computed one
+    model_overrides: dict[str, Any] = field(default_factory=dict)  # --model.KEY=VALUE
 
 
 @dataclass
@@ -165,6 +172,7 @@ class Planner(AnalyticStep):
         else:
             self.dtype, self.elem = "fp32", 4
         self.cost = CostModel(prof, self.dtype)
+        self.spec = self._resolve_spec()
 
     # ---- layout
     def _layout(self) -> tuple[int, int]:
@@ -179,8 +187,11 @@ class Planner(AnalyticStep):
             raise ValueError(f"batch ({c.batch}) must be a positive multiple of micro-batch")
         return dp, c.batch // micro
 
-    def run(self) -> PlanResult:
-        t0 = time.perf_counter()
+    def evaluate(self) -> tuple[dict[str, int], dict[str, float], float | None, float | None]:
+        """(memory by category, step breakdown, step seconds, model FLOPs per step) of
+        ``self.cfg``: the plan without the memory check, the notes' profile remarks and the
+        result record, so that a search can evaluate many configurations on one planner
+        (set ``cfg``, clear ``notes``, call this)."""
         c, prof = self.cfg, self.profile
         spec = self._spec()
         dp, m = self._layout()
@@ -217,10 +228,24 @@ class Planner(AnalyticStep):
                 self.notes.append("parameter count only: activations and step time not planned")
             grad_bytes = (2 if c.precision == "mixed" else 4) * params_dev
             if c.zero == 3:  # gathered parameters of the current and the prefetched layer
-                layer = spec.layer_params() if isinstance(spec, TransformerSpec) else 0
+                layer = 0
+                if isinstance(spec, TransformerSpec):
+                    layer = spec.layer_params() + (spec.cross_params() if spec.cross_layers else 0)
                 mem["buckets"] = 2 * self.elem * math.ceil(layer / c.tp)
             elif dp > 1:
                 mem["buckets"] = min(c.bucket_bytes, grad_bytes)
+        return mem, breakdown, step, model_flops
+
+    def run(self) -> PlanResult:
+        t0 = time.perf_counter()
+        c, prof = self.cfg, self.profile
+        spec = self._spec()
+        mem, breakdown, step, model_flops = self.evaluate()
+        dp, m = self._layout()
+        micro = c.micro_batch or c.batch
+        seq = c.seq or getattr(spec, "seq_len", 1)
+        params = spec.param_count()
+        params_dev = math.ceil(params / (c.tp * c.pp))
 
         fits, oom = self._check(mem, spec, dp, micro, seq)
         total = sum(mem.values())
@@ -440,15 +465,15 @@ class Planner(AnalyticStep):
         return None
 
     def _spec(self) -> TransformerSpec | MLPSpec | CountSpec:
+        return self.spec
+
+    def _resolve_spec(self) -> TransformerSpec | MLPSpec | CountSpec:
         c = self.cfg
         if c.params_count is not None:
             return CountSpec(f"custom-{c.params_count}", int(c.params_count))
-        try:
+        if c.model in MODELS and not c.model_overrides:
             return MODELS[c.model]
-        except KeyError:
-            raise ValueError(
-                f"unknown model '{c.model}'; available: {', '.join(MODELS)} (or --params-count)"
-            ) from None
+        return load_shape(c.model, c.model_overrides)  # a shape file, or a preset + overrides
 
     # ---- memory check with a hint
     def _check(
@@ -536,74 +561,3 @@ def format_plan(r: PlanResult) -> str:
 def plan(**kwargs: Any) -> PlanResult:
     """Programmatic entry: ``plan(model="gpt2-xl", devices=64, zero=2, batch=8)``."""
     return Planner(PlanConfig(**kwargs)).run()
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m simdist.plan", description=__doc__.split("\n")[0])
-    p.add_argument("--model", default="gpt2", help=f"one of: {', '.join(MODELS)}")
-    p.add_argument("--params-count", type=float, default=None, help="plan model states only")
-    p.add_argument("--devices", type=int, default=1)
-    p.add_argument("--profile", default="a100-80gb", help="profile name or YAML path")
-    p.add_argument("--zero", type=int, default=0, choices=(0, 1, 2, 3))
-    p.add_argument("--batch", type=int, default=8, help="samples per data-parallel replica")
-    p.add_argument("--micro-batch", type=int, default=None)
-    p.add_argument("--seq", type=int, default=None, help="sequence length (default: context)")
-    p.add_argument("--precision", default="mixed", choices=("mixed", "fp32"))
-    p.add_argument("--half", default=None, choices=("fp16", "bf16"))
-    p.add_argument("--devices-per-node", type=int, default=None)
-    p.add_argument(
-        "--execution",
-        choices=("pipelined", "weight_streaming"),
-        default=None,
-        help="execution mode (default: the profile's; weight_streaming as simdist.train runs it)",
-    )
-    p.add_argument("--prefetch-depth", type=int, default=1, help="weight streaming (default 1)")
-    p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (within a node)")
-    p.add_argument("--pp", type=int, default=1, help="pipeline stages")
-    p.add_argument("--interleave", type=int, default=1, help="virtual stages per device")
-    p.add_argument("--recompute", default="none", choices=("none", "selective", "full"))
-    p.add_argument("--sequence-parallel", action="store_true")
-    p.add_argument("--no-overlap", action="store_true", help="expose all DP communication")
-    p.add_argument("--algorithm", default="ring", choices=("ring", "rhd", "hierarchical", "auto"))
-    p.add_argument("--optimizer", default="adam", choices=("adam", "sgd"))
-    p.add_argument("--bucket-mb", type=float, default=DDP_BUCKET_BYTES / 2**20)
-    p.add_argument("--json", action="store_true", help="print the result as JSON")
-    return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        result = plan(
-            model=args.model,
-            params_count=None if args.params_count is None else int(args.params_count),
-            devices=args.devices,
-            profile=args.profile,
-            zero=args.zero,
-            batch=args.batch,
-            micro_batch=args.micro_batch,
-            seq=args.seq,
-            precision=args.precision,
-            half=args.half,
-            devices_per_node=args.devices_per_node,
-            execution=args.execution,
-            prefetch_depth=args.prefetch_depth,
-            tp=args.tp,
-            pp=args.pp,
-            interleave=args.interleave,
-            recompute=args.recompute,
-            sequence_parallel=args.sequence_parallel,
-            overlap=not args.no_overlap,
-            algorithm=args.algorithm,
-            optimizer=args.optimizer,
-            bucket_bytes=int(args.bucket_mb * 2**20),
-        )
-    except (ValueError, ProfileError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    print(json.dumps(result.as_dict(), indent=2) if args.json else format_plan(result))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

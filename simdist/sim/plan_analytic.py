@@ -38,15 +38,24 @@ class Op:
 
 
 def transformer_layer_ops(
-    spec: TransformerSpec, b: int, s: int, t: int, sp: bool, e: int
+    spec: TransformerSpec, b: int, s: int, t: int, sp: bool, e: int, cross: bool = False
 ) -> tuple[list[Op], list[Op]]:
-    """(forward, backward) kernels of one layer on one TP rank, per micro-batch."""
+    """(forward, backward) kernels of one layer on one TP rank, per micro-batch.
+
+    Grouped-query attention narrows the K/V projections to kv_heads/heads of Q's width; a
+    gated MLP's first GEMM produces gate and up (2 d_ff) and its activation multiplies
+    them; ``cross`` adds a decoder layer's cross-attention block (LayerNorm, Q/K/V from
+    the decoder and encoder streams, the attention core, projection, residual) after the
+    self-attention block, with one sequence length for both streams."""
     h, f, a = spec.d_model, spec.ffn, spec.n_head
     tok = b * s
     hs, fs, heads = h / t, f / t, a / t
     rows = tok / t if sp else tok  # sequence-parallel regions hold 1/t of the tokens
     scores = b * heads * s * s
     act = e * tok * h  # bytes of one full [s, b, h] activation
+    mha = spec.kv_heads == a
+    qkv_out = 3 * hs if mha else hs + 2 * hs * spec.kv_heads / a
+    kv_s = hs if mha else hs * spec.kv_heads / a  # K (or V) width on this rank
 
     def gemm(name: str, m: float, k: float, n: float) -> Op:
         return Op(name, "matmul", 2 * m * k * n, e * (m * k + k * n + m * n))
@@ -55,23 +64,33 @@ def transformer_layer_ops(
         return Op(name, "vector", n * flops_per, n * bytes_per)
 
     tp_out = "reduce_scatter" if sp else "allreduce"
-    fwd: list[Op] = [ew("ln1", rows * h, 8, 2 * e)]
-    if sp and t > 1:
-        fwd.append(Op("tp.allgather.attn", "comm", bytes=act, collective="allgather"))
-    fwd += [
-        gemm("qkv", tok, h, 3 * hs),
-        Op("attn.qk", "matmul", 2 * scores * (h / a), e * (2 * tok * hs + scores)),
-        ew("attn.softmax", scores, 5, 2 * e),
-        ew("attn.dropout", scores, 1, 2 * e + 1),
-        Op("attn.av", "matmul", 2 * scores * (h / a), e * (scores + 2 * tok * hs)),
-        gemm("attn.proj", tok, hs, h),
-    ]
-    if t > 1:
-        fwd.append(Op(f"tp.{tp_out}.attn", "comm", bytes=act, collective=tp_out))
-    fwd += [ew("attn.dropout_residual", rows * h, 2, 3 * e + 1), ew("ln2", rows * h, 8, 2 * e)]
+
+    def attention(p: str, ln: str) -> list[Op]:
+        ops = [ew(ln, rows * h, 8, 2 * e)]
+        if sp and t > 1:
+            ops.append(Op(f"tp.allgather.{p}", "comm", bytes=act, collective="allgather"))
+        ops += [
+            gemm("qkv" if p == "attn" else f"{p}.qkv", tok, h, qkv_out),
+            Op(f"{p}.qk", "matmul", 2 * scores * (h / a), e * (tok * (hs + kv_s) + scores)),
+            ew(f"{p}.softmax", scores, 5, 2 * e),
+            ew(f"{p}.dropout", scores, 1, 2 * e + 1),
+            Op(f"{p}.av", "matmul", 2 * scores * (h / a), e * (scores + tok * (kv_s + hs))),
+            gemm(f"{p}.proj", tok, hs, h),
+        ]
+        if t > 1:
+            ops.append(Op(f"tp.{tp_out}.{p}", "comm", bytes=act, collective=tp_out))
+        return ops + [ew(f"{p}.dropout_residual", rows * h, 2, 3 * e + 1)]
+
+    fwd: list[Op] = attention("attn", "ln1")
+    if cross:
+        fwd += attention("xattn", "ln_x")
+    fwd.append(ew("ln2", rows * h, 8, 2 * e))
     if sp and t > 1:
         fwd.append(Op("tp.allgather.mlp", "comm", bytes=act, collective="allgather"))
-    fwd += [gemm("mlp.fc1", tok, h, fs), ew("mlp.gelu", tok * fs, 8, 2 * e)]
+    if spec.gated:  # gate and up in one GEMM; act(gate) * up reads two, writes one
+        fwd += [gemm("mlp.fc1", tok, h, 2 * fs), ew("mlp.gelu", tok * fs, 9, 3 * e)]
+    else:
+        fwd += [gemm("mlp.fc1", tok, h, fs), ew("mlp.gelu", tok * fs, 8, 2 * e)]
     fwd.append(gemm("mlp.fc2", tok, fs, h))
     if t > 1:
         fwd.append(Op(f"tp.{tp_out}.mlp", "comm", bytes=act, collective=tp_out))
@@ -100,7 +119,13 @@ ATTENTION_CORE = ("attn.qk", "attn.softmax", "attn.dropout", "attn.av")
 
 def _attention_core(fwd: list[Op]) -> list[Op]:
     """The kernels selective recompute re-runs (Korthikanti §5)."""
-    return [op for op in fwd if op.name in ATTENTION_CORE]
+    core = {n.split(".")[1] for n in ATTENTION_CORE}
+    return [
+        op
+        for op in fwd
+        if op.name in ATTENTION_CORE
+        or (op.name.startswith("xattn.") and op.name.split(".")[1] in core)
+    ]
 
 
 class AnalyticStep:
@@ -135,6 +160,11 @@ class AnalyticStep:
     def _dp_time(self, op: str, nbytes: float, dp: int) -> float:
         if dp <= 1 or nbytes <= 0:
             return 0.0
+        c = self.cfg
+        key = ("dp", op, nbytes, dp, c.tp, c.pp, c.algorithm)
+        return self._memo(key, lambda: self._dp_time_uncached(op, nbytes, dp))
+
+    def _dp_time_uncached(self, op: str, nbytes: float, dp: int) -> float:
         link, k_dp = self._dp_link(dp)
         alg = self.cfg.algorithm
         if alg in ("hierarchical", "auto") and 1 < k_dp < dp:
@@ -161,54 +191,46 @@ class AnalyticStep:
                 comp += self._op_time(op)
         return comp, comm
 
-    def _transformer(
-        self, spec: TransformerSpec, mem: dict, dp: int, m: int, micro: int, seq: int, out: dict
-    ) -> tuple[float | None, float]:
-        c, e = self.cfg, self.elem
-        t, pp, v = c.tp, c.pp, c.interleave
-        sp = c.sequence_parallel and t > 1
-        if spec.n_layer % pp:
-            self.notes.append(f"{spec.n_layer} layers do not split evenly over pp={pp}")
-        layers = math.ceil(spec.n_layer / pp)
+    def _layer_times(
+        self, spec: TransformerSpec, micro: int, seq: int, t: int, sp: bool, cross: bool
+    ) -> tuple[float, float, float, float, float, float]:
+        """(forward, forward TP comm, backward, backward TP comm, recompute, recompute TP
+        comm) seconds of one layer and one micro-batch; memoised per planner (a search
+        evaluates many configurations with the same layer shapes)."""
+        key = (spec, micro, seq, t, sp, cross, self.elem, self.dtype, self.cfg.recompute,
+               self._ws())  # fmt: skip
+        cache = self.__dict__.setdefault("_layer_cache", {})
+        if key not in cache:
+            fwd, bwd = transformer_layer_ops(spec, micro, seq, t, sp, self.elem, cross)
+            f_c, f_tp = self._ops_time(fwd)
+            b_c, b_tp = self._ops_time(bwd)
+            r_c = r_tp = 0.0
+            if self.cfg.recompute == "full":
+                r_c, r_tp = f_c, f_tp
+            elif self.cfg.recompute == "selective":
+                r_c, r_tp = self._ops_time(_attention_core(fwd))
+            cache[key] = (f_c, f_tp, b_c, b_tp, r_c, r_tp)
+        return cache[key]
 
-        # activations: first stage holds min(pp, m) micro-batches of its layers
-        per_layer = layer_activation_bytes(
-            spec, micro, seq, tp=t, sequence_parallel=sp, recompute=c.recompute, elem=e
-        )
-        in_flight = min(pp, m)
-        factor = 1 + (pp - 1) / (pp * v) if v > 1 and pp > 1 else 1.0
-        stored = per_layer * layers * in_flight * factor
-        working = 0
-        if c.recompute != "none":  # the layer being recomputed holds its full set again
-            working = layer_activation_bytes(
-                spec, micro, seq, tp=t, sequence_parallel=sp, recompute="none", elem=e
-            )
-        tok = micro * seq
-        logits = tok * spec.vocab / t * (e + 4)  # logits + fp32 cross-entropy (vocab-parallel)
-        embed = tok * spec.d_model * (e + 1) / (t if sp else 1)
-        first = stored + working + embed + (logits if pp == 1 else 0)
-        last = per_layer * layers * factor + working + logits
-        mem["activations"] = int(max(first, last))
-        coef = (
-            f"sbh({16 * e + 2} + {2 * e + 1}as/h)" if spec.ffn == 4 * spec.d_model else "sbh(...)"
-        )
-        self.notes.append(
-            f"activations: Korthikanti et al. 2022, {coef} bytes per layer before TP/SP/"
-            f"recompute ({e}-byte elements, 1-byte dropout masks), {layers} layers x "
-            f"{in_flight} micro-batch(es) in flight, + logits"
-            + (", + the working set of the layer being recomputed" if working else "")
+    def _memo(self, key: tuple, compute: Any) -> Any:
+        """``compute()`` once per key and planner (the key names what the value depends on
+        besides the profile, the dtype and, for working-set-keyed profiles, the working set)."""
+        cache = self.__dict__.setdefault("_memo_cache", {})
+        key = (*key, self.elem, self.dtype, self._ws())
+        if key not in cache:
+            cache[key] = compute()
+        return cache[key]
+
+    def _ws(self) -> float | None:
+        """The working set, where the profile's memory efficiency depends on it."""
+        return (
+            self.cost.working_set if self.profile.memory_efficiency_key == "working_set" else None
         )
 
-        # compute of one micro-batch on one stage
-        fwd, bwd = transformer_layer_ops(spec, micro, seq, t, sp, e)
-        f_c, f_tp = self._ops_time(fwd)
-        b_c, b_tp = self._ops_time(bwd)
-        r_c = r_tp = 0.0
-        if c.recompute == "full":
-            r_c, r_tp = f_c, f_tp
-        elif c.recompute == "selective":
-            r_c, r_tp = self._ops_time(_attention_core(fwd))
-        h, vcb = spec.d_model, spec.vocab
+    def _head(self, spec: TransformerSpec, tok: int) -> tuple[float, float, float, float]:
+        """(logits + loss forward, their backward, embedding forward, its backward) seconds
+        of one micro-batch of ``tok`` tokens (vocab-parallel over the TP ranks)."""
+        e, t, h, vcb = self.elem, self.cfg.tp, spec.d_model, spec.vocab
         head = [
             Op(
                 "logits",
@@ -226,20 +248,87 @@ class AnalyticStep:
         eb_c, _ = self._ops_time([dataclasses.replace(emb[0], bytes=2 * emb[0].bytes)])
         if t > 1:  # vocab-parallel cross-entropy: all-reduce of max and sum per token
             hf_c += 2 * self.cost.collective_time("allreduce", "ring", 4 * tok, t, "intra")
+        return hf_c, hb_c, ef_c, eb_c
+
+    def _p2p(self, tok: int, h: int) -> float:
+        """Pipeline transfers of one micro-batch on one stage: scatter-gather p2p (Narayanan
+        §4.1), 1/t of the activation per TP rank, forward and backward per virtual stage."""
+        e, t, pp, v = self.elem, self.cfg.tp, self.cfg.pp, self.cfg.interleave
+        nbytes = e * tok * h / t
+        dpn = self.profile.devices_per_node
+        link = self.cost.rail(dpn) if t * pp > dpn else self.profile.intra
+        one = collective_time("p2p", "ring", nbytes, 2, link)
+        if t > 1:
+            one += self.cost.collective_time("allgather", "ring", nbytes * t, t, "intra")
+        return 2 * v * one  # forward activation and backward gradient per virtual stage
+
+    def _transformer(
+        self, spec: TransformerSpec, mem: dict, dp: int, m: int, micro: int, seq: int, out: dict
+    ) -> tuple[float | None, float]:
+        c, e = self.cfg, self.elem
+        t, pp, v = c.tp, c.pp, c.interleave
+        sp = c.sequence_parallel and t > 1
+        if spec.n_layer % pp:
+            self.notes.append(f"{spec.n_layer} layers do not split evenly over pp={pp}")
+        layers = math.ceil(spec.n_layer / pp)
+
+        # activations: first stage holds min(pp, m) micro-batches of its layers
+        per_layer = layer_activation_bytes(
+            spec, micro, seq, tp=t, sequence_parallel=sp, recompute=c.recompute, elem=e
+        )
+        x_frac = spec.cross_layers / spec.n_layer  # encoder-decoder: the decoder's share
+        if x_frac:  # a stage holds the mean layer (the split of encoder/decoder not modelled)
+            x_layer = layer_activation_bytes(
+                spec, micro, seq, tp=t, sequence_parallel=sp, recompute=c.recompute, elem=e,
+                cross=True,
+            )  # fmt: skip
+            per_layer = int((1 - x_frac) * per_layer + x_frac * x_layer)
+            self.notes.append(
+                f"encoder-decoder: {spec.n_layer - spec.cross_layers} encoder + "
+                f"{spec.cross_layers} decoder layers (with cross-attention) at one sequence "
+                f"length; each pipeline stage is planned with the mean layer"
+            )
+        in_flight = min(pp, m)
+        factor = 1 + (pp - 1) / (pp * v) if v > 1 and pp > 1 else 1.0
+        stored = per_layer * layers * in_flight * factor
+        working = 0
+        if c.recompute != "none":  # the layer being recomputed holds its full set again
+            working = layer_activation_bytes(
+                spec, micro, seq, tp=t, sequence_parallel=sp, recompute="none", elem=e,
+                cross=bool(x_frac),
+            )  # fmt: skip
+        tok = micro * seq
+        logits = tok * spec.vocab / t * (e + 4)  # logits + fp32 cross-entropy (vocab-parallel)
+        embed = tok * spec.d_model * (e + 1) / (t if sp else 1)
+        first = stored + working + embed + (logits if pp == 1 else 0)
+        last = per_layer * layers * factor + working + logits
+        mem["activations"] = int(max(first, last))
+        coef = (
+            f"sbh({16 * e + 2} + {2 * e + 1}as/h)" if spec.ffn == 4 * spec.d_model else "sbh(...)"
+        )
+        self.notes.append(
+            f"activations: Korthikanti et al. 2022, {coef} bytes per layer before TP/SP/"
+            f"recompute ({e}-byte elements, 1-byte dropout masks), {layers} layers x "
+            f"{in_flight} micro-batch(es) in flight, + logits"
+            + (", + the working set of the layer being recomputed" if working else "")
+        )
+
+        # compute of one micro-batch on one stage
+        f_c, f_tp, b_c, b_tp, r_c, r_tp = self._layer_times(spec, micro, seq, t, sp, False)
+        if x_frac:
+            xt = self._layer_times(spec, micro, seq, t, sp, True)
+            f_c, f_tp, b_c, b_tp, r_c, r_tp = (
+                (1 - x_frac) * p + x_frac * x
+                for p, x in zip((f_c, f_tp, b_c, b_tp, r_c, r_tp), xt, strict=True)
+            )
+        h, vcb = spec.d_model, spec.vocab
+        hf_c, hb_c, ef_c, eb_c = self._memo(("head", spec, tok, t), lambda: self._head(spec, tok))
         layer_f = layers * (f_c + f_tp)
         layer_b = layers * (b_c + b_tp + r_c + r_tp)
         first_stage = layer_f + layer_b + ef_c + eb_c + (hf_c + hb_c if pp == 1 else 0)
         last_stage = layer_f + layer_b + hf_c + hb_c
         stage = max(first_stage, last_stage)
-        p2p = 0.0
-        if pp > 1:  # scatter-gather p2p (Narayanan §4.1): 1/t of the activation per TP rank
-            nbytes = e * tok * h / t
-            dpn = self.profile.devices_per_node
-            link = self.cost.rail(dpn) if t * pp > dpn else self.profile.intra
-            one = collective_time("p2p", "ring", nbytes, 2, link)
-            if t > 1:
-                one += self.cost.collective_time("allgather", "ring", nbytes * t, t, "intra")
-            p2p = 2 * v * one  # forward activation and backward gradient per virtual stage
+        p2p = self._memo(("p2p", tok, h, t, pp, v), lambda: self._p2p(tok, h)) if pp > 1 else 0.0
         per_micro = stage + p2p
         pipeline = (m + (pp - 1) / v) * per_micro if pp > 1 else m * per_micro
         out["forward_compute"] = m * layers * f_c
@@ -265,7 +354,15 @@ class AnalyticStep:
         # per token: 3 passes x (layers x (QKV+proj 8h^2, MLP 4hf, scores 4sh) + logits 2hV);
         # for f = 4h this is Narayanan et al. eq. (3) without recompute (factor 72)
         ff = spec.ffn
-        model_flops = 3.0 * gb * seq * (nl * (8 * h * h + 4 * h * ff + 4 * seq * h) + 2 * h * vcb)
+        if spec.kv_heads == spec.n_head and not spec.gated and not spec.cross_layers:
+            per_tok = nl * (8 * h * h + 4 * h * ff + 4 * seq * h)
+        else:  # 2 FLOPs per weight of every GEMM, plus the two attention-core matmuls
+            kv = 2 * (h // spec.n_head) * spec.kv_heads
+            attn = 2 * h * h + h * kv
+            mlp = (3 if spec.gated else 2) * h * ff
+            per_tok = 2 * (nl * (attn + mlp) + spec.cross_layers * attn)
+            per_tok += 4 * seq * h * (nl + spec.cross_layers)
+        model_flops = 3.0 * gb * seq * (per_tok + 2 * h * vcb)
         return step, model_flops
 
     def _dp_sync(
@@ -331,7 +428,10 @@ class AnalyticStep:
         # bytes per parameter read + written: Adam 28 (fp32: g,p,m,v in; p,m,v out;
         # mixed: fp16 g in, fp16 p out instead of one fp32 each way: also 28); SGD 20
         per = 28 if c.optimizer == "adam" else 20
-        return self.cost.compute_time(12 * owned, per * owned, "vector", "fp32")
+        return self._memo(
+            ("opt", owned, per),
+            lambda: self.cost.compute_time(12 * owned, per * owned, "vector", "fp32"),
+        )
 
     # ---- MLP
     def _mlp(

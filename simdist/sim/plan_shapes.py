@@ -7,15 +7,26 @@ time model and no profile.
 
 from __future__ import annotations
 
+import difflib
 import math
 from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
 
 # -- model shapes ------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class TransformerSpec:
-    """A decoder-only transformer's shapes (GPT-2 layout unless flags say otherwise)."""
+    """A transformer's shapes (GPT-2 layout unless fields say otherwise).
+
+    ``n_layer`` counts every block that pipelining splits: a decoder-only (or encoder-only)
+    stack, or an encoder-decoder's encoder plus decoder layers, of which the last
+    ``cross_layers`` (the decoder's) add a cross-attention block (T5, Raffel et al. 2020).
+    ``n_kv_head`` < ``n_head`` is grouped-query attention (Ainslie et al. 2023); ``gated``
+    is a GLU feed-forward (SwiGLU / GeGLU, Shazeer 2020: gate and up projections of
+    ``d_ff`` each, then the down projection)."""
 
     name: str
     n_layer: int
@@ -31,23 +42,59 @@ class TransformerSpec:
     head_bias: bool = False
     parallel_block: bool = False  # GPT-J: one LayerNorm, attention and MLP side by side
     source: str = ""
+    n_kv_head: int = 0  # 0: n_head (multi-head attention)
+    gated: bool = False
+    cross_layers: int = 0  # layers with a cross-attention block (an encoder-decoder's decoder)
+    rms_norm: bool = False  # RMSNorm (a weight, no bias) instead of LayerNorm
+    relative_pos: bool = False  # T5's relative position bias: 32 buckets x heads per stack
+    extra_params: int = 0  # outside blocks, embeddings and head (BERT's pooler, MLM transform)
 
     @property
     def ffn(self) -> int:
         return self.d_ff or 4 * self.d_model
 
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_head or self.n_head
+
+    def _attn_params(self) -> int:
+        h = self.d_model
+        if self.kv_heads == self.n_head:
+            return 4 * h * h + (4 * h if self.attn_bias else 0)
+        kv = 2 * (h // self.n_head) * self.kv_heads  # K and V projections' output width
+        return 2 * h * h + h * kv + ((2 * h + kv) if self.attn_bias else 0)
+
     def layer_params(self) -> int:
+        """Parameters of one block without cross-attention."""
         h, f = self.d_model, self.ffn
         n_ln = 1 if self.parallel_block else 2
-        attn = 4 * h * h + (4 * h if self.attn_bias else 0)
-        mlp = 2 * h * f + ((f + h) if self.mlp_bias else 0)
-        return n_ln * 2 * h + attn + mlp
+        ln = self.d_model if self.rms_norm else 2 * self.d_model
+        n_in = 2 if self.gated else 1  # gate and up projections
+        mlp = (n_in + 1) * h * f + ((n_in * f + h) if self.mlp_bias else 0)
+        return n_ln * ln + self._attn_params() + mlp
+
+    def cross_params(self) -> int:
+        """What a cross-attention block (its LayerNorm and attention) adds to a layer."""
+        return (1 if self.rms_norm else 2) * self.d_model + self._attn_params()
 
     def param_count(self) -> int:
+        cached = self.__dict__.get("_param_count")  # a search asks many times per spec
+        if cached is None:
+            cached = self._count()
+            object.__setattr__(self, "_param_count", cached)  # not a field: eq/hash unchanged
+        return cached
+
+    def _count(self) -> int:
         h, v = self.d_model, self.vocab
         emb = v * h + (self.seq_len * h if self.learned_pos else 0)
         head = 0 if self.tied_head else h * v + (v if self.head_bias else 0)
-        return emb + self.n_layer * self.layer_params() + 2 * h + head
+        cross = self.cross_layers * self.cross_params()
+        # an encoder-decoder has a final LayerNorm after each stack
+        stacks = 2 if self.cross_layers else 1
+        final_ln = (1 if self.rms_norm else 2) * h * stacks
+        rel = 32 * self.n_head * stacks if self.relative_pos else 0  # T5's 32 buckets
+        blocks = self.n_layer * self.layer_params() + cross
+        return emb + blocks + final_ln + head + rel + self.extra_params
 
 
 @dataclass(frozen=True)
@@ -74,69 +121,188 @@ class CountSpec:
         return self.params
 
 
-_MEGATRON = "Narayanan et al. 2021 (arXiv 2104.04473) / Korthikanti et al. 2022 (arXiv 2205.05198)"
-MODELS: dict[str, TransformerSpec | MLPSpec] = {
-    # HF transformers GPT-2 configs (n_layer, n_head, n_embd, n_ctx 1024, vocab 50257)
-    "gpt2-mini": TransformerSpec(
-        "gpt2-mini", 4, 4, 256, 256, 128, source="simdist preset (L4 H4 E256 T128 V256, 3.26M)"
+# -- model shape files ---------------------------------------------------------------------
+
+# key -> (type, what it means); a shape file gives a transformer (or, kind: mlp, a network of
+# fully connected layers) by its shapes. Presets ship in simdist/models/shapes/*.yaml.
+SHAPE_KEYS: dict[str, tuple[type | tuple[type, ...], str]] = {
+    "name": (str, "the model's name (default: the file's stem)"),
+    "kind": (str, "transformer (default) or mlp"),
+    "source": (str, "where the shapes come from"),
+    "layers": (int, "blocks of a decoder-only stack (same as decoder_layers)"),
+    "encoder_layers": (int, "encoder blocks (with decoder_layers: an encoder-decoder)"),
+    "decoder_layers": (int, "decoder blocks (cross-attention when encoder_layers is given)"),
+    "hidden": (int, "model width d_model"),
+    "heads": (int, "attention (query) heads"),
+    "kv_heads": (int, "key/value heads (< heads: grouped-query attention; default heads)"),
+    "ffn": (int, "feed-forward width (default 4 * hidden)"),
+    "ffn_kind": (str, "gelu (two matrices) or gated (three: SwiGLU / GeGLU)"),
+    "vocab": (int, "vocabulary size"),
+    "seq_len": (int, "sequence length (context)"),
+    "tied_embeddings": (bool, "output head shares the input embedding (default true)"),
+    "position": (
+        str,
+        "learned (a table of seq_len x hidden), rotary, relative (T5's bias: 32 buckets x "
+        "heads per stack) or none",
     ),
-    "gpt2": TransformerSpec("gpt2", 12, 12, 768, 50257, 1024, source="HF gpt2 (124M)"),
-    "gpt2-medium": TransformerSpec("gpt2-medium", 24, 16, 1024, 50257, 1024, source="HF (355M)"),
-    "gpt2-large": TransformerSpec("gpt2-large", 36, 20, 1280, 50257, 1024, source="HF (774M)"),
-    "gpt2-xl": TransformerSpec("gpt2-xl", 48, 25, 1600, 50257, 1024, source="HF (1.56B)"),
-    # GPT-3 paper (Brown et al. 2020) Table 2.1: 1.3B, 24 layers, d_model 2048, d_head 128.
-    # The table's 24 heads x 128 would not give 1.3B; d_model/128 = 16 heads does.
-    "gpt3-xl": TransformerSpec("gpt3-xl", 24, 16, 2048, 50257, 2048, source="GPT-3 Table 2.1"),
-    # EleutherAI GPT-J-6B (HF config): rotary (no learned positions), parallel block, no
-    # attention biases, untied head with bias, vocab 50400, d_ff 16384. The model card says
-    # 6,053,381,344 parameters; this count gives 6,050,882,784 (0.04 % fewer, not resolved).
-    "gpt-j-6b": TransformerSpec(
-        "gpt-j-6b",
-        28,
-        16,
-        4096,
-        50400,
-        2048,
-        d_ff=16384,
-        tied_head=False,
-        learned_pos=False,
-        attn_bias=False,
-        head_bias=True,
-        parallel_block=True,
-        source="HF EleutherAI/gpt-j-6b",
-    ),
-    "fc-mnist": MLPSpec("fc-mnist", (784, 512, 512, 10), source="simdist/params/fc_mnist.yaml"),
-    # Models of the published Megatron runs used by scripts/validate_sim.py (V = 51200).
-    "megatron-1.7b": TransformerSpec("megatron-1.7b", 24, 24, 2304, 51200, 2048, source=_MEGATRON),
-    "megatron-22b": TransformerSpec("megatron-22b", 48, 64, 6144, 51200, 2048, source=_MEGATRON),
-    "gpt3-175b": TransformerSpec("gpt3-175b", 96, 96, 12288, 51200, 2048, source=_MEGATRON),
-    "turing-530b": TransformerSpec("turing-530b", 105, 128, 20480, 51200, 2048, source=_MEGATRON),
-    "megatron-1t": TransformerSpec("megatron-1t", 128, 160, 25600, 51200, 2048, source=_MEGATRON),
+    "norm": (str, "layernorm (weight and bias, default) or rmsnorm (weight only)"),
+    "attn_bias": (bool, "attention projections have biases (default true)"),
+    "mlp_bias": (bool, "feed-forward projections have biases (default true)"),
+    "head_bias": (bool, "an untied output head has a bias (default false)"),
+    "parallel_block": (bool, "attention and MLP side by side after one LayerNorm (GPT-J)"),
+    "extra_params": (int, "parameters outside the blocks, embeddings and head (default 0)"),
+    "sizes": (list, "kind: mlp only: layer widths, input first"),
 }
 
 
-@dataclass(frozen=True)
-class CountedTransformerSpec(TransformerSpec):
-    """An encoder-decoder preset as one stack of n_layer blocks, with its exact parameter
-    count (each block's share: the blocks' mean)."""
-
-    param_total: int = 0
-
-    def param_count(self) -> int:
-        return self.param_total
-
-    def layer_params(self) -> int:
-        embed = self.vocab * self.d_model * (1 if self.tied_head else 2)
-        return (self.param_total - embed - 2 * self.d_model) // self.n_layer
+class ShapeError(ValueError):
+    """A bad model shape file or override; the message names the key and where it was given."""
 
 
-from simdist.models.t5_shapes import plan_models as _t5_models  # noqa: E402
+def shape_files() -> dict[str, Any]:
+    """The shipped presets: name -> resource (``simdist/models/shapes/NAME.yaml``)."""
+    root = resources.files("simdist") / "models" / "shapes"
+    return {
+        p.name[:-5]: p
+        for p in sorted(root.iterdir(), key=lambda p: p.name)
+        if p.name.endswith(".yaml")
+    }
 
-for _name, _shape in _t5_models().items():  # t5-mini, t5-small, t5-base
-    _fields = {k: v for k, v in _shape.items() if k != "param_count"}
-    MODELS[_name] = CountedTransformerSpec(
-        _name, **_fields, param_total=_shape["param_count"], source="simdist.models.t5_shapes"
+
+def _read_shape(text: str, source: str) -> tuple[dict[str, Any], dict[str, int]]:
+    from simdist.typed_yaml import ConfigError, read_yaml  # duplicate keys, line of each key
+
+    try:
+        data, lines = read_yaml(text, source)
+    except ConfigError as e:
+        raise ShapeError(str(e)) from None
+    if not isinstance(data, dict):
+        raise ShapeError(f"{source}: expected a mapping of shape keys, got {type(data).__name__}")
+    return data, lines
+
+
+def spec_from_shape(
+    data: dict[str, Any], where: dict[str, str], default_name: str
+) -> TransformerSpec | MLPSpec:
+    """Build a spec from shape keys; ``where[key]`` says where each key was given."""
+
+    def fail(key: str, msg: str) -> ShapeError:
+        return ShapeError(f"{where.get(key, where.get('', ''))}: {key}: {msg}")
+
+    for key, value in data.items():
+        if key not in SHAPE_KEYS:
+            close = difflib.get_close_matches(str(key), SHAPE_KEYS, n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            raise fail(str(key), f"unknown key{hint}; known: {', '.join(SHAPE_KEYS)}")
+        typ = SHAPE_KEYS[key][0]
+        ok = isinstance(value, typ) and not (typ is int and isinstance(value, bool))
+        if not ok:
+            raise fail(key, f"expected {typ.__name__}, got {value!r}")
+        zero_ok = key.endswith("layers") or key == "extra_params"
+        if typ is int and value < (0 if zero_ok else 1):
+            raise fail(key, f"must be {'>= 0' if zero_ok else '>= 1'}, got {value}")
+    name = data.get("name", default_name)
+    kind = data.get("kind", "transformer")
+    source = data.get("source", "")
+    if kind == "mlp":
+        for key in data:
+            if key not in ("name", "kind", "source", "sizes"):
+                raise fail(key, "not a key of kind: mlp (name, kind, source, sizes)")
+        sizes = data.get("sizes")
+        if not sizes or len(sizes) < 2 or not all(isinstance(n, int) and n > 0 for n in sizes):
+            raise fail("sizes", f"expected a list of >= 2 positive widths, got {sizes!r}")
+        return MLPSpec(name, tuple(sizes), source=source)
+    if kind != "transformer":
+        raise fail("kind", f"expected transformer or mlp, got {kind!r}")
+    if "sizes" in data:
+        raise fail("sizes", "only for kind: mlp")
+    for key in ("hidden", "heads", "vocab", "seq_len"):
+        if key not in data:
+            raise fail(key, "missing (a transformer needs hidden, heads, vocab, seq_len, layers)")
+    enc, dec = data.get("encoder_layers", 0), data.get("decoder_layers", 0)
+    if "layers" in data:
+        if "decoder_layers" in data or "encoder_layers" in data:
+            raise fail("layers", "give layers, or encoder_layers and/or decoder_layers")
+        dec = data["layers"]
+    if enc + dec < 1:
+        raise fail("layers", "missing (layers, or encoder_layers / decoder_layers >= 1)")
+    h, a = data["hidden"], data["heads"]
+    kv = data.get("kv_heads", a)
+    if h % a:
+        raise fail("heads", f"hidden ({h}) must be a multiple of heads ({a})")
+    if a % kv:
+        raise fail("kv_heads", f"heads ({a}) must be a multiple of kv_heads ({kv})")
+    ffn_kind = data.get("ffn_kind", "gelu")
+    if ffn_kind not in ("gelu", "gated"):
+        raise fail("ffn_kind", f"expected gelu or gated, got {ffn_kind!r}")
+    position = data.get("position", "learned")
+    if position not in ("learned", "rotary", "relative", "none"):
+        raise fail("position", f"expected learned, rotary, relative or none, got {position!r}")
+    norm = data.get("norm", "layernorm")
+    if norm not in ("layernorm", "rmsnorm"):
+        raise fail("norm", f"expected layernorm or rmsnorm, got {norm!r}")
+    parallel = data.get("parallel_block", False)
+    if parallel and enc and dec:
+        raise fail("parallel_block", "not with an encoder-decoder")
+    ffn = data.get("ffn", 4 * h)
+    return TransformerSpec(
+        name,
+        enc + dec,
+        a,
+        h,
+        data["vocab"],
+        data["seq_len"],
+        d_ff=0 if ffn == 4 * h else ffn,
+        tied_head=data.get("tied_embeddings", True),
+        learned_pos=position == "learned",
+        relative_pos=position == "relative",
+        rms_norm=norm == "rmsnorm",
+        attn_bias=data.get("attn_bias", True),
+        mlp_bias=data.get("mlp_bias", True),
+        head_bias=data.get("head_bias", False),
+        parallel_block=parallel,
+        source=source,
+        n_kv_head=0 if kv == a else kv,
+        gated=ffn_kind == "gated",
+        cross_layers=dec if enc else 0,
+        extra_params=data.get("extra_params", 0),
     )
+
+
+def load_shape(model: str, overrides: dict[str, Any] | None = None) -> TransformerSpec | MLPSpec:
+    """A preset name or a shape file's path, with ``--model.KEY=VALUE`` overrides applied."""
+    path = Path(model)
+    if path.suffix in (".yaml", ".yml") or path.exists():
+        if not path.is_file():
+            raise ShapeError(f"--model {model!r}: model shape file does not exist")
+        text, source, stem = path.read_text(), str(path), path.stem
+    else:
+        files = shape_files()
+        if model not in files:
+            raise ShapeError(
+                f"unknown model '{model}'; available: {', '.join(files)} "
+                "(or a shape YAML file, or --params-count)"
+            )
+        text, source, stem = files[model].read_text(), f"preset {model}", model
+    data, lines = _read_shape(text, source)
+    where = {k: f"{source}:{n}" for k, n in lines.items()}
+    where[""] = source
+    for key, value in (overrides or {}).items():
+        data[key] = value
+        where[key] = f"--model.{key}={value}"
+    if overrides and "name" not in overrides:
+        data["name"] = (
+            data.get("name", stem) + "+" + ",".join(f"{k}={v}" for k, v in overrides.items())
+        )
+    return spec_from_shape(data, where, stem)
+
+
+def _load_presets() -> dict[str, TransformerSpec | MLPSpec]:
+    return {name: load_shape(name) for name in shape_files()}
+
+
+# the shipped presets in the order of simdist/models/shapes (alphabetical)
+MODELS: dict[str, TransformerSpec | MLPSpec] = _load_presets()
 
 
 # -- memory formulas -----------------------------------------------------------------------
@@ -172,18 +338,33 @@ def layer_activation_bytes(
     sequence_parallel: bool = False,
     recompute: str = "none",
     elem: int = 2,
+    cross: bool = False,
 ) -> int:
-    """Activation bytes one transformer layer stores for backward (Korthikanti §4)."""
+    """Activation bytes one transformer layer stores for backward (Korthikanti §4).
+
+    Grouped-query attention stores K and V at kv_heads/heads of the size; a gated MLP stores
+    the gate and up outputs and their product (3 e·sbf instead of GELU's input and output,
+    2 e·sbf); ``cross``: a decoder layer's cross-attention block stores what a
+    self-attention block does (its LayerNorm input, Q/K/V, scores, projection input and
+    dropout mask), the encoder output it attends to being held once per micro-batch."""
     s, b, h, a, f, t = seq, micro_batch, spec.d_model, spec.n_head, spec.ffn, tp
     sbh, sbf, as2b = s * b * h, s * b * f, a * s * s * b
     if recompute == "full":
         return sbh * elem // (t if sequence_parallel else 1)
     # replicated across TP ranks unless sequence parallel: LN inputs, QKV and fc1 inputs, masks
     replicated = (4 * elem + 2) * sbh
-    split = 4 * elem * sbh + 2 * elem * sbf  # Q, K, V, projection input, GELU in/out
+    if spec.kv_heads == a and not spec.gated:
+        split = 4 * elem * sbh + 2 * elem * sbf  # Q, K, V, projection input, GELU in/out
+    else:
+        qkvo = elem * sbh * (2 + 2 * spec.kv_heads / a)  # Q, projection input, K, V
+        split = int(qkvo) + (3 if spec.gated else 2) * elem * sbf
     scores = 0 if recompute == "selective" else (2 * elem + 1) * as2b
     if recompute not in ("none", "selective"):
         raise ValueError(f"recompute must be none, selective or full, got {recompute!r}")
+    if cross:  # LN input, Q/KV input, dropout mask; Q, K, V, projection input; scores
+        replicated += (2 * elem + 1) * sbh
+        split += int(elem * sbh * (2 + 2 * spec.kv_heads / a))
+        scores *= 2
     if sequence_parallel:
         return (replicated + split + scores) // t
     return replicated + split // t + scores // t
@@ -199,15 +380,25 @@ def is_gpt2_layout(spec: TransformerSpec) -> bool:
         and spec.mlp_bias
         and not spec.head_bias
         and not spec.parallel_block
+        and spec.kv_heads == spec.n_head
+        and not spec.gated
+        and not spec.cross_layers
+        and not spec.rms_norm
+        and not spec.relative_pos
     )
 
 
 __all__ = [
     "MODELS",
+    "SHAPE_KEYS",
+    "ShapeError",
     "CountSpec",
     "MLPSpec",
     "TransformerSpec",
     "is_gpt2_layout",
     "layer_activation_bytes",
+    "load_shape",
     "model_state_bytes",
+    "shape_files",
+    "spec_from_shape",
 ]
