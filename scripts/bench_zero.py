@@ -63,7 +63,7 @@ def run(np_: int, level: int, hidden: str, steps: int) -> dict:
 def zero3_shapes(hidden: str, n: int) -> tuple[int, int]:
     """(elements of one gather window, elements all-gathered per step) of the MLP."""
     from simdist.arena import Layout
-    from simdist.config import FCMNISTConfig
+    from simdist.model_config import FCMNISTConfig
     from simdist.models.fc_mnist import FCMNIST
     from simdist.param_gather import BACKWARD, FORWARD, GatherPlan, WindowCache, stage_gathers
 

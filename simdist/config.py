@@ -13,90 +13,21 @@ import dataclasses
 import re
 import typing
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from simdist.typed_yaml import ConfigError, build_dataclass, read_yaml
-
-
-@dataclass(frozen=True)
-class FCMNISTConfig:
-    name: str = "fc_mnist"
-    hidden_sizes: list[int] = field(default_factory=lambda: [512, 512])
-    input_size: int = 784
-    num_classes: int = 10
-
-
-@dataclass(frozen=True)
-class GPT2ModelConfig:
-    name: str = "gpt2"
-    preset: str | None = None  # gpt2-mini | gpt2 | gpt2-medium | gpt2-large | gpt2-xl
-    n_layer: int | None = None
-    n_head: int | None = None
-    n_embd: int | None = None
-    block_size: int | None = None
-    vocab_size: int | None = None
-
-
-@dataclass(frozen=True)
-class BertModelConfig:
-    name: str = "bert"
-    preset: str | None = None  # bert-mini | bert-base | bert-large
-    num_hidden_layers: int | None = None
-    num_attention_heads: int | None = None
-    hidden_size: int | None = None
-    intermediate_size: int | None = None
-    max_position_embeddings: int | None = None
-    vocab_size: int | None = None
-    type_vocab_size: int | None = None
-    max_seq_length: int | None = None  # tokens per training sequence
-    max_predictions_per_seq: int | None = None  # masked positions per sequence
-    hidden_dropout_prob: float | None = None
-    attention_probs_dropout_prob: float | None = None
-
-
-@dataclass(frozen=True)
-class T5ModelConfig:  # simdist.models.t5 documents each key (Hugging Face T5Config's names)
-    name: str = "t5"
-    preset: str | None = None  # t5-mini | t5-small | t5-base
-    num_layers: int | None = None
-    num_decoder_layers: int | None = None
-    num_heads: int | None = None
-    d_model: int | None = None
-    d_kv: int | None = None
-    d_ff: int | None = None
-    vocab_size: int | None = None
-    relative_attention_num_buckets: int | None = None
-    relative_attention_max_distance: int | None = None
-    n_positions: int | None = None  # the longest encoder input the model accepts
-    max_seq_length: int | None = None  # encoder tokens per training sequence
-    dropout_rate: float | None = None
-    feed_forward_proj: str | None = None  # relu (T5 v1.0) | gated-gelu (v1.1)
-    tie_word_embeddings: bool | None = None
-
-
-GPT2_SIZES = ("n_layer", "n_head", "n_embd", "block_size", "vocab_size")
-BERT_SIZES = (
-    "num_hidden_layers",
-    "num_attention_heads",
-    "hidden_size",
-    "intermediate_size",
-    "max_position_embeddings",
-    "type_vocab_size",
-    "max_seq_length",
-    "max_predictions_per_seq",
+from simdist.model_config import (
+    BERT_SIZES,
+    GPT2_SIZES,
+    MODEL_CONFIGS,
+    T5_SIZES,
+    GPT2ModelConfig,
 )
-MODEL_CONFIGS: dict[str, type] = {
-    "fc_mnist": FCMNISTConfig,
-    "gpt2": GPT2ModelConfig,
-    "bert": BertModelConfig,
-    "t5": T5ModelConfig,
-}
-T5_SIZES = (*(f.name for f in dataclasses.fields(T5ModelConfig)[2:12]),)
+from simdist.typed_yaml import ConfigError, build_dataclass, read_yaml
 
 
 @dataclass(frozen=True)

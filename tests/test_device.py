@@ -899,7 +899,7 @@ def test_device_bundle_summary():
 def test_model_kernel_costs_mark_their_serial_flops():
     """The models' cost lists: serial FLOPs only on vector kernels and never more than the
     kernel's FLOPs; the row reductions (layernorm, softmax) and the loss carry some."""
-    from simdist.config import FCMNISTConfig
+    from simdist.model_config import FCMNISTConfig
     from simdist.models.fc_mnist import FCMNIST
     from simdist.models.gpt2 import GPT2, resolve_config
 

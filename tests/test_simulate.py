@@ -231,7 +231,7 @@ def test_memory_hints_are_computed_with_the_same_formula():
 
 
 def test_kernel_costs_count_the_model_flops():
-    from simdist.config import FCMNISTConfig
+    from simdist.model_config import FCMNISTConfig
     from simdist.models.fc_mnist import FCMNIST
     from simdist.models.gpt2 import GPT2, resolve_config
 

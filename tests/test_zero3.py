@@ -18,7 +18,6 @@ from mpi_launch import run_mpi
 from test_train import SMALL, final_state
 
 from simdist.arena import Layout
-from simdist.config import FCMNISTConfig
 from simdist.memplan import (
     RankSetup,
     by_category,
@@ -27,6 +26,7 @@ from simdist.memplan import (
     total_bytes,
     window_elements,
 )
+from simdist.model_config import FCMNISTConfig
 from simdist.models.fc_mnist import FCMNIST
 from simdist.models.gpt2 import GPT2, GPT2Config
 from simdist.param_gather import BACKWARD, FORWARD, GatherPlan, WindowCache, stage_gathers

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from simdist.config import FCMNISTConfig
 from simdist.kernels.linear import (
     linear_backward_params,
     linear_forward,
@@ -17,6 +16,7 @@ from simdist.kernels.linear import (
     linear_relu_forward,
 )
 from simdist.kernels.loss import softmax_cross_entropy_backward, softmax_cross_entropy_forward
+from simdist.model_config import FCMNISTConfig
 
 from .base import GradientGroup, KernelCost, ParamSpec, gemm, vector
 from .stages import Stage

@@ -301,7 +301,7 @@ class Planner(AnalyticStep):
     def _simdist_model(self, spec: MLPSpec | TransformerSpec) -> Any:
         """simdist's own model of ``spec``, built from its shapes (allocates nothing)."""
         if isinstance(spec, MLPSpec):
-            from simdist.config import FCMNISTConfig
+            from simdist.model_config import FCMNISTConfig
             from simdist.models.fc_mnist import FCMNIST
 
             sizes = spec.sizes
