@@ -12,9 +12,9 @@ import json
 import numpy as np
 import pytest
 from kernel_checks import central_fd, float64_ops, nrt_allocations
+from model_runs import assert_resume_identical, assert_zero_levels_identical, runner
 from mpi_launch import run_mpi
 from simdist.kernels import attention, dropout, embedding_seg, linear_hf, transformer_act
-from test_train import final_state
 
 from simdist.arena import Layout
 from simdist.data.bert import BertData
@@ -353,38 +353,16 @@ TINY_BERT = [
 ]
 
 
-def _train(n, d, *args, timeout=400):
-    cmd = ["-m", "simdist.train", *TINY_BERT, f"--runconfig.model_dir={d}", *args]
-    out = run_mpi(n, cmd, timeout=timeout)
-    assert out.returncode == 0, out.stdout
-    return out
+_train = runner(TINY_BERT)
 
 
 @pytest.mark.parametrize("n", [2, 3])
 def test_zero_levels_are_bit_identical(tmp_path, n):
-    states = {}
-    for level in (0, 1, 2):
-        d = tmp_path / f"z{level}"
-        _train(
-            n, d, "--runconfig.max_steps=4", "--runconfig.mode=train", f"--zero_opt_level={level}"
-        )
-        states[level] = final_state(d)
-    for level in (1, 2):
-        for which in (0, 1):
-            for k, v in states[0][which].items():
-                assert np.array_equal(states[level][which][k], v), f"ZeRO-{level}: {k}"
+    assert_zero_levels_identical(_train, tmp_path, n)
 
 
 def test_resume_is_bitwise_identical_and_eval_reports_nsp(tmp_path):
-    args = ["--runconfig.save_checkpoints_steps=3", "--zero_opt_level=1"]
-    _train(2, tmp_path / "full", *args, "--runconfig.max_steps=6", "--runconfig.mode=train")
-    _train(2, tmp_path / "res", *args, "--runconfig.max_steps=3", "--runconfig.mode=train")
-    out = _train(2, tmp_path / "res", *args, "--runconfig.max_steps=6")
-    assert "resumed from" in out.stdout
-    a, b = final_state(tmp_path / "full"), final_state(tmp_path / "res")
-    for which in (0, 1):
-        for k in a[which]:
-            assert np.array_equal(a[which][k], b[which][k]), k
+    assert_resume_identical(_train, tmp_path, "--zero_opt_level=1")
     ev = json.loads((tmp_path / "res" / "eval.json").read_text())
     assert {"accuracy", "loss", "nsp_accuracy", "nsp_loss"} <= set(ev), ev
     perf = json.loads((tmp_path / "res" / "performance.json").read_text())
