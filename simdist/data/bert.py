@@ -29,7 +29,7 @@ import numpy as np
 
 from simdist.config import ConfigError, Params
 
-from .text import VAL_FRACTION, load_corpus_bytes
+from .text import VAL_FRACTION, load_corpus_bytes, read_text_bytes
 
 PAD, CLS, SEP, MASK = 0, 1, 2, 3
 NUM_SPECIAL = 4
@@ -135,21 +135,7 @@ def build_bert_data(params: Params, micro_batch: int) -> BertData:
             f"model.vocab_size ({cfg.vocab_size}) is smaller than the byte vocabulary the data "
             f"uses ({VOCAB_SIZE}: 4 special tokens + 256 bytes)"
         )
-    spec = params.train_input.data_dir
-    if spec is None:
-        text, source = load_corpus_bytes(), "simdist text corpus (Jane Austen, Emma; bytes)"
-    elif spec.endswith(".txt"):
-        try:
-            with open(spec, "rb") as f:
-                text = f.read()
-        except OSError as e:
-            raise ConfigError(f"train_input.data_dir: {e}") from None
-        source = spec
-    else:
-        raise ConfigError(
-            f"train_input.data_dir: BERT reads a .txt file (or null for the shipped corpus), "
-            f"got {spec!r}"
-        )
+    text, source = read_text_bytes(params.train_input.data_dir, "BERT")
     return BertData(text, cfg.max_seq_length, cfg.max_predictions_per_seq, micro_batch, source)
 
 

@@ -27,7 +27,7 @@ from simdist.config import ConfigError, Params
 from simdist.models.t5_shapes import span_lengths
 
 from .bert import normalise
-from .text import VAL_FRACTION, load_corpus_bytes
+from .text import VAL_FRACTION, load_corpus_bytes, read_text_bytes
 
 PAD, EOS, UNK = 0, 1, 2
 NUM_SPECIAL = 3
@@ -127,21 +127,7 @@ def build_t5_data(params: Params, micro_batch: int) -> T5Data:
             f"uses ({VOCAB_SIZE}: 3 special tokens + 256 bytes + {NUM_SENTINELS} sentinels)",
             "model.vocab_size",
         )
-    spec = params.train_input.data_dir
-    if spec is None:
-        text, source = load_corpus_bytes(), "simdist text corpus (Jane Austen, Emma; bytes)"
-    elif spec.endswith(".txt"):
-        try:
-            with open(spec, "rb") as f:
-                text = f.read()
-        except OSError as e:
-            raise ConfigError(f"train_input.data_dir: {e}") from None
-        source = spec
-    else:
-        raise ConfigError(
-            f"train_input.data_dir: T5 reads a .txt file (or null for the shipped corpus), "
-            f"got {spec!r}"
-        )
+    text, source = read_text_bytes(params.train_input.data_dir, "T5")
     return T5Data(text, cfg.max_seq_length, micro_batch, source)
 
 

@@ -89,6 +89,25 @@ def load_corpus_bytes() -> bytes:
     return gzip.decompress(resource.read_bytes())
 
 
+def read_text_bytes(data_dir: str | None, model: str) -> tuple[bytes, str]:
+    """(text, where from) for the byte-level encoder models: ``train_input.data_dir`` null
+    is the shipped corpus, else a .txt file; anything else is a ConfigError naming it."""
+    from simdist.typed_yaml import ConfigError
+
+    if data_dir is None:
+        return load_corpus_bytes(), "simdist text corpus (Jane Austen, Emma; bytes)"
+    if not data_dir.endswith(".txt"):
+        raise ConfigError(
+            f"train_input.data_dir: {model} reads a .txt file (or null for the shipped corpus), "
+            f"got {data_dir!r}"
+        )
+    try:
+        with open(data_dir, "rb") as f:
+            return f.read(), data_dir
+    except OSError as e:
+        raise ConfigError(f"train_input.data_dir: {e}") from None
+
+
 def _split_bytes(data: bytes, val_fraction: float) -> tuple[np.ndarray, np.ndarray]:
     tokens = np.frombuffer(data, dtype=np.uint8).astype(np.uint16)
     n_val = int(round(len(tokens) * val_fraction))
