@@ -1,7 +1,7 @@
 """Training throughput: simdist vs PyTorch eager and DDP (gloo), side by side in one run.
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python scripts/bench_train.py \
-        [--models fc_mnist,gpt2-mini] [--json FILE] [--no-torch] [--repeats 3]
+        [--models fc_mnist,gpt2-mini,bert-mini,t5-mini] [--json FILE] [--no-torch] [--repeats 3]
 
 Every measurement is a fresh process (one thread per process): simdist through
 ``mpiexec -n {1,2} python -m simdist.train`` (samples/s from its performance.json, which
@@ -61,6 +61,9 @@ MODELS = {
     # name: (simdist params preset + overrides, per-rank batch, steps, tokens per sample)
     "fc_mnist": (["--params", "fc_mnist", "--train_input.batch_size=128"], 128, 300, 0),
     "gpt2-mini": (["--params", "gpt2_mini", "--train_input.batch_size=8"], 8, 30, 128),
+    # the Hugging Face model (transformers) is the PyTorch side; tokens = input tokens
+    "bert-mini": (["--params", "bert_mini", "--train_input.batch_size=8"], 8, 20, 128),
+    "t5-mini": (["--params", "t5_mini", "--train_input.batch_size=8"], 8, 20, 128),
 }
 
 
@@ -258,6 +261,9 @@ def torch_worker(model: str, steps: int) -> None:
         def batch_at(i):
             idx = torch.from_numpy(rng.integers(0, len(x_all), batch))
             return x_all[idx], y_all[idx]
+    elif model in ("bert-mini", "t5-mini"):
+        net, batch_at = _hf_model_and_batches(model, rng)
+        batch = MODELS[model][1]
     else:
         from simdist.data.text import load_text_tokens
         from simdist.models.gpt2 import PRESETS
@@ -274,6 +280,7 @@ def torch_worker(model: str, steps: int) -> None:
 
     if world > 1:
         net = torch.nn.parallel.DistributedDataParallel(net)
+    net.train()  # Hugging Face models: dropout on, as simdist's presets train
     opt = torch.optim.AdamW(net.parameters(), lr=1e-3, fused=True)
     warm = max(3, steps // 10)
     for i in range(warm + steps):
@@ -283,13 +290,47 @@ def torch_worker(model: str, steps: int) -> None:
             t0 = time.perf_counter()
         x, y = batch_at(i)
         opt.zero_grad(set_to_none=True)
-        net(x, y).backward()
+        out = net(**x) if isinstance(x, dict) else net(x, y)
+        (out.loss if hasattr(out, "loss") else out).backward()
         opt.step()
     if world > 1:
         torch.distributed.barrier()
     elapsed = time.perf_counter() - t0
     if rank == 0:
         print(json.dumps({"samples_per_sec": steps * batch * world / elapsed}))
+
+
+def _hf_model_and_batches(model: str, rng: np.random.Generator):
+    """The Hugging Face twin of simdist's preset (its dropout too) and a function giving
+    step i's batch as the model's keyword arguments, from simdist's own data pipeline."""
+    from simdist.config import load_params
+    from simdist.data.text import load_corpus_bytes
+    from simdist.testing import hf_reference as hf
+
+    batch = MODELS[model][1]
+    if model == "bert-mini":
+        from simdist.data.bert import BertData
+        from simdist.models.bert import build_bert
+
+        cfg = build_bert(load_params(["--params", "bert_mini"]).model).config
+        net = hf.hf_bert(cfg, dropout=cfg.hidden_dropout_prob)
+        P = cfg.max_predictions_per_seq
+        data = BertData(load_corpus_bytes(), cfg.max_seq_length, P, batch, "")
+        to_inputs = lambda x, y: hf.bert_inputs(x, y, P)  # noqa: E731
+    else:
+        from simdist.data.t5 import T5Data
+        from simdist.models.t5 import build_t5
+
+        cfg = build_t5(load_params(["--params", "t5_mini"]).model).config
+        net = hf.hf_t5(cfg, dropout=cfg.dropout_rate)
+        data = T5Data(load_corpus_bytes(), cfg.max_seq_length, batch, "")
+        to_inputs = lambda x, y: hf.t5_inputs(x, y, cfg.max_seq_length)  # noqa: E731
+
+    def batch_at(i):
+        x, y = data.train_batch(rng.integers(0, data.num_train, batch))
+        return to_inputs(x, y), None
+
+    return net, batch_at
 
 
 def main() -> int:

@@ -25,6 +25,8 @@ from simdist.optim import Optimizer
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from simdist.testing.hf_reference import bert_inputs, hf_bert  # noqa: E402
+
 TOL = 1e-4
 
 
@@ -34,23 +36,7 @@ def rel(a, b) -> float:
 
 
 def _hf_model(cfg, seed: int):
-    torch.manual_seed(seed)
-    hf_cfg = transformers.BertConfig(
-        vocab_size=cfg.vocab_size,
-        hidden_size=cfg.hidden_size,
-        num_hidden_layers=cfg.num_hidden_layers,
-        num_attention_heads=cfg.num_attention_heads,
-        intermediate_size=cfg.intermediate_size,
-        max_position_embeddings=cfg.max_position_embeddings,
-        type_vocab_size=cfg.type_vocab_size,
-        hidden_act="gelu",
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-        layer_norm_eps=1e-5,
-        pad_token_id=PAD,
-    )
-    hf_cfg._attn_implementation = "eager"
-    m = transformers.BertForPreTraining(hf_cfg)
+    m = hf_bert(cfg, seed)
     with torch.no_grad():  # non-trivial biases and LayerNorms (HF initialises them 0 / 1)
         for p in m.parameters():
             if p.dim() == 1:
@@ -64,20 +50,6 @@ def _batch(cfg, B: int):
     x, y = x.copy(), y.copy()
     x[0, 0, -9:] = PAD  # padding at the end of one sequence: the key mask matters
     return x, y
-
-
-def _hf_inputs(x, y, P):
-    ids = torch.from_numpy(x[:, 0]).long()
-    labels = torch.full_like(ids, -100)
-    pos = torch.from_numpy(y[:, :P]).long()
-    labels.scatter_(1, pos, torch.from_numpy(y[:, P : 2 * P]).long())
-    return dict(
-        input_ids=ids,
-        token_type_ids=torch.from_numpy(x[:, 1]).long(),
-        attention_mask=(ids != PAD).long(),
-        labels=labels,
-        next_sentence_label=torch.from_numpy(y[:, 2 * P]).long(),
-    )
 
 
 def _load_into_simdist(hf, cfg, tmp: Path):
@@ -115,7 +87,7 @@ def test_loss_and_every_gradient_match_hugging_face(tmp_path):
     loss = model.forward(params, x, y)
     model.backward(params, grads, 1.0 / B)
 
-    out = hf(**_hf_inputs(x, y, P))
+    out = hf(**bert_inputs(x, y, P))
     out.loss.backward()
     assert abs(loss - out.loss.item()) / abs(out.loss.item()) < 1e-5, (loss, out.loss.item())
     named = {n: p for n, p in hf.named_parameters() if n in grads}
@@ -162,7 +134,7 @@ def test_ten_adamw_steps_match_hugging_face(tmp_path):
         model.backward(params, grads, 1.0 / B)
         opt.step(pflat, gflat, step + 1, ocfg.learning_rate)
         topt.zero_grad()
-        tl = hf(**_hf_inputs(x, y, P)).loss
+        tl = hf(**bert_inputs(x, y, P)).loss
         tl.backward()
         topt.step()
         losses.append((loss, tl.item()))

@@ -21,7 +21,7 @@ import pytest
 from simdist import interop
 from simdist.arena import Layout
 from simdist.config import OptimizerConfig
-from simdist.data.t5 import EOS, PAD, T5Data
+from simdist.data.t5 import PAD, T5Data
 from simdist.data.text import load_corpus_bytes
 from simdist.models.base import GradientViews
 from simdist.models.t5 import T5, resolve_config
@@ -29,6 +29,8 @@ from simdist.optim import Optimizer
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
+
+from simdist.testing.hf_reference import hf_t5, t5_inputs  # noqa: E402
 
 TOL = 1e-4
 
@@ -39,27 +41,7 @@ def rel(a, b) -> float:
 
 
 def _hf_model(cfg, seed: int):
-    torch.manual_seed(seed)
-    hf_cfg = transformers.T5Config(
-        vocab_size=cfg.vocab_size,
-        d_model=cfg.d_model,
-        d_kv=cfg.d_kv,
-        d_ff=cfg.d_ff,
-        num_layers=cfg.num_layers,
-        num_decoder_layers=cfg.num_decoder_layers,
-        num_heads=cfg.num_heads,
-        relative_attention_num_buckets=cfg.relative_attention_num_buckets,
-        relative_attention_max_distance=cfg.relative_attention_max_distance,
-        dropout_rate=0.0,
-        layer_norm_epsilon=1e-6,
-        feed_forward_proj=cfg.feed_forward_proj,
-        tie_word_embeddings=cfg.tie_word_embeddings,
-        pad_token_id=PAD,
-        eos_token_id=EOS,
-        decoder_start_token_id=PAD,
-    )
-    hf_cfg._attn_implementation = "eager"
-    m = transformers.T5ForConditionalGeneration(hf_cfg)
+    m = hf_t5(cfg, seed)
     with torch.no_grad():  # non-trivial layer norms (HF initialises them to 1)
         for p in m.parameters():
             if p.dim() == 1:
@@ -73,15 +55,6 @@ def _batch(cfg, B: int, start: int = 0):
     x, y = x.copy(), y.copy()
     x[0, cfg.max_seq_length - 9 : cfg.max_seq_length] = PAD  # padding: the key mask matters
     return x, y
-
-
-def _hf_inputs(x, y, Te):
-    ids = torch.from_numpy(x[:, :Te]).long()
-    return dict(
-        input_ids=ids,
-        attention_mask=(ids != PAD).long(),
-        labels=torch.from_numpy(y).long(),
-    )
 
 
 def _load_into_simdist(hf, cfg, tmp: Path):
@@ -122,9 +95,9 @@ def test_loss_and_every_gradient_match_hugging_face(tmp_path, ffn):
     loss = model.forward(params, x, y)
     model.backward(params, grads, 1.0 / B)
 
-    loss32 = hf(**_hf_inputs(x, y, cfg.max_seq_length)).loss.item()
+    loss32 = hf(**t5_inputs(x, y, cfg.max_seq_length)).loss.item()
     hf64 = hf.double()
-    out = hf64(**_hf_inputs(x, y, cfg.max_seq_length))
+    out = hf64(**t5_inputs(x, y, cfg.max_seq_length))
     out.loss.backward()
     assert abs(loss - loss32) / abs(loss32) < 1e-5, (loss, loss32)
     assert abs(loss - out.loss.item()) / abs(out.loss.item()) < 1e-5, (loss, out.loss.item())
@@ -163,7 +136,7 @@ def test_ten_adamw_steps_match_hugging_face(tmp_path):
         model.backward(params, grads, 1.0 / B)
         opt.step(pflat, gflat, step + 1, ocfg.learning_rate)
         topt.zero_grad()
-        tl = hf(**_hf_inputs(x, y, cfg.max_seq_length)).loss
+        tl = hf(**t5_inputs(x, y, cfg.max_seq_length)).loss
         tl.backward()
         topt.step()
         losses.append((loss, tl.item()))

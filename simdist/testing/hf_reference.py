@@ -1,0 +1,87 @@
+"""Hugging Face twins of simdist's BERT and T5, for parity tests and benchmarks (optional:
+torch and transformers; simdist itself never imports either).
+
+``hf_bert`` / ``hf_t5`` build the Hugging Face model of a simdist config with random
+weights (nothing downloaded), in eager attention; ``bert_inputs`` / ``t5_inputs`` turn a
+simdist batch (``simdist.data.bert`` / ``simdist.data.t5``) into the model's keyword
+arguments, so both sides see the same tokens, masks and labels.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import transformers
+
+from simdist.data import bert as bert_data
+from simdist.data import t5 as t5_data
+
+
+def hf_bert(cfg, seed: int = 0, dropout: float = 0.0) -> transformers.BertForPreTraining:
+    torch.manual_seed(seed)
+    hf_cfg = transformers.BertConfig(
+        vocab_size=cfg.vocab_size,
+        hidden_size=cfg.hidden_size,
+        num_hidden_layers=cfg.num_hidden_layers,
+        num_attention_heads=cfg.num_attention_heads,
+        intermediate_size=cfg.intermediate_size,
+        max_position_embeddings=cfg.max_position_embeddings,
+        type_vocab_size=cfg.type_vocab_size,
+        hidden_act="gelu",
+        hidden_dropout_prob=dropout,
+        attention_probs_dropout_prob=dropout,
+        layer_norm_eps=1e-5,  # simdist's LayerNorm eps
+        pad_token_id=bert_data.PAD,
+    )
+    hf_cfg._attn_implementation = "eager"
+    return transformers.BertForPreTraining(hf_cfg)
+
+
+def bert_inputs(x: np.ndarray, y: np.ndarray, P: int) -> dict[str, torch.Tensor]:
+    """x (B, 3, T): tokens, segments, sample index; y (B, 2P + 1): masked positions, their
+    tokens, the NSP label. Labels are -100 except at the masked positions."""
+    ids = torch.from_numpy(x[:, 0]).long()
+    labels = torch.full_like(ids, -100)
+    pos = torch.from_numpy(y[:, :P]).long()
+    labels.scatter_(1, pos, torch.from_numpy(y[:, P : 2 * P]).long())
+    return dict(
+        input_ids=ids,
+        token_type_ids=torch.from_numpy(x[:, 1]).long(),
+        attention_mask=(ids != bert_data.PAD).long(),
+        labels=labels,
+        next_sentence_label=torch.from_numpy(y[:, 2 * P]).long(),
+    )
+
+
+def hf_t5(cfg, seed: int = 0, dropout: float = 0.0) -> transformers.T5ForConditionalGeneration:
+    torch.manual_seed(seed)
+    hf_cfg = transformers.T5Config(
+        vocab_size=cfg.vocab_size,
+        d_model=cfg.d_model,
+        d_kv=cfg.d_kv,
+        d_ff=cfg.d_ff,
+        num_layers=cfg.num_layers,
+        num_decoder_layers=cfg.num_decoder_layers,
+        num_heads=cfg.num_heads,
+        relative_attention_num_buckets=cfg.relative_attention_num_buckets,
+        relative_attention_max_distance=cfg.relative_attention_max_distance,
+        dropout_rate=dropout,
+        layer_norm_epsilon=1e-6,
+        feed_forward_proj=cfg.feed_forward_proj,
+        tie_word_embeddings=cfg.tie_word_embeddings,
+        pad_token_id=t5_data.PAD,
+        eos_token_id=t5_data.EOS,
+        decoder_start_token_id=t5_data.PAD,
+    )
+    hf_cfg._attn_implementation = "eager"
+    return transformers.T5ForConditionalGeneration(hf_cfg)
+
+
+def t5_inputs(x: np.ndarray, y: np.ndarray, Te: int) -> dict[str, torch.Tensor]:
+    """x (B, >= Te): the corrupted inputs in its first Te columns; y (B, Td): the targets."""
+    ids = torch.from_numpy(x[:, :Te]).long()
+    return dict(
+        input_ids=ids,
+        attention_mask=(ids != t5_data.PAD).long(),
+        labels=torch.from_numpy(y).long(),
+    )
