@@ -25,7 +25,7 @@ import tempfile
 import time
 
 import numpy as np
-from checks import Tally  # tests/mpi/checks.py, beside this script
+from checks import Tally, rhd_order, ring_order  # tests/mpi/checks.py, beside this script
 from simdist.kernels.optim import sum_of_squares
 
 from simdist.comm import ALGORITHMS, CollectiveMismatchError, Collectives, partition
@@ -156,30 +156,6 @@ def check_scalars(coll: Collectives) -> None:
 
 
 # ---------------------------------------------------------------- bitwise determinism
-
-
-def ring_order(xs: list[np.ndarray], b: np.ndarray) -> np.ndarray:
-    """Documented ring order: block q = (((x[q+1] + x[q+2]) + ...) + x[q])."""
-    out = np.empty_like(xs[0])
-    for q in range(P):
-        s = block(b, q)
-        acc = xs[(q + 1) % P][s].copy()
-        for k in range(2, P + 1):
-            acc += xs[(q + k) % P][s]
-        out[s] = acc
-    return out
-
-
-def rhd_order(xs: list[np.ndarray]) -> np.ndarray:
-    """Documented rhd tree: folded pairs, then participants paired across the highest bit."""
-    pof2 = 1 << (P.bit_length() - 1)
-    rem = P - pof2
-    v = [xs[2 * i] + xs[2 * i + 1] if i < rem else xs[i + rem].copy() for i in range(pof2)]
-    half = pof2 // 2
-    while half:
-        v = [v[i] + v[i + half] for i in range(half)]
-        half //= 2
-    return v[0]
 
 
 def check_bitwise(coll: Collectives, alg: str, n: int) -> None:
