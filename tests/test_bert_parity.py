@@ -9,23 +9,24 @@ torch or transformers (``pip install -e .[test]`` installs transformers).
 
 from pathlib import Path
 
-import h5py
 import numpy as np
 import pytest
 
 from simdist import interop
-from simdist.arena import Layout
 from simdist.config import OptimizerConfig
 from simdist.data.bert import PAD, BertData
 from simdist.data.text import load_corpus_bytes
-from simdist.models.base import GradientViews
 from simdist.models.bert import Bert, resolve_config
 from simdist.optim import Optimizer
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from simdist.testing.hf_reference import bert_inputs, hf_bert  # noqa: E402
+from simdist.testing.hf_reference import (  # noqa: E402
+    bert_inputs,
+    hf_bert,
+    load_into_simdist,
+)
 
 TOL = 1e-4
 
@@ -53,22 +54,8 @@ def _batch(cfg, B: int):
 
 
 def _load_into_simdist(hf, cfg, tmp: Path):
-    from safetensors.torch import save_file
-
-    src, ckpt = tmp / "bert.safetensors", tmp / "bert.h5"
-    state = {k: v.detach().clone().contiguous() for k, v in hf.state_dict().items()}
-    save_file(state, src)
-    interop.import_(src, ckpt, model="bert")
     model = Bert(cfg)
-    layout = Layout(model.parameter_specs(), world=1)
-    pflat = np.zeros(layout.padded, np.float32)
-    gflat = np.zeros(layout.padded, np.float32)
-    params = layout.views(pflat)
-    with h5py.File(ckpt, "r") as f:
-        assert set(f["model"]) == set(params), set(f["model"]) ^ set(params)
-        for name in params:
-            params[name][...] = f["model"][name][...]
-    return model, layout, pflat, gflat, params, GradientViews(layout.views(gflat))
+    return (model, *load_into_simdist(hf, model, "bert", tmp))
 
 
 def _config():

@@ -14,23 +14,20 @@ float64. The loss is compared with the float32 run as well.
 
 from pathlib import Path
 
-import h5py
 import numpy as np
 import pytest
 
 from simdist import interop
-from simdist.arena import Layout
 from simdist.config import OptimizerConfig
 from simdist.data.t5 import PAD, T5Data
 from simdist.data.text import load_corpus_bytes
-from simdist.models.base import GradientViews
 from simdist.models.t5 import T5, resolve_config
 from simdist.optim import Optimizer
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from simdist.testing.hf_reference import hf_t5, t5_inputs  # noqa: E402
+from simdist.testing.hf_reference import hf_t5, load_into_simdist, t5_inputs  # noqa: E402
 
 TOL = 1e-4
 
@@ -58,22 +55,8 @@ def _batch(cfg, B: int, start: int = 0):
 
 
 def _load_into_simdist(hf, cfg, tmp: Path):
-    from safetensors.torch import save_file
-
-    src, ckpt = tmp / "t5.safetensors", tmp / "t5.h5"
-    state = {k: v.detach().clone().contiguous() for k, v in hf.state_dict().items()}
-    save_file(state, src)
-    interop.import_(src, ckpt, model="t5")
     model = T5(cfg)
-    layout = Layout(model.parameter_specs(), world=1)
-    pflat = np.zeros(layout.padded, np.float32)
-    gflat = np.zeros(layout.padded, np.float32)
-    params = layout.views(pflat)
-    with h5py.File(ckpt, "r") as f:
-        assert set(f["model"]) == set(params), set(f["model"]) ^ set(params)
-        for name in params:
-            params[name][...] = f["model"][name][...]
-    return model, layout, pflat, gflat, params, GradientViews(layout.views(gflat))
+    return (model, *load_into_simdist(hf, model, "t5", tmp))
 
 
 def _config(**kw):

@@ -9,12 +9,18 @@ arguments, so both sides see the same tokens, masks and labels.
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import h5py
 import numpy as np
 import torch
 import transformers
 
+from simdist import interop
+from simdist.arena import Layout
 from simdist.data import bert as bert_data
 from simdist.data import t5 as t5_data
+from simdist.models.base import GradientViews
 
 
 def hf_bert(cfg, seed: int = 0, dropout: float = 0.0) -> transformers.BertForPreTraining:
@@ -85,3 +91,24 @@ def t5_inputs(x: np.ndarray, y: np.ndarray, Te: int) -> dict[str, torch.Tensor]:
         attention_mask=(ids != t5_data.PAD).long(),
         labels=torch.from_numpy(y).long(),
     )
+
+
+def load_into_simdist(hf: torch.nn.Module, model, name: str, tmp: Path) -> tuple:
+    """``hf``'s weights into simdist's ``model`` (its flat buffers, one rank) through the
+    interop path a user takes: safetensors -> ``interop.import_`` -> checkpoint -> buffers.
+    Returns (layout, parameter flat, gradient flat, parameter views, gradient views)."""
+    from safetensors.torch import save_file
+
+    src, ckpt = tmp / f"{name}.safetensors", tmp / f"{name}.h5"
+    save_file({k: v.detach().clone().contiguous() for k, v in hf.state_dict().items()}, src)
+    interop.import_(src, ckpt, model=name)
+    layout = Layout(model.parameter_specs(), world=1)
+    pflat = np.zeros(layout.padded, np.float32)
+    gflat = np.zeros(layout.padded, np.float32)
+    params = layout.views(pflat)
+    with h5py.File(ckpt, "r") as f:
+        if set(f["model"]) != set(params):
+            raise AssertionError(f"names differ: {sorted(set(f['model']) ^ set(params))}")
+        for n in params:
+            params[n][...] = f["model"][n][...]
+    return layout, pflat, gflat, params, GradientViews(layout.views(gflat))
