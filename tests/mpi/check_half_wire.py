@@ -20,11 +20,11 @@ import zlib
 
 import numpy as np
 from checks import Tally
+from simdist.kernels.half import BF16, F16, round_half
 
 from simdist.comm import Collectives, partition
 from simdist.comm.topology import Placement
 from simdist.comm.world import world
-from simdist.kernels.half import BF16, F16, round_half
 
 COMM = world()
 RANK, P = COMM.Get_rank(), COMM.Get_size()
