@@ -608,7 +608,8 @@ class GPT2:
         linear_forward(v.qkv2[i], v.ln1[i], params[attnw], params[attnb])
         st(v.qkv2[i])
         attention_forward(v.atty[i], v.att[i], v.qkv[i], cfg.n_head)
-        st(v.att[i], v.atty[i])
+        # the probabilities stay float32, as a fused attention keeps them (it stores none)
+        st(v.atty[i])
         linear_forward(v.res2[i], v.atty2[i], params[aprojw], params[aprojb])
         st(v.res2[i])
         residual_layernorm_forward(
