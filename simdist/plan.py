@@ -85,7 +85,11 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     p.add_argument("--micro-batch", type=int, default=None)
     p.add_argument("--seq", type=int, default=None, help="sequence length (default: context)")
-    p.add_argument("--precision", default=None, choices=("mixed", "fp32"), help="default mixed")
+    p.add_argument(
+        "--precision", default=None, choices=("mixed", "fp32", "bf16", "fp16"),
+        help="default mixed; bf16 / fp16: mixed with that half format, planned as simdist.train "
+        "runs it (runconfig.precision) where it can",
+    )  # fmt: skip
     p.add_argument("--half", default=None, choices=("fp16", "bf16"))
     p.add_argument("--devices-per-node", type=int, default=None)
     p.add_argument(
@@ -174,8 +178,8 @@ def main(argv: list[str] | None = None) -> int:
             batch=args.batch,
             micro_batch=args.micro_batch,
             seq=args.seq,
-            precision=args.precision or "mixed",
-            half=args.half,
+            precision="mixed" if args.precision in (None, "bf16", "fp16") else args.precision,
+            half=args.precision if args.precision in ("bf16", "fp16") else args.half,
             devices_per_node=args.devices_per_node,
             execution=args.execution,
             prefetch_depth=args.prefetch_depth,
@@ -215,7 +219,7 @@ def _search_main(args: argparse.Namespace, base: PlanConfig, devices: list[int])
         recompute=args.recompute,
         interleave=args.interleave,
         sequence_parallel=args.sequence_parallel,
-        precision=args.precision,
+        precision="mixed" if args.precision in ("bf16", "fp16") else args.precision,
     )
     results = scaling(base.model, devices, base.profile, space, base)
     if len(results) == 1:

@@ -386,10 +386,20 @@ PLAN_VS_RUN = [
     ("fc-mnist", ["--params=fc_mnist", "--train_input.batch_size=16"], 3, 2),
     ("gpt2-mini", ["--params=gpt2_mini", "--train_input.batch_size=2"], 3, 1),
 ]
+# mixed precision: half kernels' rates and traffic, 2-byte collectives and memory
+PLAN_VS_RUN_HALF = [
+    ("gpt2-mini", ["--params=gpt2_mini", "--train_input.batch_size=2"], 0, 1, "bf16"),
+    ("gpt2-mini", ["--params=gpt2_mini", "--train_input.batch_size=2"], 2, 1, "bf16"),
+    ("fc-mnist", ["--params=fc_mnist", "--train_input.batch_size=32"], 1, 1, "fp16"),
+    ("fc-mnist", ["--params=fc_mnist", "--train_input.batch_size=16"], 0, 2, "bf16"),
+]
 
 
-@pytest.mark.parametrize(("model", "args", "zero", "accum"), PLAN_VS_RUN)
-def test_plan_predicts_the_runs_simulated_step_time(tmp_path, model, args, zero, accum):
+@pytest.mark.parametrize(
+    ("model", "args", "zero", "accum", "precision"),
+    [(*row, "fp32") for row in PLAN_VS_RUN] + PLAN_VS_RUN_HALF,
+)
+def test_plan_predicts_the_runs_simulated_step_time(tmp_path, model, args, zero, accum, precision):
     """``python -m simdist.plan`` on the shapes and a 2-rank run of the same configuration
     on a GPU profile give the same device time per step: both play their step's events
     (the run: what it recorded; plan: ``dp_step_events`` from the shapes) through the same
@@ -407,6 +417,7 @@ def test_plan_predicts_the_runs_simulated_step_time(tmp_path, model, args, zero,
         "--profile=a100-80gb",
         f"--zero_opt_level={zero}",
         f"--optimizer.grad_accum_steps={accum}",
+        f"--runconfig.precision={precision}",
         "--optimizer.max_gradient_norm=null",  # clipping's scaling pass is data-dependent
         "--runconfig.collective_algorithm=ring",
         "--runconfig.mode=train",
@@ -428,7 +439,8 @@ def test_plan_predicts_the_runs_simulated_step_time(tmp_path, model, args, zero,
         zero=zero,
         batch=batch * accum,
         micro_batch=batch,
-        precision="fp32",
+        precision="fp32" if precision == "fp32" else "mixed",
+        half=None if precision == "fp32" else precision,
         optimizer="adam",
         algorithm="ring",
     )
@@ -437,6 +449,8 @@ def test_plan_predicts_the_runs_simulated_step_time(tmp_path, model, args, zero,
     assert r.step_s == pytest.approx(parts["compute"] + parts["exposed_comm"], rel=1e-9)
     assert r.breakdown_s["dp_comm_exposed"] == pytest.approx(parts["exposed_comm"], rel=1e-9)
     assert parts["exposed_comm"] > 0  # the collectives are really in both
+    assert p["simulation"]["dtype"] == ("fp32" if precision == "fp32" else precision)
+    assert p["simulation"]["memory_plan_matches"]
     peak = p["device_memory_peak_bytes"]  # memory: the run's own plan (memplan) in both
     for cat in ("parameters", "gradients", "optimizer_state", "workspace", "buckets"):
         assert r.memory_bytes[cat] == peak[cat], cat

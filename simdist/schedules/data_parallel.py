@@ -109,19 +109,19 @@ class DataParallel(Schedule):
         self.coll = Collectives(
             comm, r.collective_algorithm, r.check_collectives, placement=self.placement
         )
-        # the simulated accelerator (simdist.simulate); its accounted memory backs .memory
-        self.device = simulate.create_device(run.profile, comm, self.placement)
-        self.memory = DeviceAllocator(self.device.memory, self.coll)
-        self.model = build_model(self.params.model)
         self.precision = Precision(canonical(r.precision) or "fp32")
-        if hasattr(self.model, "set_precision"):
-            self.model.set_precision(self.precision)
         self.scaler = scaler_for(r, self.precision.name)
         self.skipped_steps_at_start = 0
         half = self.precision.half is not None
         # the wire of the gradient reduction (0: float32) and of the parameter gather
         self.grad_wire = self.precision.fmt if half and not r.fp32_allreduce else 0
         self.param_wire = self.precision.fmt if half else 0
+        # the simulated accelerator (simdist.simulate); its accounted memory backs .memory
+        self.device = simulate.create_device(run.profile, comm, self.placement, self.precision.half)
+        self.memory = DeviceAllocator(self.device.memory, self.coll)
+        self.model = build_model(self.params.model)
+        if hasattr(self.model, "set_precision"):
+            self.model.set_precision(self.precision)
         if self.zero_level == 3 and not hasattr(self.model, "stages"):
             raise ConfigError(
                 f"runconfig.zero_opt_level=3 gathers each stage's parameters before it runs, "

@@ -32,15 +32,17 @@ from .step import Coll, Span
 AGREEMENT_VALUES = 3  # the loop's per-step check: sum of squares, loss, stop signal (float64)
 
 
-def _blocks(bounds: np.ndarray) -> tuple[int, ...]:
-    return tuple(int(x) for x in 4 * np.diff(bounds))
+def _blocks(bounds: np.ndarray, elem: int = 4) -> tuple[int, ...]:
+    return tuple(int(x) for x in elem * np.diff(bounds))
 
 
 def _coll(op: str, algorithm: str, blocks: tuple[int, ...], staged: bool, phase: str | None):
     return Coll(op, algorithm, blocks, staged, phase, 0.0, 0.0)
 
 
-def group_reduce_scatters(layout: Layout, model: Any, micro_batch: int, seq: int | None):
+def group_reduce_scatters(
+    layout: Layout, model: Any, micro_batch: int, seq: int | None, elem: int = 4
+):
     """ZeRO-2's reduce-scatter blocks, one per gradient group, in the backward's order."""
     ranges = {}
     for g in model.gradient_groups():
@@ -52,7 +54,7 @@ def group_reduce_scatters(layout: Layout, model: Any, micro_batch: int, seq: int
     for k in model.kernel_costs(micro_batch, seq):
         if k.phase == "backward" and k.done:
             a, b = ranges[first_of[k.done[0]]]
-            out.append(_blocks(np.clip(layout.bounds - a, 0, b - a)))
+            out.append(_blocks(np.clip(layout.bounds - a, 0, b - a), elem))
     return out
 
 
@@ -68,18 +70,24 @@ def dp_step_events(
     algorithm: str = "ring",
     staged: bool = False,
     clip_scales: bool = False,
+    grad_bytes: int = 4,
+    param_bytes: int = 4,
 ) -> list[Span | Coll]:
     """One step of rank 0 as the run records it (see the module docstring).
 
     ``model``: anything with ``parameter_specs``, ``gradient_groups`` and ``kernel_costs``
     (a simdist model built from its config; nothing is allocated). ``clip_scales``: the
     gradient norm exceeds ``max_gradient_norm`` this step, so clipping scales the gradients
-    (data-dependent: a run decides it per step)."""
+    (data-dependent: a run decides it per step). ``grad_bytes`` / ``param_bytes``: bytes
+    per element of the gradient collectives and of the parameter all-gather (2 in mixed
+    precision's half-precision wire)."""
     if level not in (0, 1, 2, 3):
         raise ValueError(f"zero level must be 0, 1, 2 or 3 for a simdist step, got {level}")
     layout = Layout(model.parameter_specs(), world)
     padded, bounds = layout.padded, layout.bounds
-    group_rs = group_reduce_scatters(layout, model, micro_batch, seq) if level >= 2 else []
+    group_rs = (
+        group_reduce_scatters(layout, model, micro_batch, seq, grad_bytes) if level >= 2 else []
+    )
     if level == 3:
         plan = GatherPlan(layout, model.stages(), model.gradient_groups())
         cache = WindowCache(plan)  # empty at the start of every step, as in the run
@@ -110,11 +118,19 @@ def dp_step_events(
     sumsq = False
     if level == 0:
         events.append(
-            _coll("allreduce", algorithm, _blocks(partition(padded, world)), staged, "sync")
+            _coll(
+                "allreduce",
+                algorithm,
+                _blocks(partition(padded, world), grad_bytes),
+                staged,
+                "sync",
+            )
         )
         sumsq = bool(np.array_equal(partition(padded, world), bounds))
     elif level == 1:
-        events.append(_coll("reduce_scatter", algorithm, _blocks(bounds), staged, "sync"))
+        events.append(
+            _coll("reduce_scatter", algorithm, _blocks(bounds, grad_bytes), staged, "sync")
+        )
     events.append(Span("sync", 0.0, 0.0, {"sumsq": sumsq}))
     scalars = (8 * AGREEMENT_VALUES,) * world
     events.append(_coll("allreduce_scalars", "native", scalars, False, None))
@@ -123,7 +139,7 @@ def dp_step_events(
     updated = layout.shard_size if level > 0 else padded
     events.append(Span("optimizer", 0.0, 0.0, {"elements": updated, "type": optimizer_type}))
     if level in (1, 2):
-        events.append(_coll("allgather", algorithm, _blocks(bounds), staged, "gather"))
+        events.append(_coll("allgather", algorithm, _blocks(bounds, param_bytes), staged, "gather"))
     events.append(Span("gather", 0.0, 0.0, {}))
     return events
 

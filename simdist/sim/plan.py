@@ -281,16 +281,16 @@ class Planner(AnalyticStep):
 
     # ---- a configuration simdist.train runs: the run's step-time model on the shapes
     def _simdist_runs(self, spec: Any) -> bool:
-        """Would ``simdist.train`` run this (fp32, data parallel / ZeRO 0-3, resident
-        weights, a model simdist implements)? Then the plan is the run's own step."""
+        """Would ``simdist.train`` run this (fp32 with ZeRO 0-3, or mixed precision with its
+        half format named and ZeRO 0-2; data parallel, resident weights, a model simdist
+        implements)? Then the plan is the run's own step."""
         c = self.cfg
         model_ok = isinstance(spec, MLPSpec) or (
             isinstance(spec, TransformerSpec) and is_gpt2_layout(spec)
         )
         return (
             model_ok
-            and c.precision == "fp32"
-            and c.zero <= 3
+            and (c.precision == "fp32" and c.zero <= 3 or c.half is not None and c.zero <= 2)
             and c.tp == c.pp == c.interleave == 1
             and c.recompute == "none"
             and not c.sequence_parallel
@@ -352,6 +352,7 @@ class Planner(AnalyticStep):
             activation_bytes=model.activation_bytes,
             input_bytes_per_sample=0,
             window_elements=window_elements(model, dp),
+            weight_bytes=self.elem,
         )
         mem.update(by_category(rank_entries(setup)))
         dpn = prof.devices_per_node
@@ -359,7 +360,8 @@ class Planner(AnalyticStep):
         net = Network(dp, 0, "intra" if len(nodes) == 1 else "inter", nodes)
         # profiles keyed by the working set: what the ranks of a node keep resident
         self.cost.working_set = float(sum(mem.values())) * len(nodes[0])
-        dtype, notes = compute_dtype(prof)
+        half = c.half if c.precision == "mixed" else None
+        dtype, notes = compute_dtype(prof, half)
         self.notes += notes
         clock = VirtualClock(self.cost, 0, record_events=False)
         step_model = StepModel(
@@ -371,10 +373,12 @@ class Planner(AnalyticStep):
             (0, Layout(model.parameter_specs(), dp).shard_size),
             model.kernel_costs,
             self.notes,
+            elem_bytes=self.elem,
         )
         events = dp_step_events(
             model, world=dp, level=c.zero, micro_batch=micro, seq=T, accum=m,
-            optimizer_type=opt, algorithm=algorithm,
+            optimizer_type=opt, algorithm=algorithm, grad_bytes=self.elem,
+            param_bytes=self.elem,
         )  # fmt: skip
         played = step_model.play(events)
         summary = step_model.close(0.0, played)

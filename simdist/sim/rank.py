@@ -93,7 +93,9 @@ class RankDevice:
         return self.device.profile
 
 
-def create_device(prof: DeviceProfile, comm, place: Placement | None = None) -> RankDevice:
+def create_device(
+    prof: DeviceProfile, comm, place: Placement | None = None, half: str | None = None
+) -> RankDevice:
     """This rank's device with the profile the run loaded (collective unless ``place``, the
     ranks' placement, is given).
 
@@ -102,7 +104,7 @@ def create_device(prof: DeviceProfile, comm, place: Placement | None = None) -> 
     if place is None:
         place = placement(comm)
     prof = dataclasses.replace(prof, devices_per_node=place.max_ranks_per_node)
-    dtype, notes = compute_dtype(prof)
+    dtype, notes = compute_dtype(prof, half)  # half: a mixed-precision run's format
     return RankDevice(Device.create(prof, comm.Get_rank(), dtype=dtype), place, dtype, notes)
 
 
@@ -132,7 +134,8 @@ class RecordingCollectives:
 
     def _blocks(self, n: int, bounds) -> tuple[int, ...]:
         b = partition(n, self._inner.world) if bounds is None else np.asarray(bounds)
-        return tuple(int(x) for x in 4 * np.diff(b))
+        elem = 2 if self._inner.exchanger.half else 4  # a half-precision wire: 16-bit words
+        return tuple(int(x) for x in elem * np.diff(b))
 
     def _host(self, n: int) -> np.ndarray:
         if self.host_buffer.size < n:
@@ -243,6 +246,7 @@ class Simulation:
             run.sync.partition,
             run.model.kernel_costs,
             self.notes,
+            elem_bytes=run.precision.weight_bytes if hasattr(run, "precision") else 4,
         )
         self._records: list[Span | Coll] = []
         self._open = False

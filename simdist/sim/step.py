@@ -51,9 +51,16 @@ COMPUTE_PHASES = ("forward", "backward", "optimizer")  # "compute alone" of a st
 KernelCosts = Callable[[int, "int | None"], list[KernelCost]]  # (batch, seq) -> kernel calls
 
 
-def compute_dtype(profile) -> tuple[str, list[str]]:
-    """The dtype the kernels are timed at: fp32 (simdist computes in float32) where the
-    profile publishes an fp32 matrix peak, else its first published matrix dtype."""
+def compute_dtype(profile, half: str | None = None) -> tuple[str, list[str]]:
+    """The dtype the kernels are timed at: a mixed-precision run's ``half`` (bf16 / fp16)
+    where the profile publishes its matrix peak; else fp32 (simdist computes in float32)
+    where the profile publishes an fp32 matrix peak, else its first published matrix dtype."""
+    if half is not None:
+        if profile.has_peak("matmul", half):
+            return half, []
+        note = f"{profile.name} publishes no {half} matrix peak: kernels are timed at fp32"
+        dtype, notes = compute_dtype(profile)
+        return dtype, [note, *notes]
     if profile.has_peak("matmul", "fp32"):
         return "fp32", []
     for dt in ("tf32", "bf16", "fp16"):
@@ -135,8 +142,12 @@ class StepModel:
         own: tuple[int, int],
         kernel_costs: KernelCosts,
         notes: list[str] | None = None,
+        elem_bytes: int = 4,
     ):
+        """``elem_bytes``: bytes of an activation element (2 in mixed precision: the
+        kernels' traffic, counted in float32 elements by the models, scales with it)."""
         self.clock, self.cost, self.profile = clock, cost, cost.profile
+        self.elem_bytes = elem_bytes
         self.dtype, self.net, self.level, self.own = dtype, net, level, own
         self.kernel_costs = kernel_costs
         self.notes = notes if notes is not None else []
@@ -166,6 +177,8 @@ class StepModel:
             fwd: list[TimedKernel] = []
             bwd: list[TimedKernel] = []
             for k in self.kernel_costs(*shape):
+                if self.elem_bytes != 4:
+                    k = k._replace(bytes=k.bytes * self.elem_bytes / 4)
                 prefix = "fwd " if k.phase == "forward" else "bwd "
                 timed = TimedKernel(
                     prefix + k.name,
