@@ -1,7 +1,7 @@
 """ZeRO memory and communication: levels 0/1/2/3 at np 1, 2, 4 in one table, one run.
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python scripts/bench_zero.py [--json FILE]
-        [--hidden 4096,4096] [--steps 30] [--nps 1,2,4]
+        [--hidden 4096,4096] [--steps 30] [--nps 1,2,4] [--precision fp32|bf16|fp16]
 
 Each (np, level) is a fresh ``mpiexec -n NP python -m simdist.train`` of an FC-MNIST MLP
 deep and wide enough (default 784-2048x4-10, 14.2M parameters) that the model state dominates
@@ -17,6 +17,13 @@ where rank 0, whose figure the column shows, sends more or less when a gathered 
 slice boundaries split it unevenly) and the step time.
 With np > cores the step times measure oversubscription, not the algorithm: compare
 levels at equal np.
+
+``--precision bf16|fp16`` (mixed precision, ``simdist.precision``; levels 0-2): weights and
+gradients at 2 bytes, fp32 master + Adam moments at 12 (the ZeRO paper's K = 12):
+    DP 16 Psi_p;  ZeRO-1 4 Psi_p + 12 Psi_p/N;  ZeRO-2 2 Psi_p + 14 Psi_p/N + bucket,
+and the collectives move 2-byte words (expected 2(N-1)/N * 2 Psi_p). It then also prints the
+ZeRO paper's example (Psi = 7.5B, N = 64, Figure 1) from the run's own accounting
+(``simdist.memplan.rank_entries``, what a run reserves on its device before it allocates).
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ REPO = Path(__file__).resolve().parents[1]
 MPIEXEC = str(Path(sys.executable).parent / "mpiexec")
 
 
-def run(np_: int, level: int, hidden: str, steps: int) -> dict:
+def run(np_: int, level: int, hidden: str, steps: int, precision: str) -> dict:
     with tempfile.TemporaryDirectory() as d:
         cmd = [
             MPIEXEC,
@@ -52,6 +59,7 @@ def run(np_: int, level: int, hidden: str, steps: int) -> dict:
             f"--runconfig.save_summary_steps={steps}",
             "--runconfig.progress_bar=false",
             f"--runconfig.model_dir={d}/run",
+            f"--runconfig.precision={precision}",
         ]
         out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1800)
         if out.returncode:
@@ -78,7 +86,9 @@ def zero3_shapes(hidden: str, n: int) -> tuple[int, int]:
     return plan.window, gathered
 
 
-def formula(level: int, psi: int, n: int, bucket: int, window: int = 0) -> int:
+def formula(level: int, psi: int, n: int, bucket: int, window: int = 0, half: bool = False) -> int:
+    if half:  # 2 (weights) + 2 (gradients) + 12 (fp32 master, m, v) bytes per element
+        return (16 * psi, 4 * psi + 12 * psi // n, 2 * psi + 14 * psi // n + bucket)[level]
     if level == 0:
         return 16 * psi
     if level == 1:
@@ -94,7 +104,11 @@ def main() -> int:
     ap.add_argument("--hidden", default="2048,2048,2048,2048")
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--nps", default="1,2,4")
+    ap.add_argument("--precision", default="fp32", choices=("fp32", "bf16", "fp16"))
     args = ap.parse_args()
+    half = args.precision != "fp32"
+    elem = 2 if half else 4
+    levels = (0, 1, 2) if half else (0, 1, 2, 3)  # mixed precision runs ZeRO 0-2
     rows = []
     hdr = (
         f"{'np':>3}{'level':>6}{'param_MB':>10}{'grad_MB':>9}{'optim_MB':>10}"
@@ -104,8 +118,8 @@ def main() -> int:
     print(hdr)
     for n in map(int, args.nps.split(",")):
         window, gathered = zero3_shapes(args.hidden, n)
-        for level in (0, 1, 2, 3):
-            perf, psi = run(n, level, args.hidden, args.steps)
+        for level in levels:
+            perf, psi = run(n, level, args.hidden, args.steps, args.precision)
             mem = perf["memory_bytes"]
             p, g = mem.get("parameters", 0), mem.get("gradients", 0)
             o, b = mem.get("optimizer_state", 0), mem.get("buckets", 0)
@@ -116,12 +130,13 @@ def main() -> int:
                 "grad_bytes": g,
                 "optimizer_bytes": o,
                 "bucket_bytes": b,
-                "formula_bytes": formula(level, psi, n, b, window),
+                "precision": args.precision,
+                "formula_bytes": formula(level, psi, n, b, window, half),
                 "peak_rss_bytes": perf["peak_rss_bytes"],
                 "comm_bytes_per_step": perf["comm_bytes_sent_per_step"],
                 "expected_comm_bytes_per_step": (n - 1)
                 / n
-                * 4
+                * elem
                 * (2 * psi if level < 3 else psi + gathered),
                 "step_time_s": perf["step_time_s"],
             }
@@ -145,9 +160,42 @@ def main() -> int:
                 f"ZeRO-3 at np {n}: model state {state(z3) / state(z2):.3f} x ZeRO-2's, "
                 f"peak RSS {z3['peak_rss_bytes'] / z2['peak_rss_bytes']:.3f} x"
             )
+    if half:
+        print()
+        rows += zero_paper_example()
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     return 0
+
+
+def zero_paper_example(psi: int = 7_500_000_000, n: int = 64) -> list[dict]:
+    """The ZeRO paper's Figure 1 (7.5B parameters, 64 devices, mixed-precision Adam) from
+    the run's own device accounting: 120, 31.4, 16.6 GB for DP, ZeRO-1, ZeRO-2 (+ bucket:
+    the model here is 100 equal gradient groups, as a run's layers)."""
+    from simdist.memplan import RankSetup, rank_entries
+
+    layers = 100
+    setup = RankSetup(
+        numel_specs=tuple((f"w{i}", psi // layers) for i in range(layers)),
+        groups=tuple(((f"w{i}",), False) for i in range(layers)),
+        world=n, rank=0, zero_level=0, accum=1, optimizer_type="adamw", micro_batch=1,
+        algorithm="ring", activation_bytes=lambda b: 0, input_bytes_per_sample=0,
+        weight_bytes=2,
+    )  # fmt: skip
+    out = []
+    for level, paper_gb in ((0, 120.0), (1, 31.4), (2, 16.6)):
+        cats: dict[str, int] = {}
+        for e in rank_entries(setup, zero_level=level):
+            cats[e.category] = cats.get(e.category, 0) + e.nbytes
+        state = sum(cats.get(k, 0) for k in ("parameters", "gradients", "optimizer_state"))
+        bucket = cats.get("buckets", 0)
+        print(
+            f"ZeRO paper, 7.5B on {n} devices, level {level}: model state "
+            f"{state / 1e9:.1f} GB (paper {paper_gb} GB), bucket {bucket / 1e9:.2f} GB"
+        )
+        out.append({"zero_paper": True, "level": level, "state_bytes": state,
+                    "paper_gb": paper_gb, "bucket_bytes": cats.get("buckets", 0)})  # fmt: skip
+    return out
 
 
 if __name__ == "__main__":

@@ -204,6 +204,11 @@ class SharedMemory(Algorithm):
 
     # ------------------------------------------------------------------ operations
 
+    @property
+    def _elem(self) -> int:
+        """Bytes of an element as the collective's format counts it (2: a half wire)."""
+        return 2 if self.p2p.half else 4
+
     def _sum_owned(
         self, src: list[np.ndarray], out: np.ndarray, lo: int, hi: int, average: bool = False
     ) -> None:
@@ -244,7 +249,7 @@ class SharedMemory(Algorithm):
         self._fence(w)
         self._sum_owned(src, buf[lo:hi], lo, hi)
         self._fence(w)
-        self.p2p.bytes_sent += 4 * (buf.size - (hi - lo))
+        self.p2p.bytes_sent += self._elem * (buf.size - (hi - lo))
 
     def allgather(self, buf: np.ndarray, bounds: list[int]) -> None:
         lo, hi = bounds[self.rank], bounds[self.rank + 1]
@@ -255,7 +260,7 @@ class SharedMemory(Algorithm):
         self._fence(w)
         self._copy_others(src, buf, bounds)
         self._fence(w)
-        self.p2p.bytes_sent += 4 * (self.world - 1) * (hi - lo)
+        self.p2p.bytes_sent += self._elem * (self.world - 1) * (hi - lo)
 
     def allreduce(
         self, buf: np.ndarray, bounds: list[int], average: bool, sumsq: bool = False
@@ -281,7 +286,7 @@ class SharedMemory(Algorithm):
             mine = src[self.rank]
             buf[:lo] = mine[:lo]
             buf[hi:] = mine[hi:]
-        self.p2p.bytes_sent += 4 * (buf.size - (hi - lo) + (self.world - 1) * (hi - lo))
+        self.p2p.bytes_sent += self._elem * (buf.size - (hi - lo) + (self.world - 1) * (hi - lo))
         return partial
 
     def broadcast(self, buf: np.ndarray, root: int) -> None:
@@ -294,5 +299,5 @@ class SharedMemory(Algorithm):
         if self.rank != root:
             np.copyto(buf, src[root])
         else:
-            self.p2p.bytes_sent += 4 * (self.world - 1) * buf.size
+            self.p2p.bytes_sent += self._elem * (self.world - 1) * buf.size
         self._fence(w)
