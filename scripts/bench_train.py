@@ -341,6 +341,9 @@ def main() -> int:
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--steps", type=int, default=0, help="override the per-model step count")
+    ap.add_argument(
+        "--precision", help="bf16 / fp16: mixed-precision speed instead (bench_precision.py)"
+    )
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--independent", help=argparse.SUPPRESS)
     ap.add_argument("--dir", help=argparse.SUPPRESS)
@@ -350,6 +353,12 @@ def main() -> int:
         return 0
     if args.independent:
         return independent_worker(args.independent, args.steps, args.dir)
+    if args.precision:  # fp32 vs bf16 / fp16, simdist and PyTorch autocast, side by side
+        from bench_precision import main as precision_main
+
+        forward = ["--models", args.models, "--repeats", str(args.repeats)]
+        forward += ["--steps", str(args.steps)] + (["--no-torch"] if args.no_torch else [])
+        return precision_main(forward + (["--json", str(args.json)] if args.json else []))
 
     info = machine_info()
     cpu = info["cpu"]
