@@ -455,6 +455,11 @@ NOTES: dict[str, str] = {
     "model.n_head": "divides n_embd",
     "model.preset": "gpt2-mini, gpt2, gpt2-medium, gpt2-large, gpt2-xl; null: give all sizes",
 }
+# model.preset's rule per model (the key table shows each model's own presets)
+PRESET_NOTES: dict[str, str] = {
+    "bert": "bert-mini, bert-base, bert-large; null: give all sizes",
+    "t5": "t5-mini, t5-small, t5-base; null: give all sizes",
+}
 
 
 def _rule_error(key: str, rule: str, value: Any) -> ConfigError:
@@ -604,6 +609,8 @@ def key_table() -> str:
             rule = ("one of " + ", ".join(str(c).lower() for c in choices)) if choices else ""
             rule = rule or RULES.get(key, (None, ""))[1]
             note = NOTES.get(key, "")
+            if key == "model.preset":
+                note = PRESET_NOTES.get(label.split("(")[-1].rstrip(")"), note)
             rule = f"{rule}; {note}" if rule and note else rule or note
             default = f.default_factory() if f.default is dataclasses.MISSING else f.default
             default = "null" if default is None else str(default).lower()
