@@ -450,7 +450,7 @@ NOTES: dict[str, str] = {
     "runconfig.prefetch_depth": "weight_streaming only",
     "runconfig.tensor_parallel": "ranks per group, on one node; divides the ranks",
     "runconfig.tensor_parallel_mode": "batch: batch_size per group, split over it; weight: not yet",
-    "runconfig.precision": "half: fc_mnist, gpt2, pipelined, ZeRO 0-2; model.mixed_precision: fp16",
+    "runconfig.precision": "half: fc_mnist, gpt2, pipelined; model.mixed_precision: fp16",
     "runconfig.loss_scale": "null: dynamic in fp16, none otherwise; a number: static",
     "model.n_head": "divides n_embd",
     "model.preset": "gpt2-mini, gpt2, gpt2-medium, gpt2-large, gpt2-xl; null: give all sizes",
@@ -550,10 +550,10 @@ def _check_precision(p: Params) -> None:
             "trains in fp32 (runconfig.precision: fp32)",
             "runconfig.precision",
         )
-    if r.execution_mode != "pipelined" or r.zero_opt_level == 3:
+    if r.execution_mode != "pipelined":
         raise ConfigError(
-            f"{where}: mixed precision runs pipelined execution with zero_opt_level 0-2 so "
-            f"far (this run: {r.execution_mode}, ZeRO-{r.zero_opt_level}); use fp32 there",
+            f"{where}: mixed precision runs pipelined execution so far (this run: "
+            f"{r.execution_mode}); use fp32 there",
             "runconfig.precision",
         )
 

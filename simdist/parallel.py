@@ -195,6 +195,7 @@ class PartitionedParameters:
         self.cache = WindowCache(self.plan)
         self.views: list[dict[str, np.ndarray]] = [{}, {}]
         self.training = True
+        self.wire = 0  # mixed precision: the gathers' 16-bit format (Collectives.half_wire)
         self.gathers = 0  # all-gather calls so far (tests, bench)
         self._numel = {s.name: s for s in self.layout.specs}
         fwd, bwd = model.forward_stage, model.backward_stage
@@ -228,7 +229,8 @@ class PartitionedParameters:
         s, e = int(bounds[r]), int(bounds[r + 1])
         if e > s:  # this rank's block of the group, from its slice
             np.copyto(region[s:e], self.slice[g.a + s - self.lo : g.a + e - self.lo])
-        self.sync.coll.allgather(region, bounds=bounds, algorithm=self.sync.algorithm)
+        with self.sync.coll.half_wire(self.wire):
+            self.sync.coll.allgather(region, bounds=bounds, algorithm=self.sync.algorithm)
         self.gathers += 1
         if g.offset == 0:  # the window is being reloaded: its old views are gone
             self.views[g.window] = {}

@@ -392,6 +392,7 @@ PLAN_VS_RUN_HALF = [
     ("gpt2-mini", ["--params=gpt2_mini", "--train_input.batch_size=2"], 2, 1, "bf16"),
     ("fc-mnist", ["--params=fc_mnist", "--train_input.batch_size=32"], 1, 1, "fp16"),
     ("fc-mnist", ["--params=fc_mnist", "--train_input.batch_size=16"], 0, 2, "bf16"),
+    ("fc-mnist", ["--params=fc_mnist", "--train_input.batch_size=32"], 3, 1, "bf16"),
 ]
 
 

@@ -189,9 +189,7 @@ class DataParallel(Schedule):
         if self.precision.half is None:
             return
         if "master" not in loaded:
-            lo, hi = self.sync.update_range
-            np.copyto(self.optimizer.state["master"], self.params_flat[lo:hi])
-            self.precision.store(self.params_flat)
+            self._master_from_weights()
             run.log(
                 f"{path} was written in {attrs.get('precision', 'fp32')}: its parameters "
                 f"become the fp32 master weights of this {self.precision.name} run"
@@ -234,7 +232,8 @@ class DataParallel(Schedule):
         # buffers of the training collectives: shared memory where the ranks share a node
         self.partitioned = None
         if self.zero_level == 3:  # this rank's slice; stages gather into windows
-            self.partitioned = PartitionedParameters(self.sync, self.model, self.memory.alloc)
+            self.partitioned = PartitionedParameters(self.sync, self.model, half_alloc)
+            self.partitioned.wire = self.param_wire  # gathers move 16-bit words in half
             self.params_flat = None
             self.pviews = self.partitioned
         else:
@@ -280,9 +279,8 @@ class DataParallel(Schedule):
         else:
             self.model.init_parameters(self.pviews, rng)
             self.coll.broadcast(self.params_flat, root=0)  # replicas start identical, as DDP
-            if half:  # fp32 master of this rank's range; the weights are its half rounding
-                np.copyto(self.optimizer.state["master"], self.params_flat[lo:hi])
-                self.precision.store(self.params_flat)
+        if half:  # fp32 master of this rank's range; the weights are its half rounding
+            self._master_from_weights()
         self.sim = simulate.attach(self)  # hooks the step's calls; per-step device time
         self.state_shard = StateShard(
             self.comm,
@@ -360,8 +358,7 @@ class DataParallel(Schedule):
         else:
             master = self.optimizer.state["master"]
             self.optimizer.step(master, grads, applied, run.learning_rate(step))
-            lo, hi = sync.update_range
-            self.precision.store_into(self.params_flat[lo:hi], master)
+            self.precision.store_into(self.owned_parameters(), master)
         guard.enter("gather_parameters", n)
         with self.coll.half_wire(self.param_wire):  # half values: exact in half words
             sync.gather_parameters(self.params_flat)
@@ -379,6 +376,14 @@ class DataParallel(Schedule):
             lo,
             self.layout,
             self.params.runconfig.model_dir,
+        )
+
+    def _master_from_weights(self) -> None:
+        """Mixed precision: the fp32 weights become the master of this rank's range, and
+        every weight this rank holds its half rounding (all ranks round the same values)."""
+        np.copyto(self.optimizer.state["master"], self.owned_parameters())
+        self.precision.store(
+            self.params_flat if self.partitioned is None else self.partitioned.slice
         )
 
     def owned_parameters(self) -> np.ndarray:

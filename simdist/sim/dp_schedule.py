@@ -97,7 +97,7 @@ def dp_step_events(
         out = []
         for k in order:
             for g in stage_gathers(plan, cache, k, phase, True)[1]:
-                blocks = _blocks(plan.block_bounds(g.group))
+                blocks = _blocks(plan.block_bounds(g.group), param_bytes)
                 out.append(_coll("allgather", algorithm, blocks, staged, phase))
         return out
 

@@ -281,16 +281,17 @@ class Planner(AnalyticStep):
 
     # ---- a configuration simdist.train runs: the run's step-time model on the shapes
     def _simdist_runs(self, spec: Any) -> bool:
-        """Would ``simdist.train`` run this (fp32 with ZeRO 0-3, or mixed precision with its
-        half format named and ZeRO 0-2; data parallel, resident weights, a model simdist
-        implements)? Then the plan is the run's own step."""
+        """Would ``simdist.train`` run this (fp32, or mixed precision with its half format
+        named; data parallel / ZeRO 0-3, resident weights, a model simdist implements)?
+        Then the plan is the run's own step."""
         c = self.cfg
         model_ok = isinstance(spec, MLPSpec) or (
             isinstance(spec, TransformerSpec) and is_gpt2_layout(spec)
         )
         return (
             model_ok
-            and (c.precision == "fp32" and c.zero <= 3 or c.half is not None and c.zero <= 2)
+            and (c.precision == "fp32" or c.half is not None)
+            and c.zero <= 3
             and c.tp == c.pp == c.interleave == 1
             and c.recompute == "none"
             and not c.sequence_parallel
