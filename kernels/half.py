@@ -106,6 +106,24 @@ def f32_from_f16(h):
 
 
 @kernel
+def round_f16_value(v):
+    """v rounded to the nearest float16, as float32: ``round_f16``'s bits (NaN payloads,
+    subnormals, overflow included) without branches, so the loops around it vectorise."""
+    u = np.int64(f32_as_u32(v))
+    a = u & 0x7FFFFFFF
+    sign = u & 0x80000000
+    # a normal half: drop 13 significand bits, ties to even (the carry may bump the exponent)
+    y = u32_as_f32(np.uint32(((u + 0x0FFF + ((u >> 13) & 1)) & ~np.int64(0x1FFF)) & 0xFFFFFFFF))
+    # below 2^-14: a multiple of 2^-24; adding 0.75 puts it where float32's spacing is 2^-24
+    t = (v + np.float32(0.75)) - np.float32(0.75)
+    sub = u32_as_f32(np.uint32(np.int64(f32_as_u32(t)) | sign))
+    y = sub if a < 0x38800000 else y
+    y = u32_as_f32(np.uint32(sign | 0x7F800000)) if a >= 0x477FF000 else y  # past 65504
+    quiet = u32_as_f32(np.uint32(sign | 0x7FC00000 | (((a >> 13) & 0x3FF) << 13)))
+    return quiet if a > 0x7F800000 else y
+
+
+@kernel
 def round_bf16(x):
     """x rounded to the nearest bfloat16, as float32."""
     return f32_from_bf16(bf16_from_f32(x))
@@ -158,7 +176,7 @@ def round_half(x, fmt):
             x[i] = f32_from_bf16(bf16_from_f32(x[i]))
     else:
         for i in range(x.size):
-            x[i] = f32_from_f16(f16_from_f32(x[i]))
+            x[i] = round_f16_value(x[i])
 
 
 @kernel
@@ -169,7 +187,7 @@ def round_half_into(out, x, fmt):
             out[i] = f32_from_bf16(bf16_from_f32(x[i]))
     else:
         for i in range(x.size):
-            out[i] = f32_from_f16(f16_from_f32(x[i]))
+            out[i] = round_f16_value(x[i])
 
 
 @kernel
@@ -203,7 +221,7 @@ def add_half(acc, h, fmt):
             acc[i] = f32_from_bf16(bf16_from_f32(acc[i] + f32_from_bf16(h[i])))
     else:
         for i in range(h.size):
-            acc[i] = f32_from_f16(f16_from_f32(acc[i] + f32_from_f16(h[i])))
+            acc[i] = round_f16_value(acc[i] + f32_from_f16(h[i]))
 
 
 def _warm() -> None:

@@ -58,3 +58,46 @@ def test_rounding_cases_by_hand():
     assert round_f16(np.float32(2**-25)) == 0.0  # tie between 0 and the smallest subnormal
     assert round_f16(np.float32(1.5 * 2**-25)) == np.float32(2**-24)
     assert round_f16(np.float32(-(2**-24))) == np.float32(-(2**-24))
+
+
+def test_in_place_rounding_equals_store_and_reload_bit_for_bit():
+    """``round_half`` (the branch-free float16 path included), ``round_half_into`` and
+    ``add_half``: the bits of converting to the half format and back, NaN payloads too."""
+    from simdist.kernels.half import (
+        BF16,
+        F16,
+        add_half,
+        pack_half,
+        round_half,
+        round_half_into,
+        unpack_half,
+    )
+
+    x = _patterns().view(np.float32)
+    for fmt, to, back in ((BF16, to_bf16, from_bf16), (F16, to_f16, from_f16)):
+        words = np.empty(x.size, np.uint16)
+        to(words, x)
+        want = np.empty(x.size, np.float32)
+        back(want, words)
+        got = x.copy()
+        round_half(got, fmt)
+        assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), fmt
+        into = np.empty_like(x)
+        round_half_into(into, x, fmt)
+        assert np.array_equal(into.view(np.uint32), want.view(np.uint32)), fmt
+        packed = np.empty(x.size, np.uint16)
+        pack_half(packed, x, fmt)
+        assert np.array_equal(packed, words), fmt
+        unpacked = np.empty_like(x)
+        unpack_half(unpacked, words, fmt)
+        assert np.array_equal(unpacked.view(np.uint32), want.view(np.uint32)), fmt
+        # add_half: the sum of a value and a half word, stored half
+        acc = want[::-1].copy()
+        with np.errstate(over="ignore", invalid="ignore"):
+            total = acc + want
+        ref_words = np.empty(x.size, np.uint16)
+        to(ref_words, total)
+        ref = np.empty_like(x)
+        back(ref, ref_words)
+        add_half(acc, words, fmt)
+        assert np.array_equal(acc.view(np.uint32), ref.view(np.uint32)), fmt
