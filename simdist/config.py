@@ -450,7 +450,7 @@ NOTES: dict[str, str] = {
     "runconfig.prefetch_depth": "weight_streaming only",
     "runconfig.tensor_parallel": "ranks per group, on one node; divides the ranks",
     "runconfig.tensor_parallel_mode": "batch: batch_size per group, split over it; weight: not yet",
-    "runconfig.precision": "half: fc_mnist, gpt2, pipelined; model.mixed_precision: fp16",
+    "runconfig.precision": "half: fc_mnist, gpt2, bert; pipelined; model.mixed_precision: fp16",
     "runconfig.loss_scale": "null: dynamic in fp16, none otherwise; a number: static",
     "model.n_head": "divides n_embd",
     "model.preset": "gpt2-mini, gpt2, gpt2-medium, gpt2-large, gpt2-xl; null: give all sizes",
@@ -544,10 +544,10 @@ def _check_precision(p: Params) -> None:
     if canonical(r.precision) == "fp32":
         return
     where = f"runconfig.precision={r.precision}"
-    if p.model.name not in ("fc_mnist", "gpt2"):
+    if p.model.name not in ("fc_mnist", "gpt2", "bert"):
         raise ConfigError(
-            f"{where}: mixed precision runs fc_mnist and gpt2 so far; model {p.model.name} "
-            "trains in fp32 (runconfig.precision: fp32)",
+            f"{where}: mixed precision runs fc_mnist, gpt2 and bert so far; model "
+            f"{p.model.name} trains in fp32 (runconfig.precision: fp32)",
             "runconfig.precision",
         )
     if r.execution_mode != "pipelined":

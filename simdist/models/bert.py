@@ -57,6 +57,7 @@ from simdist.kernels.transformer_act import (
     tanh_backward,
     tanh_forward,
 )
+from simdist.precision import no_store, precision_store
 
 from . import bert_costs
 from .base import GradientGroup, KernelCost, ParamSpec
@@ -146,10 +147,16 @@ class Bert:
         self._seed = 0
         self._step: Callable[[], int] = lambda: 0
         self._dropout = False  # this forward applies dropout (training, p > 0)
+        self._store = no_store  # set_precision: round what the kernels store
         self.extra_eval: dict[str, list[float]] = {
             "nsp_accuracy": [0.0, 0.0],
             "nsp_loss": [0.0, 0.0],
         }
+
+    def set_precision(self, precision) -> None:
+        """Train in ``precision`` (``simdist.precision.Precision``): every activation and
+        activation gradient the kernels write is stored in its half format."""
+        self._store = precision_store(precision)
 
     # -------------------------------------------------------------- training-loop hook
     def bind_step(self, seed: int, step: Callable[[], int]) -> None:
@@ -255,12 +262,15 @@ class Bert:
         if not self._dropout:
             ph = pa = F32(0.0)
         g = grads
+        st = self._store
         wte = params[EMBED_PARAMS[0]]
         # ---- heads: MLM (per-sample loss = mean of its P token losses) and NSP
         softmax_cross_entropy_backward(v.probs, v.probs, v.labels, F32(dloss / P))
+        st(v.probs)
         linear_hf_backward(
             v.dm1, g[EMBED_PARAMS[0]], g["cls.predictions.bias"], v.probs, v.t_ln, wte
         )
+        st(v.dm1)
         layernorm_backward(
             v.dm2,
             g["cls.predictions.transform.LayerNorm.weight"],
@@ -271,7 +281,9 @@ class Bert:
             v.t_mean,
             v.t_rstd,
         )
+        st(v.dm2)
         gelu_erf_backward(_flat(v.dm1), _flat(v.t_dense), _flat(v.dm2))
+        st(v.dm1)
         linear_hf_backward(
             v.dm2,
             g["cls.predictions.transform.dense.weight"],
@@ -280,7 +292,9 @@ class Bert:
             v.mlm_in,
             params["cls.predictions.transform.dense.weight"],
         )
+        st(v.dm2)
         softmax_cross_entropy_backward(v.nsp_probs, v.nsp_probs, v.nsp_labels, F32(dloss))
+        st(v.nsp_probs)
         linear_hf_backward(
             v.db1,
             g["cls.seq_relationship.weight"],
@@ -289,7 +303,9 @@ class Bert:
             v.pooled,
             params["cls.seq_relationship.weight"],
         )
+        st(v.db1)
         tanh_backward(_flat(v.db2), _flat(v.pooled), _flat(v.db1))
+        st(v.db2)
         linear_hf_backward(
             v.db1,
             g["bert.pooler.dense.weight"],
@@ -298,10 +314,12 @@ class Bert:
             v.cls,
             params["bert.pooler.dense.weight"],
         )
+        st(v.db1)
         g.done(HEAD_PARAMS)
         v.dres.fill(0.0)
         gather_rows_backward(v.dres, v.dm2, v.rows)
         gather_rows_backward(v.dres, v.db1, v.cls_rows)
+        st(v.dres)
         # ---- encoder layers, last to first; dres holds d(layer output)
         for i in range(L - 1, -1, -1):
             self._layer_backward(v, params, g, i, ph, pa)
@@ -309,6 +327,7 @@ class Bert:
         # ---- embeddings: dres is d x0
         if ph > 0:
             dropout_backward(_rows(v.dres, v.B), _rows(v.dres, v.B), v.keys, 0, ph)
+            st(v.dres)
         layernorm_backward(
             v.dln,
             g["bert.embeddings.LayerNorm.weight"],
@@ -319,6 +338,7 @@ class Bert:
             v.emb_mean,
             v.emb_rstd,
         )
+        st(v.dln)
         dwpe, dwtt = g[EMBED_PARAMS[1]], g[EMBED_PARAMS[2]]
         dwpe.fill(0.0)
         dwtt.fill(0.0)
@@ -374,13 +394,16 @@ class Bert:
         ph, pa = F32(cfg.hidden_dropout_prob), F32(cfg.attention_probs_dropout_prob)
         if not self._dropout:
             ph = pa = F32(0.0)
+        st = self._store  # mixed precision: what a kernel writes is stored half (else no-op)
         segment_embedding_forward(v.emb3, v.tokens, v.types, *(params[n] for n in EMBED_PARAMS[:3]))
+        st(v.emb)
         layernorm_forward(
             v.x0, v.emb_mean, v.emb_rstd, v.emb,
             params["bert.embeddings.LayerNorm.weight"], params["bert.embeddings.LayerNorm.bias"],
         )  # fmt: skip
         if ph > 0:
             dropout_forward(_rows(v.x0, v.B), _rows(v.x0, v.B), v.keys, 0, ph)
+        st(v.x0)
         for i in range(L):
             (qw, qb, kw, kb, vw, vb, ow, ob, l1w, l1b, iw, ib, o2w, o2b, l2w, l2b) = (
                 self._layer_names[i]
@@ -389,15 +412,18 @@ class Bert:
             linear_hf_forward(v.q[i], x, params[qw], params[qb])
             linear_hf_forward(v.k[i], x, params[kw], params[kb])
             linear_hf_forward(v.v[i], x, params[vw], params[vb])
+            st(v.q[i], v.k[i], v.v[i])
             mha_forward(
                 v.ctx3[i], v.att[i], v.q3[i], v.k3[i], v.v3[i], v.keep, v.att_scratch,
                 v.att_dscores, NH, False, v.keys, _site(i, 0), pa,
             )  # fmt: skip
+            st(v.ctx[i])  # the probabilities stay float32, as a fused attention keeps them
             linear_hf_forward(v.res1[i], v.ctx[i], params[ow], params[ob])
             if ph > 0:
                 dropout_forward(
                     _rows(v.res1[i], v.B), _rows(v.res1[i], v.B), v.keys, _site(i, 1), ph
                 )
+            st(v.res1[i])
             residual_layernorm_forward(
                 v.res1[i],
                 v.a1[i],
@@ -408,13 +434,17 @@ class Bert:
                 params[l1w],
                 params[l1b],
             )
+            st(v.res1[i], v.a1[i])
             linear_hf_forward(v.inter[i], v.a1[i], params[iw], params[ib])
+            st(v.inter[i])
             gelu_erf_forward(_flat(v.inter_g[i]), _flat(v.inter[i]))
+            st(v.inter_g[i])
             linear_hf_forward(v.res2[i], v.inter_g[i], params[o2w], params[o2b])
             if ph > 0:
                 dropout_forward(
                     _rows(v.res2[i], v.B), _rows(v.res2[i], v.B), v.keys, _site(i, 2), ph
                 )
+            st(v.res2[i])
             residual_layernorm_forward(
                 v.res2[i],
                 v.h[i],
@@ -425,6 +455,7 @@ class Bert:
                 params[l2w],
                 params[l2b],
             )
+            st(v.res2[i], v.h[i])
         out = v.h[L - 1]
         # MLM head on the masked rows; decoder tied to the word embeddings
         gather_rows_forward(v.mlm_in, out, v.rows)
@@ -432,13 +463,17 @@ class Bert:
             v.t_dense, v.mlm_in, params["cls.predictions.transform.dense.weight"],
             params["cls.predictions.transform.dense.bias"],
         )  # fmt: skip
+        st(v.t_dense)
         gelu_erf_forward(_flat(v.t_gelu), _flat(v.t_dense))
+        st(v.t_gelu)
         layernorm_forward(
             v.t_ln, v.t_mean, v.t_rstd, v.t_gelu,
             params["cls.predictions.transform.LayerNorm.weight"],
             params["cls.predictions.transform.LayerNorm.bias"],
         )  # fmt: skip
+        st(v.t_ln)
         linear_hf_forward(v.logits, v.t_ln, params[EMBED_PARAMS[0]], params["cls.predictions.bias"])
+        st(v.logits)  # the loss reads them in float32
         softmax_cross_entropy_forward(v.mlm_losses, v.probs, v.logits, v.labels)
         # pooler ([CLS] row) and NSP
         gather_rows_forward(v.cls, out, v.cls_rows)
@@ -448,11 +483,14 @@ class Bert:
             params["bert.pooler.dense.weight"],
             params["bert.pooler.dense.bias"],
         )
+        st(v.pooled_pre)
         tanh_forward(_flat(v.pooled), _flat(v.pooled_pre))
+        st(v.pooled)
         linear_hf_forward(
             v.nsp_logits, v.pooled, params["cls.seq_relationship.weight"],
             params["cls.seq_relationship.bias"],
         )  # fmt: skip
+        st(v.nsp_logits)
         softmax_cross_entropy_forward(v.nsp_losses, v.nsp_probs, v.nsp_logits, v.nsp_labels)
 
     def _layer_backward(self, v: _Views, params, g, i: int, ph, pa) -> None:
@@ -461,33 +499,43 @@ class Bert:
             i
         ]
         B = v.B
+        st = self._store
         # h = LN2(res2), res2 = a1 + drop(dense(gelu(dense(a1)))); dres = d h
         layernorm_backward(
             v.dln, g[l2w], g[l2b], v.dres, v.res2[i], params[l2w], v.h_mean[i], v.h_rstd[i]
         )
+        st(v.dln)
         if ph > 0:
             dropout_backward(_rows(v.dres, B), _rows(v.dln, B), v.keys, _site(i, 2), ph)
+            st(v.dres)
             d_out = v.dres
         else:
             d_out = v.dln
         linear_hf_backward(v.dinter_g, g[o2w], g[o2b], d_out, v.inter_g[i], params[o2w])
+        st(v.dinter_g)
         gelu_erf_backward(_flat(v.dinter), _flat(v.inter[i]), _flat(v.dinter_g))
+        st(v.dinter)
         linear_hf_backward(v.dres, g[iw], g[ib], v.dinter, v.a1[i], params[iw])
         residual_forward(_flat(v.dres), _flat(v.dres), _flat(v.dln))  # + the skip path
+        st(v.dres)
         # a1 = LN1(res1), res1 = x + drop(dense(attn(x)))
         layernorm_backward(
             v.dln, g[l1w], g[l1b], v.dres, v.res1[i], params[l1w], v.a1_mean[i], v.a1_rstd[i]
         )
+        st(v.dln)
         if ph > 0:
             dropout_backward(_rows(v.dres, B), _rows(v.dln, B), v.keys, _site(i, 1), ph)
+            st(v.dres)
             d_out = v.dres
         else:
             d_out = v.dln
         linear_hf_backward(v.dctx, g[ow], g[ob], d_out, v.ctx[i], params[ow])
+        st(v.dctx)
         mha_backward(
             v.dq3, v.dk3, v.dv3, v.dctx3, v.q3[i], v.k3[i], v.v3[i], v.att[i], v.att_scratch,
             v.att_dscores, cfg.num_attention_heads, False, v.keys, _site(i, 0), pa,
         )  # fmt: skip
+        st(v.dq, v.dk, v.dv)
         x = v.layer_in[i]
         linear_hf_backward(v.dres, g[qw], g[qb], v.dq, x, params[qw])
         linear_hf_backward(v.dctx, g[kw], g[kb], v.dk, x, params[kw])
@@ -495,6 +543,7 @@ class Bert:
         linear_hf_backward(v.dctx, g[vw], g[vb], v.dv, x, params[vw])
         residual_forward(_flat(v.dres), _flat(v.dres), _flat(v.dctx))
         residual_forward(_flat(v.dres), _flat(v.dres), _flat(v.dln))  # + the skip path
+        st(v.dres)
 
 
 def _site(layer: int, which: int) -> int:
