@@ -348,6 +348,10 @@ class DataParallel(Schedule):
                     f"skipped, scale now {self.scaler.scale:g} "
                     f"({self.scaler.skipped_steps} skipped so far)"
                 )
+                # the step still ends with the gather (unchanged weights), as every step
+                # does for the simulated device and ZeRO-3's windows
+                with self.coll.half_wire(self.param_wire):
+                    sync.gather_parameters(self.params_flat)
                 return StepResult(loss, None, stop)
         norm = self.clip(grads, sumsq)
         guard.enter("update", n)
