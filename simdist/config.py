@@ -95,6 +95,10 @@ class RunConfig:
     # "batch" divides its batch among them (batch_size is per group of N)
     tensor_parallel: int = 1
     tensor_parallel_mode: str = "batch"
+    # pipeline parallelism: the model's stages split over P consecutive ranks of a replica,
+    # micro-batches = grad_accum_steps (simdist.schedules.pipeline)
+    pipeline_parallel: int = 1
+    pipeline_schedule: str = "1f1b"
 
 
 @dataclass(frozen=True)
@@ -155,6 +159,9 @@ FLAG_ALIASES: dict[str, tuple[str, str | None]] = {
     "--tensor-parallel": ("runconfig.tensor_parallel", "value"),
     "--tensor_parallel": ("runconfig.tensor_parallel", "value"),
     "--tensor-parallel-mode": ("runconfig.tensor_parallel_mode", "value"),
+    "--pipeline-parallel": ("runconfig.pipeline_parallel", "value"),
+    "--pipeline_parallel": ("runconfig.pipeline_parallel", "value"),
+    "--pipeline-schedule": ("runconfig.pipeline_schedule", "value"),
     "--weight_decay": ("optimizer.weight_decay", "value"),
     "--learning_rate": ("optimizer.learning_rate", "value"),
     "--adam_beta2": ("optimizer.beta2", "value"),
@@ -166,6 +173,7 @@ CHOICES: dict[str, tuple] = {
     "runconfig.collective_algorithm": ("auto", "ring", "rhd", "hierarchical", "shm", "native"),
     "runconfig.execution_mode": ("pipelined", "weight_streaming"),
     "runconfig.tensor_parallel_mode": ("batch", "weight"),
+    "runconfig.pipeline_schedule": ("1f1b", "gpipe"),
     "runconfig.progress_bar": ("auto", True, False),
     "optimizer.optimizer_type": ("adamw", "sgd"),
     "model.feed_forward_proj": ("relu", "gated-gelu", None),
@@ -382,6 +390,7 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "runconfig.prefetch_depth": (_at_least(0), ">= 0"),
     "runconfig.input_workers_per_replica": (_at_least(0), ">= 0"),
     "runconfig.tensor_parallel": (_at_least(1), ">= 1"),
+    "runconfig.pipeline_parallel": (_at_least(1), ">= 1"),
 }
 # What a value means where the rule alone does not say (README, and some messages).
 NOTES: dict[str, str] = {
@@ -401,6 +410,10 @@ NOTES: dict[str, str] = {
     "runconfig.prefetch_depth": "weight_streaming only",
     "runconfig.tensor_parallel": "ranks per group, on one node; divides the ranks",
     "runconfig.tensor_parallel_mode": "batch: batch_size per group, split over it; weight: not yet",
+    "runconfig.pipeline_parallel": (
+        "stages per replica (consecutive ranks); divides the ranks; ZeRO 0-1, no TP"
+    ),
+    "runconfig.pipeline_schedule": "micro-batches: optimizer.grad_accum_steps",
     "model.n_head": "divides n_embd",
     "model.preset": "gpt2-mini, gpt2, gpt2-medium, gpt2-large, gpt2-xl; null: give all sizes",
 }
@@ -457,6 +470,8 @@ def validate(p: Params) -> None:
         )
     if r.tensor_parallel > 1:
         _check_tensor_parallel(p)
+    if r.pipeline_parallel > 1:
+        _check_pipeline_parallel(r)
     if r.execution_mode != "weight_streaming":
         defaults = RunConfig()
         for name in ("weight_servers", "prefetch_depth"):
@@ -493,6 +508,29 @@ def _check_tensor_parallel(p: Params) -> None:
             f"and is divided among its {r.tensor_parallel} devices: give a multiple of "
             f"{r.tensor_parallel}",
             "train_input.batch_size",
+        )
+
+
+def _check_pipeline_parallel(r: RunConfig) -> None:
+    """What pipeline parallelism composes with (the world-size and model checks come at
+    launch, ``simdist.schedules.pipeline``)."""
+    why = None
+    if r.execution_mode != "pipelined" or r.input_workers_per_replica:
+        why = "applies to pipelined execution without input workers"
+    elif r.tensor_parallel > 1:
+        why = (
+            "with runconfig.tensor_parallel > 1 is not supported yet (DP x PP runs; give "
+            "tensor_parallel: 1)"
+        )
+    elif r.zero_opt_level > 1:
+        why = (
+            f"runs ZeRO 0 or 1 on the data-parallel axis, not zero_opt_level="
+            f"{r.zero_opt_level} (set runconfig.zero_opt_level to 0 or 1)"
+        )
+    if why:
+        raise ConfigError(
+            f"runconfig.pipeline_parallel={r.pipeline_parallel} {why}",
+            "runconfig.pipeline_parallel",
         )
 
 

@@ -491,6 +491,32 @@ class GPT2:
         )
         grads.done(self._layer_names[i])
 
+    # -------------------------------------------------------------- pipeline boundaries
+    def stage_input(self, k: int) -> list[np.ndarray]:
+        """What stage ``k`` (>= 1) reads from the stages before it, as views of the loaded
+        micro-batch's arena: the embedding's output for block 0; for later blocks and the
+        head, the previous block's res2 and its MLP output (res3 before the residual add,
+        which stage k runs fused with its layernorm). A pipeline sends these after stage
+        k - 1's forward and receives them before stage k's."""
+        v = self._current
+        if v is None:
+            raise RuntimeError("stage_input without begin(inputs, targets)")
+        if k == 1:
+            return [v.encoded]
+        return [v.res2[k - 2], v.res3[k - 2]]
+
+    def stage_input_grad(self, k: int) -> np.ndarray:
+        """The gradient of stage ``k``'s input after ``backward_stage(k)``; also where
+        ``backward_stage(k - 1)`` starts from (one residual-stream gradient buffer)."""
+        if self._current is None:
+            raise RuntimeError("stage_input_grad without begin(inputs, targets)")
+        return self._current.dres
+
+    def hold_for_backward(self) -> None:
+        """A pipeline stage that ends before the head: keep this micro-batch's activations
+        for its backward (the head's forward does this otherwise)."""
+        self._saved = self._current
+
     def gradient_groups(self) -> list[GradientGroup]:
         """ln_f, then blocks last to first, then the embeddings: written first by the tied
         LM head and finished last by the embedding backward, hence held."""
