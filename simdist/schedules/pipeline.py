@@ -183,6 +183,34 @@ class StagePlan:
         )
 
 
+def measured_bubble(ranks: list[dict[str, Any]], P: int) -> dict[str, Any]:
+    """The bubble as the schedule defines it: the share of the pipeline's forward/backward
+    span a stage is not computing. Per step and replica the span is the longest stage's
+    forward/backward phase (all start together, after the previous step's agreement); a
+    rank computes for its phase minus its blocked receives. Averaged over ranks and steps
+    (each step weighted by its span); also per stage, and the receive waits alone."""
+    spans: dict[int, np.ndarray] = {}
+    for x in ranks:
+        f = np.array([a for a, _ in x["fb_steps"]])
+        spans[x["replica"]] = np.maximum(spans.get(x["replica"], f), f)
+    idle = []
+    for x in ranks:
+        span = spans[x["replica"]]
+        busy = np.array([a - w for a, w in x["fb_steps"]])
+        idle.append(float((span - busy).sum() / span.sum()) if span.sum() > 0 else 0.0)
+    return {
+        "bubble_fraction": float(np.mean(idle)),
+        "bubble_fraction_per_stage": [
+            float(np.mean([b for b, x in zip(idle, ranks, strict=True) if x["stage"] == s]))
+            for s in range(P)
+        ],
+        "receive_wait_fraction_per_stage": [
+            float(np.mean([x["receive_wait_fraction"] for x in ranks if x["stage"] == s]))
+            for s in range(P)
+        ],
+    }
+
+
 class Pipeline(Schedule):
     name = "pipelined"
 
@@ -333,7 +361,7 @@ class Pipeline(Schedule):
         self.k0, self.k1 = plan.ranges[s]
         self.p2p_bytes = 0
         self.wait_s = 0.0
-        self.fb_s = 0.0
+        self.fb_steps: list[tuple[float, float]] = []  # (forward/backward time, waits) per step
         run.log(
             f"parameters: {layout.numel:,}; stage {s} of replica {d} holds [{a:,}, {b:,}) of "
             f"the flat layout, {nslots} activation slot(s); memory per rank (rank 0): "
@@ -346,13 +374,14 @@ class Pipeline(Schedule):
     def start(self, run) -> None:
         self._coll_bytes0 = self.dcoll.bytes_sent + self.coll.bytes_sent
         self.p2p_bytes = 0
-        self.wait_s = self.fb_s = 0.0
+        self.wait_s = 0.0
+        self.fb_steps = []
 
     # ----------------------------------------------------------------- the step
     def step(self, run, step: int, guard) -> StepResult:
         n = step + 1
         guard.enter("forward_backward", n)
-        t0 = time.perf_counter()
+        t0, wait0 = time.perf_counter(), self.wait_s
         self._loss = 0.0
         self._pending: list[list[Any]] = [[] for _ in self.slots]
         self._tied_reqs: dict[int, list[Any]] = {}
@@ -366,7 +395,7 @@ class Pipeline(Schedule):
         for reqs in self._pending:
             self._wait(reqs)
         self._wait([q for q in self._tied_send_reqs if q is not None])
-        self.fb_s += time.perf_counter() - t0
+        self.fb_steps.append((time.perf_counter() - t0, self.wait_s - wait0))
         guard.enter("reduce_gradients", n)
         grads = self._reduce()
         own_sumsq = self._sumsq(grads)
@@ -554,12 +583,12 @@ class Pipeline(Schedule):
         r, t, steps = self.params.runconfig, run.timers, common["steps"]
         per = max(steps, 1)
         sent = self.p2p_bytes + self.dcoll.bytes_sent + self.coll.bytes_sent - self._coll_bytes0
+        fb = sum(f for f, _ in self.fb_steps)
         mine = {
             "stage": self.stage,
             "replica": self.replica,
-            "wait_s": self.wait_s,
-            "forward_backward_s": self.fb_s,
-            "bubble_fraction": self.wait_s / self.fb_s if self.fb_s > 0 else 0.0,
+            "fb_steps": self.fb_steps,
+            "receive_wait_fraction": self.wait_s / fb if fb > 0 else 0.0,
             "p2p_bytes_per_step": self.p2p_bytes / per,
             "comm_bytes_sent_per_step": sent / per,
             "memory_bytes": dict(self.memory.bytes),
@@ -593,13 +622,7 @@ class Pipeline(Schedule):
             "parameters": self.layout.numel,
             "parameters_padded": self.layout.padded,
             "step_time_s": t.train_time / per,
-            # measured: time stage ranks spent blocked on pipeline receives over the time
-            # of their forward/backward phase, averaged over the ranks
-            "bubble_fraction": float(np.mean([x["bubble_fraction"] for x in ranks])),
-            "bubble_fraction_per_stage": [
-                float(np.mean([x["bubble_fraction"] for x in ranks if x["stage"] == s]))
-                for s in range(self.P)
-            ],
+            **measured_bubble(ranks, self.P),
             "predicted_bubble_fraction": predicted_bubble(self.P, self.m),
             "memory_bytes": ranks[0]["memory_bytes"],
             "memory_bytes_per_rank": [x["memory_bytes"] for x in ranks],
