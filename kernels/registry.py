@@ -36,6 +36,7 @@ MODULES: list[str] = [
     "rmsnorm",
     "relpos",
     "linear_nobias",
+    "half",
 ]
 
 

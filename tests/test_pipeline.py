@@ -151,6 +151,7 @@ def test_resume_is_bit_identical_and_loads_at_another_p(tmp_path):
         (2, ["--pipeline-parallel=2", "--zero_opt_level=2"], "ZeRO 0 or 1 on the data-parallel"),
         (4, ["--pipeline-parallel=2", "--tensor-parallel=2", "-b", "8"], "tensor_parallel > 1"),
         (2, ["--pipeline-parallel=2", "--params=bert_mini"], "cannot be pipelined"),
+        (2, ["--pipeline-parallel=2", "--runconfig.precision=bf16"], "runs in fp32 only"),
     ],
 )
 def test_bad_pipeline_input_exits_2_naming_the_key(tmp_path, n, args, message):
