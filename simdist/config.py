@@ -593,6 +593,8 @@ def _check_tensor_parallel(p: Params) -> None:
 def _check_pipeline_parallel(r: RunConfig) -> None:
     """What pipeline parallelism composes with (the world-size and model checks come at
     launch, ``simdist.schedules.pipeline``)."""
+    from simdist.precision import canonical
+
     why = None
     if r.execution_mode != "pipelined" or r.input_workers_per_replica:
         why = "applies to pipelined execution without input workers"
@@ -601,7 +603,7 @@ def _check_pipeline_parallel(r: RunConfig) -> None:
             "with runconfig.tensor_parallel > 1 is not supported yet (DP x PP runs; give "
             "tensor_parallel: 1)"
         )
-    elif r.precision not in ("fp32", "32-true"):
+    elif canonical(r.precision) != "fp32":
         why = f"runs in fp32 only, not runconfig.precision={r.precision} (set it to fp32)"
     elif r.zero_opt_level > 1:
         why = (
