@@ -102,6 +102,15 @@ def test_fc_mnist_pipeline_equals_one_rank_with_accumulation(tmp_path):
     assert perf["predicted_bubble_fraction"] == 3 / 7
     assert 0.0 <= perf["bubble_fraction"] <= 1.0
     assert [s["model_stages"] for s in perf["pipeline_split"]] == [[f"fc{i}"] for i in range(1, 5)]
+    # per rank: its flat range of parameters, gradients (+ micro-batch scratch) and AdamW's
+    # two moments, 4 bytes an element; one activation arena per micro-batch in flight
+    for split, mem in zip(perf["pipeline_split"], perf["memory_bytes_per_rank"], strict=True):
+        lo, hi = split["flat_range"]
+        assert mem["parameters"] == 4 * (hi - lo)
+        assert mem["gradients"] == 2 * 4 * (hi - lo)
+        assert mem["optimizer_state"] == 2 * 4 * (hi - lo)
+    arenas = [m["activations"] for m in perf["memory_bytes_per_rank"]]
+    assert len(set(arenas)) == 1  # GPipe: all 4 micro-batches on every stage
 
 
 def test_gpt2_mini_pipeline_equals_one_rank_tied_embedding(tmp_path):

@@ -49,7 +49,7 @@ from simdist.comm import Collectives
 from simdist.config import ConfigError
 from simdist.data.datasets import build_dataset
 from simdist.data.sampler import DistributedSampler
-from simdist.device import DeviceMemory
+from simdist.device import DeviceMemory, SimulatedOutOfMemoryError
 from simdist.faults import nonfinite_text
 from simdist.memplan import DeviceAllocator
 from simdist.models import build_model
@@ -273,6 +273,17 @@ class Pipeline(Schedule):
         warm_kernels()
 
     def allocate(self, run) -> None:
+        try:
+            self._allocate(run)
+        except SimulatedOutOfMemoryError as e:  # bad input (exit 2), as data parallelism's
+            raise ConfigError(
+                f"{e}\n  pipeline: stage {self.stage} of {self.P} holds its parameter range "
+                "and one activation arena per micro-batch in flight (1f1b: P - stage, gpipe: "
+                "all); more stages, 1f1b or a smaller train_input.batch_size fit better",
+                "runconfig.pipeline_parallel",
+            ) from None
+
+    def _allocate(self, run) -> None:
         p, r = self.params, self.params.runconfig
         s, P, layout, plan = self.stage, self.P, self.layout, self.plan
         alloc = self.memory.alloc
@@ -299,17 +310,16 @@ class Pipeline(Schedule):
         # tied copies (last stage) and the owner's receive buffers (first stage)
         self.tied_users = [(n, u) for n, own, u in plan.tied if own == s]
         self.tied_copies = [(n, own) for n, own, u in plan.tied if u == s]
-        self.accum_grads = self.m > 1
         self.grads = alloc("gradients", "grads", b - a)
         self.micro_grads = alloc("gradients", "micro_grads", b - a) if self.m > 1 else None
         self.gviews = GradientViews(views(self.micro_grads if self.m > 1 else self.grads))
+        self._tied_send: dict[str, list[np.ndarray]] = {}
         for n, _ in self.tied_copies:
-            self.pviews[n] = alloc("parameters", f"tied.{n}", specs[n].numel).reshape(
-                specs[n].shape
-            )
+            shape = specs[n].shape
+            self.pviews[n] = alloc("parameters", f"tied.{n}", specs[n].numel).reshape(shape)
             # two buffers: the send of micro-batch j may still run while j + 1 writes
-            self._tied_send = [
-                alloc("gradients", f"tied_grad.{n}.{i}", specs[n].numel).reshape(specs[n].shape)
+            self._tied_send[n] = [
+                alloc("gradients", f"tied_grad.{n}.{i}", specs[n].numel).reshape(shape)
                 for i in range(2)
             ]
         nslots = slots_needed(self.kind, P, s, self.m)
@@ -385,7 +395,7 @@ class Pipeline(Schedule):
         self._loss = 0.0
         self._pending: list[list[Any]] = [[] for _ in self.slots]
         self._tied_reqs: dict[int, list[Any]] = {}
-        self._tied_send_reqs: list[Any] = [None, None]
+        self._tied_send_reqs: list[list[Any]] = [[], []]
         batches = list(self.sampler.indices(step))
         for op, j in schedule_ops(self.kind, self.P, self.stage, self.m):
             if op == "F":
@@ -394,7 +404,8 @@ class Pipeline(Schedule):
                 self._backward(j)
         for reqs in self._pending:
             self._wait(reqs)
-        self._wait([q for q in self._tied_send_reqs if q is not None])
+        for reqs in self._tied_send_reqs:
+            self._wait(reqs)
         self.fb_steps.append((time.perf_counter() - t0, self.wait_s - wait0))
         guard.enter("reduce_gradients", n)
         grads = self._reduce()
@@ -462,11 +473,11 @@ class Pipeline(Schedule):
             self._recv(model.stage_input_grad(self.k1), s + 1, TAG_GRAD)
         g = self.gviews
         if self.tied_copies:  # this stage writes the tied gradients' first part
-            i = j % 2
-            if self._tied_send_reqs[i] is not None:
-                self._tied_send_reqs[i].Wait()
+            t = time.perf_counter()
+            self._wait(self._tied_send_reqs[j % 2])  # the buffer's send of j - 2 is done
+            self.wait_s += time.perf_counter() - t
             for n, _ in self.tied_copies:
-                g[n] = self._tied_send[i]
+                g[n] = self._tied_send[n][j % 2]
         if self.tied_users:  # the later stage's part, first (the order one rank runs)
             t = time.perf_counter()
             self._wait(self._tied_reqs.pop(j))
@@ -478,7 +489,7 @@ class Pipeline(Schedule):
         if s > 0:
             self._pending[slot].append(self._send(model.stage_input_grad(self.k0), s - 1, TAG_GRAD))
         for n, _ in self.tied_copies:
-            self._tied_send_reqs[j % 2] = self._send(g[n], 0, TAG_TIED_GRAD)
+            self._tied_send_reqs[j % 2].append(self._send(g[n], 0, TAG_TIED_GRAD))
         if self.micro_grads is not None:
             if j == 0:
                 np.copyto(self.grads, self.micro_grads)
@@ -532,9 +543,6 @@ class Pipeline(Schedule):
             self.pipe.Recv(self.pviews[n], source=own, tag=TAG_TIED)
 
     # ----------------------------------------------------------------- around the steps
-    def mean_loss(self, run, result: StepResult) -> float:
-        return 0.0 if result.mean_loss is None else result.mean_loss
-
     def _gather_full(self) -> np.ndarray | None:
         """This replica's parameters, whole, on its stage 0 (None elsewhere)."""
         if self.stage > 0:
