@@ -460,7 +460,7 @@ NOTES: dict[str, str] = {
     "runconfig.tensor_parallel": "ranks per group, on one node; divides the ranks",
     "runconfig.tensor_parallel_mode": "batch: batch_size per group, split over it; weight: not yet",
     "runconfig.pipeline_parallel": (
-        "stages per replica (consecutive ranks); divides the ranks; ZeRO 0-1, no TP"
+        "stages per replica; ranks: TP innermost, then PP, then DP; ZeRO 0-1, fp32"
     ),
     "runconfig.pipeline_schedule": "micro-batches: optimizer.grad_accum_steps",
     "runconfig.precision": "half: fc_mnist, gpt2, pipelined, ZeRO 0-2; model.mixed_precision: fp16",
@@ -598,11 +598,6 @@ def _check_pipeline_parallel(r: RunConfig) -> None:
     why = None
     if r.execution_mode != "pipelined" or r.input_workers_per_replica:
         why = "applies to pipelined execution without input workers"
-    elif r.tensor_parallel > 1:
-        why = (
-            "with runconfig.tensor_parallel > 1 is not supported yet (DP x PP runs; give "
-            "tensor_parallel: 1)"
-        )
     elif canonical(r.precision) != "fp32":
         why = f"runs in fp32 only, not runconfig.precision={r.precision} (set it to fp32)"
     elif r.zero_opt_level > 1:

@@ -411,7 +411,7 @@ def schedule_for(params: Params, comm) -> Schedule:
                 "started; enable data parallelism or run one rank"
             )
         if r.pipeline_parallel > 1:
-            return Pipeline(comm, r.pipeline_parallel)
+            return Pipeline(comm, r.pipeline_parallel, r.tensor_parallel)
         return DataParallel(comm)
     opts = options_from(params)
     W = opts.weight_servers if opts.execution_mode == "weight_streaming" else 0

@@ -136,6 +136,17 @@ def test_dp2_x_pp2_equals_data_parallel_at_2_ranks(tmp_path):
         assert_same_run(ref, run_record(out, d), f"DP2 x PP2, ZeRO-{zero}")
 
 
+def test_tp2_batch_mode_x_pp2_equals_data_parallel(tmp_path):
+    """TP innermost (batch mode: the group's batch of 8 divided over its 2 ranks), then
+    PP: rank (s T + t) is stage s of replica t; the bits of 2 data-parallel ranks with 4."""
+    steps = ["--runconfig.max_steps=4"]
+    ref = run_record(train(2, tmp_path / "dp2", FC, *steps, "-b", "4"), tmp_path / "dp2")
+    d = tmp_path / "tp2pp2"
+    out = train(4, d, FC, *steps, "-b", "8", "--pipeline-parallel=2", "--tensor-parallel=2")
+    assert "groups of 2 ranks on one node: [0, 1] [2, 3]" in out.stdout
+    assert_same_run(ref, run_record(out, d), "TP2 x PP2")
+
+
 def test_resume_is_bit_identical_and_loads_at_another_p(tmp_path):
     """6 steps straight vs 3 + 3 resumed at P = 2; the step-3 checkpoint (full parameters,
     optimizer state in per-stage flat ranges) continues at P = 4 and on one rank alike."""
@@ -159,7 +170,11 @@ def test_resume_is_bit_identical_and_loads_at_another_p(tmp_path):
         (3, ["--pipeline-parallel=2"], "pipeline_parallel=2 must divide the 3 ranks"),
         (4, ["--pipeline-parallel=4", "--model.hidden_sizes=[64]"], "exceeds the 2 stages"),
         (2, ["--pipeline-parallel=2", "--zero_opt_level=2"], "ZeRO 0 or 1 on the data-parallel"),
-        (4, ["--pipeline-parallel=2", "--tensor-parallel=2", "-b", "8"], "tensor_parallel > 1"),
+        (
+            2,
+            ["--pipeline-parallel=2", "--tensor-parallel=2", "-b", "8"],
+            "pipeline_parallel=2 x runconfig.tensor_parallel=2 must divide the 2 ranks",
+        ),
         (2, ["--pipeline-parallel=2", "--params=bert_mini"], "cannot be pipelined"),
         (2, ["--pipeline-parallel=2", "--runconfig.precision=bf16"], "runs in fp32 only"),
     ],

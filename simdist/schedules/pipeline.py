@@ -46,6 +46,7 @@ import numpy as np
 
 from simdist.arena import Layout
 from simdist.comm import Collectives
+from simdist.comm.topology import Placement
 from simdist.config import ConfigError
 from simdist.data.datasets import build_dataset
 from simdist.data.sampler import DistributedSampler
@@ -56,6 +57,7 @@ from simdist.models import build_model
 from simdist.models.base import GradientViews
 from simdist.optim import Optimizer
 from simdist.schedules.base import Schedule, StateShard, StepResult
+from simdist.schedules.data_parallel import tensor_parallel_groups
 from simdist.streaming import lane_sum_of_squares, warm_kernels
 
 F32 = np.float32
@@ -214,20 +216,27 @@ def measured_bubble(ranks: list[dict[str, Any]], P: int) -> dict[str, Any]:
 class Pipeline(Schedule):
     name = "pipelined"
 
-    def __init__(self, comm, stages: int):
-        world = comm.Get_size()
-        if world % stages:
+    def __init__(self, comm, stages: int, tp: int = 1):
+        """``tp``: SambaFlow's tensor-parallel batch mode innermost (its T ranks of one
+        stage divide the micro-batch: data-parallel replicas for the gradient sync)."""
+        world, P, T = comm.Get_size(), stages, tp
+        if world % (P * T):
+            what = f"runconfig.pipeline_parallel={P}" + (
+                f" x runconfig.tensor_parallel={T}" if T > 1 else ""
+            )
             raise ConfigError(
-                f"runconfig.pipeline_parallel={stages} must divide the {world} ranks "
-                f"(replicas of {stages} consecutive ranks); start a multiple of {stages}",
+                f"{what} must divide the {world} ranks (replicas of {P * T} consecutive "
+                f"ranks); start a multiple of {P * T}",
                 "runconfig.pipeline_parallel",
             )
-        super().__init__(comm, world // stages, world)
-        self.P = stages
-        self.rank = comm.Get_rank()
-        self.stage, self.replica = self.rank % stages, self.rank // stages
+        super().__init__(comm, world // P, world)
+        self.P, self.T = P, T
+        self.rank = r = comm.Get_rank()
+        # rank = (d P + s) T + t: tensor-parallel innermost, then pipeline, then data
+        self.stage = (r // T) % P
+        self.replica = (r // (P * T)) * T + r % T  # index among the D x T replicas
         self.pipe = comm.Split(self.replica, self.stage)  # this replica's P stages
-        self.dp = comm.Split(self.stage, self.replica)  # this stage's D replicas
+        self.dp = comm.Split(self.stage, self.replica)  # this stage's replicas, in order
 
     # ----------------------------------------------------------------- set-up
     def prepare(self, run) -> None:
@@ -245,7 +254,18 @@ class Pipeline(Schedule):
             )
         self.layout = Layout(self.model.parameter_specs(), self.replicas)
         self.plan = StagePlan(self.model, self.layout, self.P)
-        self.coll = Collectives(self.comm, r.collective_algorithm, r.check_collectives)
+        place = None
+        if r.ranks_per_node is not None:  # virtual nodes, as data parallelism reads them
+            place = Placement.blocks(self.rank, self.ranks, r.ranks_per_node)
+        self.coll = Collectives(
+            self.comm, r.collective_algorithm, r.check_collectives, placement=place
+        )
+        if self.T > 1:  # its groups must sit on one node (SambaFlow's rule)
+            groups = tensor_parallel_groups(self.coll.placement, self.T)
+            run.log(
+                f"simdist: tensor parallel (batch mode) innermost, groups of {self.T} ranks on "
+                f"one node: {' '.join(str(list(g)) for g in groups)}"
+            )
         self.dcoll = Collectives(self.dp, r.collective_algorithm, r.check_collectives)
         # one algorithm for the stage's gradient collectives: the one data parallelism at D
         # ranks picks for the whole buffer (its summation order is what D > 2 depends on)
@@ -257,7 +277,7 @@ class Pipeline(Schedule):
         self.memory = DeviceAllocator(DeviceMemory.from_profile(run.profile))
         run.log(
             f"simdist: pipeline parallel, {self.replicas} replica(s) x {self.P} stages "
-            f"(rank r: stage r % {self.P}, replica r // {self.P}), schedule {self.kind}, "
+            f"({self.where()}), schedule {self.kind}, "
             f"model {self.model.name}, {self.m} micro-batch(es) of {self.micro_batch}, "
             f"global batch {run.global_batch}, ZeRO-{self.zero_level} on the data-parallel "
             f"axis; predicted bubble {predicted_bubble(self.P, self.m):.3f}"
@@ -268,6 +288,12 @@ class Pipeline(Schedule):
                 f"note: {self.m} micro-batch(es) < {self.P} stages: the pipeline never fills "
                 "(raise optimizer.grad_accum_steps)"
             )
+
+    def where(self) -> str:
+        P, T = self.P, self.T
+        if T == 1:
+            return f"rank r: stage r % {P}, replica r // {P}"
+        return f"rank r: stage (r // {T}) % {P}, replica (r // {P * T}) x {T} + r % {T}"
 
     def warm(self) -> None:
         warm_kernels()
@@ -564,7 +590,8 @@ class Pipeline(Schedule):
 
     def checkpoint_attrs(self) -> dict[str, Any]:
         return {
-            "tensor_parallel": 1,
+            "tensor_parallel": self.T,
+            "tensor_parallel_mode": "batch",
             "pipeline_parallel": self.P,
             "pipeline_schedule": self.kind,
         }
@@ -612,6 +639,7 @@ class Pipeline(Schedule):
             "replicas": self.replicas,
             "pipeline_parallel": self.P,
             "pipeline_schedule": self.kind,
+            "tensor_parallel": self.T,
             "pipeline_split": [
                 {
                     "stage": s,
