@@ -164,6 +164,25 @@ def test_resume_is_bit_identical_and_loads_at_another_p(tmp_path):
         assert_same_state(full, final_state(d), f"resumed at {n} rank(s)")
 
 
+def test_non_finite_input_stops_every_stage_at_the_same_step(tmp_path):
+    """A NaN in stage 0's batch reaches the last stage's loss and every stage's norm: the
+    agreement stops all ranks with exit 3 before the update, the last checkpoint intact."""
+    from test_faults import latest_step
+    from test_faults import train as train_with_fault
+
+    from simdist.faults import EXIT_NONFINITE
+
+    d = tmp_path / "run"
+    rc, out = train_with_fault(
+        2, d, "--runconfig.max_steps=100", "--runconfig.save_checkpoints_steps=2",
+        "--pipeline-parallel=2", "--optimizer.grad_accum_steps=2",
+        fault="nan:rank=0:step=5:value=nan",
+    )  # fmt: skip
+    assert rc == EXIT_NONFINITE, out
+    assert "non-finite loss or gradients in step 5" in out
+    assert latest_step(d) == 4
+
+
 @pytest.mark.parametrize(
     ("n", "args", "message"),
     [

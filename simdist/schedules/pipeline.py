@@ -423,6 +423,7 @@ class Pipeline(Schedule):
         self._tied_reqs: dict[int, list[Any]] = {}
         self._tied_send_reqs: list[list[Any]] = [[], []]
         batches = list(self.sampler.indices(step))
+        self._hook = (n, guard.hook) if guard.hook else None  # test-only fault injection
         for op, j in schedule_ops(self.kind, self.P, self.stage, self.m):
             if op == "F":
                 self._forward(j, batches[j])
@@ -472,6 +473,8 @@ class Pipeline(Schedule):
         model = self.slots[slot]
         self._wait(self._pending[slot])  # the slot's previous micro-batch has left
         x, y = self.data.train_batch(indices)
+        if self._hook:
+            self._hook[1].at_batch(self._hook[0], j, x)
         model.begin(x.copy(), y.copy())  # the loader reuses its buffers; the slot keeps these
         for n, _ in self.tied_users:  # the tied gradient of j arrives during j's journey
             buf = self._tied_recv[n][slot]
