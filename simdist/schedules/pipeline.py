@@ -2,11 +2,13 @@
 P ranks, activations and their gradients sent point to point, micro-batches from
 ``optimizer.grad_accum_steps``, 1F1B (default) or GPipe (``runconfig.pipeline_schedule``).
 
-Placement. World = D x P: rank r is pipeline stage ``r % P`` of replica ``r // P`` (the P
-ranks of a pipeline are consecutive, so they share a node where the ranks of a node are
-consecutive; issue #19's order TP, then PP, then DP, with TP = 1 here). Each replica's P
-ranks talk over one sub-communicator (sends and receives), each stage's D ranks over
-another (simdist's collectives: the gradient sync of that stage's parameters only).
+Placement. World = D x P x T in issue #19's order: tensor-parallel ranks innermost (on one
+node), then pipeline, then data parallel, so rank (d P + s) T + t is stage s of replica
+d T + t (T = 1: stage ``r % P`` of replica ``r // P``). Tensor parallelism is SambaFlow's
+batch mode (``runconfig.tensor_parallel``): a group's T ranks divide its batch, i.e. they
+are replicas for the gradient sync. Each replica's P ranks talk over one sub-communicator
+(sends and receives), each stage's D T replicas over another (simdist's collectives: the
+gradient sync of that stage's parameters only).
 
 The split. The model's stages (``simdist.models.stages``: gpt2's embedding, blocks and
 head; fc_mnist's layers) are cut into P contiguous ranges balancing their parameter
