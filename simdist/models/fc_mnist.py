@@ -150,6 +150,12 @@ class FCMNIST:
         which ``backward_stage(k - 1)`` reads as its output's gradient."""
         return self._ws_now.dacts[k - 1]
 
+    def stage_flops(self) -> list[int]:
+        """Forward + backward FLOPs of each layer per sample, as ``flops_per_sample``
+        counts them (the first layer computes no input gradient): a pipeline's balance."""
+        macs = [self.sizes[i] * self.sizes[i + 1] for i in range(self.n_layers)]
+        return [(4 if i == 0 else 6) * m for i, m in enumerate(macs)]
+
     def hold_for_backward(self) -> None:
         """Nothing to do: the workspace ``begin`` chose holds the activations."""
 

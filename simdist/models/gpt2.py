@@ -531,6 +531,15 @@ class GPT2:
             raise RuntimeError("stage_input_grad without begin(inputs, targets)")
         return self._current.dres
 
+    def stage_flops(self) -> list[int]:
+        """Forward + backward FLOPs of each stage per sequence, counted as
+        ``flops_per_sample`` counts them (they add up to it): the embedding's lookup none,
+        a block T (72 C^2 + 12 T C), the head's tied LM head 6 T C V. Pipelines balance
+        their split by these."""
+        C, L, T, V = (self.config.n_embd, self.config.n_layer, self.config.block_size,
+                      self.config.vocab_size)  # fmt: skip
+        return [0, *[T * (72 * C * C + 12 * T * C)] * L, 6 * T * C * V]
+
     def hold_for_backward(self) -> None:
         """A pipeline stage that ends before the head: keep this micro-batch's activations
         for its backward (the head's forward does this otherwise)."""

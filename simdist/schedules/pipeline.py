@@ -11,10 +11,11 @@ are replicas for the gradient sync. Each replica's P ranks talk over one sub-com
 gradient sync of that stage's parameters only).
 
 The split. The model's stages (``simdist.models.stages``: gpt2's embedding, blocks and
-head; fc_mnist's layers) are cut into P contiguous ranges balancing their parameter
-counts; a rank owns the parameters its range reads first, one contiguous range of the
-model's flat layout, so the optimizer, ZeRO-1 slices on the DP axis and checkpoint shards
-are flat ranges as in ``data_parallel``. A parameter read again by a later stage (gpt2's
+head; fc_mnist's layers) are cut into P contiguous ranges balancing their FLOPs (the
+model's ``stage_flops``; else their parameter counts); a rank owns the parameters its
+range reads first, one contiguous range of the model's flat layout, so the optimizer,
+ZeRO-1 slices on the DP axis and checkpoint shards are flat ranges as in
+``data_parallel``. A parameter read again by a later stage (gpt2's
 tied ``wte``, read by the LM head) is *tied*: that rank keeps a copy.
 
 A step on stage s: the micro-batches' forward and backward in the schedule's order
@@ -135,7 +136,11 @@ class StagePlan:
         def names(st) -> list[str]:
             return list(dict.fromkeys((*st.forward_params, *st.backward_params)))
 
-        costs = [sum(numel[n] for n in names(st)) for st in stages]
+        # balance compute where the model counts it per stage, else parameters
+        if hasattr(model, "stage_flops"):
+            costs = list(model.stage_flops())
+        else:
+            costs = [sum(numel[n] for n in names(st)) for st in stages]
         self.ranges = split_stages(costs, P)
         self.stage_names = [[stages[k].name for k in range(a, b)] for a, b in self.ranges]
         owner: dict[str, int] = {}
