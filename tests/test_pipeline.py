@@ -14,7 +14,13 @@ from model_runs import assert_same_state
 from mpi_launch import run_mpi
 from test_train import final_state
 
-from simdist.schedules.pipeline import predicted_bubble, schedule_ops, slots_needed, split_stages
+from simdist.schedules.pipeline import (
+    predicted_bubble,
+    schedule_ops,
+    simulate_pipeline,
+    slots_needed,
+    split_stages,
+)
 
 FC = [
     "--model.hidden_sizes=[64, 32, 32]",  # 4 layers: up to 4 stages
@@ -81,6 +87,22 @@ def test_schedules_run_every_micro_batch_once_in_a_valid_order(P, m):
     assert predicted_bubble(4, 12) == 3 / 15
 
 
+def test_simulated_pipeline_has_the_textbook_bubble_with_equal_stages():
+    for kind in ("1f1b", "gpipe"):
+        for P, m in ((2, 8), (4, 16), (4, 3)):
+            span, busy = simulate_pipeline(kind, [1.0] * P, [2.0] * P, m, [0.0] * (P - 1))
+            assert span == (m + P - 1) * 3.0
+            assert 1 - sum(busy) / (P * span) == pytest.approx(predicted_bubble(P, m))
+    # 1F1B at P = 2 has no slack to hide a send: each micro-batch's round trip (0.5 s each
+    # way) shows, 4 x (1 + 2 + 2 x 0.5) + 1 (the last forward), worked out by hand
+    span, _ = simulate_pipeline("1f1b", [1.0, 1.0], [2.0, 2.0], 4, [0.5])
+    assert span == 17.0
+    # a slow last stage sets the pace: its 4 x 6 s, plus stage 0's first forward and last
+    # backward
+    span, _ = simulate_pipeline("1f1b", [1.0, 2.0], [2.0, 4.0], 4, [0.0])
+    assert span == 1.0 + 4 * 6.0 + 2.0
+
+
 def test_stages_are_split_contiguously_by_their_sizes():
     assert split_stages([1, 5, 5, 5, 5, 1], 4) == [(0, 2), (2, 3), (3, 4), (4, 6)]
     assert split_stages([3, 3, 3], 3) == [(0, 1), (1, 2), (2, 3)]
@@ -101,6 +123,7 @@ def test_fc_mnist_pipeline_equals_one_rank_with_accumulation(tmp_path):
     assert perf["pipeline_parallel"] == 4 and perf["pipeline_schedule"] == "gpipe"
     assert perf["predicted_bubble_fraction"] == 3 / 7
     assert 0.0 <= perf["bubble_fraction"] <= 1.0
+    assert perf["est_forward_backward_s"] > 0 and 0 < perf["est_bubble_fraction"] < 1
     assert [s["model_stages"] for s in perf["pipeline_split"]] == [[f"fc{i}"] for i in range(1, 5)]
     # per rank: its flat range of parameters, gradients (+ micro-batch scratch) and AdamW's
     # two moments, 4 bytes an element; one activation arena per micro-batch in flight

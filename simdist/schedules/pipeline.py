@@ -94,6 +94,42 @@ def predicted_bubble(stages: int, micro: int) -> float:
     return (stages - 1) / (micro + stages - 1)
 
 
+def simulate_pipeline(
+    kind: str, fwd: list[float], bwd: list[float], micro: int, send: list[float]
+) -> tuple[float, list[float]]:
+    """The schedule on the simulated device: stage s takes ``fwd[s]`` / ``bwd[s]`` seconds
+    per micro-batch, a message across boundary s -> s + 1 (either way) ``send[s]``; each
+    op starts when its stage is free and its input has arrived. Returns (makespan, busy
+    seconds per stage); with equal stages and free sends the idle share is exactly
+    (P - 1) / (m + P - 1)."""
+    P = len(fwd)
+    ops = [schedule_ops(kind, P, s, micro) for s in range(P)]
+    done: dict[tuple[str, int, int], float] = {}
+    pos, free = [0] * P, [0.0] * P
+    left = sum(len(o) for o in ops)
+    while left:
+        moved = False
+        for s in range(P):
+            while pos[s] < len(ops[s]):
+                op, j = ops[s][pos[s]]
+                if op == "F":
+                    dep = None if s == 0 else ("F", s - 1, j)
+                    wire, cost = (send[s - 1] if s else 0.0), fwd[s]
+                else:
+                    dep = None if s == P - 1 else ("B", s + 1, j)
+                    wire, cost = (send[s] if s < P - 1 else 0.0), bwd[s]
+                if dep is not None and dep not in done:
+                    break
+                ready = 0.0 if dep is None else done[dep] + wire
+                free[s] = done[(op, s, j)] = max(free[s], ready) + cost
+                pos[s] += 1
+                left -= 1
+                moved = True
+        if not moved:
+            raise RuntimeError(f"{kind} schedule cannot proceed: {pos}")
+    return max(free), [micro * (fwd[s] + bwd[s]) for s in range(P)]
+
+
 def split_stages(costs: list[int], parts: int) -> list[tuple[int, int]]:
     """Contiguous [lo, hi) ranges of ``costs`` into ``parts`` non-empty pieces minimising
     the largest piece's sum (ties: the earliest cut)."""
@@ -624,6 +660,31 @@ class Pipeline(Schedule):
         meta = (n, self.data.targets_per_sample) if self.rank == 0 else (0, 0)
         return np.array([loss_sum, correct, *meta], np.float64)
 
+    def _simulate(self, run) -> dict[str, Any]:
+        """Rank 0: the forward/backward phase of a step on the simulated device (the
+        profile's cost model per model stage, ``simdist.sim.streaming_step``, summed over
+        each pipeline stage; sends over the profile's intra- or inter-node link)."""
+        from simdist.sim.streaming_step import device_compute
+
+        prof = run.profile
+        f, b, note = device_compute(self.model, self.model.stages(), prof, self.micro_batch)
+        fwd = [sum(f[k0:k1]) for k0, k1 in self.plan.ranges]
+        bwd = [sum(b[k0:k1]) for k0, k1 in self.plan.ranges]
+        link = prof.link("intra" if self.coll.placement.num_nodes == 1 else "inter")
+        send = []
+        for k0, _ in self.plan.ranges[1:]:  # what crosses each boundary
+            nbytes = sum(a.nbytes for a in self.model.stage_input(k0))
+            send.append(link.latency + nbytes * link.beta_at(nbytes) if link.known else 0.0)
+        span, busy = simulate_pipeline(self.kind, fwd, bwd, self.m, send)
+        return {
+            "est_forward_backward_s": span,
+            "est_bubble_fraction": 1.0 - sum(busy) / (self.P * span) if span > 0 else 0.0,
+            "est_stage_compute_s": [x + y for x, y in zip(fwd, bwd, strict=True)],
+            "est_send_s": send,
+            "est_note": f"{note}; sends over the {link.name} link; step time beyond the "
+            "forward/backward phase (gradient sync, optimizer) not simulated",
+        }
+
     def performance(self, run, common: dict[str, Any]) -> dict[str, Any] | None:
         r, t, steps = self.params.runconfig, run.timers, common["steps"]
         per = max(steps, 1)
@@ -642,6 +703,7 @@ class Pipeline(Schedule):
         ranks = self.comm.gather(mine, root=0)
         if ranks is None:
             return None
+        simulated = self._simulate(run) if steps else {}  # the boundaries' views: a step ran
         return {
             **common,
             "execution_mode": "pipelined",
@@ -670,6 +732,7 @@ class Pipeline(Schedule):
             "step_time_s": t.train_time / per,
             **measured_bubble(ranks, self.P),
             "predicted_bubble_fraction": predicted_bubble(self.P, self.m),
+            **simulated,
             "memory_bytes": ranks[0]["memory_bytes"],
             "memory_bytes_per_rank": [x["memory_bytes"] for x in ranks],
             "peak_memory_bytes_per_rank": max(sum(x["memory_bytes"].values()) for x in ranks),
