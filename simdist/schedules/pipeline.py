@@ -297,6 +297,12 @@ class Pipeline(Schedule):
             )
         self.layout = Layout(self.model.parameter_specs(), self.replicas)
         self.plan = StagePlan(self.model, self.layout, self.P)
+        if r.collective_algorithm in ("shm", "hierarchical") and self.replicas > 1:
+            raise ConfigError(
+                f"runconfig.collective_algorithm={r.collective_algorithm}: a pipeline's "
+                "stage groups sync their gradients with auto, ring, rhd or native",
+                "runconfig.collective_algorithm",
+            )
         place = None
         if r.ranks_per_node is not None:  # virtual nodes, as data parallelism reads them
             place = Placement.blocks(self.rank, self.ranks, r.ranks_per_node)
