@@ -219,6 +219,11 @@ def test_non_finite_input_stops_every_stage_at_the_same_step(tmp_path):
         ),
         (2, ["--pipeline-parallel=2", "--params=bert_mini"], "cannot be pipelined"),
         (2, ["--pipeline-parallel=2", "--runconfig.precision=bf16"], "runs in fp32 only"),
+        (
+            4,
+            ["--pipeline-parallel=2", "--runconfig.collective_algorithm=shm"],
+            "the stage groups sync their gradients with auto",
+        ),
     ],
 )
 def test_bad_pipeline_input_exits_2_naming_the_key(tmp_path, n, args, message):

@@ -299,8 +299,9 @@ class Pipeline(Schedule):
         self.plan = StagePlan(self.model, self.layout, self.P)
         if r.collective_algorithm in ("shm", "hierarchical") and self.replicas > 1:
             raise ConfigError(
-                f"runconfig.collective_algorithm={r.collective_algorithm}: a pipeline's "
-                "stage groups sync their gradients with auto, ring, rhd or native",
+                f"runconfig.collective_algorithm={r.collective_algorithm} with "
+                f"runconfig.pipeline_parallel={self.P}: the stage groups sync their gradients "
+                "with auto, ring, rhd or native",
                 "runconfig.collective_algorithm",
             )
         place = None
