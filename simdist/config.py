@@ -95,6 +95,10 @@ class RunConfig:
     # "batch" divides its batch among them (batch_size is per group of N)
     tensor_parallel: int = 1
     tensor_parallel_mode: str = "batch"
+    # pipeline parallelism: the model's stages split over P consecutive ranks of a replica,
+    # micro-batches = grad_accum_steps (simdist.schedules.pipeline)
+    pipeline_parallel: int = 1
+    pipeline_schedule: str = "1f1b"
     # mixed precision (simdist.precision): fp32 master and optimizer state, half weights,
     # activations and gradients; Lightning's spellings accepted (bf16-mixed, 16-mixed)
     precision: str = "fp32"
@@ -168,6 +172,9 @@ FLAG_ALIASES: dict[str, tuple[str, str | None]] = {
     "--tensor-parallel": ("runconfig.tensor_parallel", "value"),
     "--tensor_parallel": ("runconfig.tensor_parallel", "value"),
     "--tensor-parallel-mode": ("runconfig.tensor_parallel_mode", "value"),
+    "--pipeline-parallel": ("runconfig.pipeline_parallel", "value"),
+    "--pipeline_parallel": ("runconfig.pipeline_parallel", "value"),
+    "--pipeline-schedule": ("runconfig.pipeline_schedule", "value"),
     "--weight_decay": ("optimizer.weight_decay", "value"),
     "--learning_rate": ("optimizer.learning_rate", "value"),
     "--adam_beta2": ("optimizer.beta2", "value"),
@@ -179,6 +186,7 @@ CHOICES: dict[str, tuple] = {
     "runconfig.collective_algorithm": ("auto", "ring", "rhd", "hierarchical", "shm", "native"),
     "runconfig.execution_mode": ("pipelined", "weight_streaming"),
     "runconfig.tensor_parallel_mode": ("batch", "weight"),
+    "runconfig.pipeline_schedule": ("1f1b", "gpipe"),
     "runconfig.precision": ("fp32", "bf16", "fp16", "32-true", "bf16-mixed", "16-mixed"),
     "runconfig.progress_bar": ("auto", True, False),
     "optimizer.optimizer_type": ("adamw", "sgd"),
@@ -421,6 +429,7 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "runconfig.prefetch_depth": (_at_least(0), ">= 0"),
     "runconfig.input_workers_per_replica": (_at_least(0), ">= 0"),
     "runconfig.tensor_parallel": (_at_least(1), ">= 1"),
+    "runconfig.pipeline_parallel": (_at_least(1), ">= 1"),
     "runconfig.loss_scale": (
         lambda v: v == "dynamic" if isinstance(v, str) else v > 0,
         '"dynamic" or a number > 0',
@@ -450,6 +459,10 @@ NOTES: dict[str, str] = {
     "runconfig.prefetch_depth": "weight_streaming only",
     "runconfig.tensor_parallel": "ranks per group, on one node; divides the ranks",
     "runconfig.tensor_parallel_mode": "batch: batch_size per group, split over it; weight: not yet",
+    "runconfig.pipeline_parallel": (
+        "stages per replica; ranks: TP innermost, then PP, then DP; ZeRO 0-1, fp32"
+    ),
+    "runconfig.pipeline_schedule": "micro-batches: optimizer.grad_accum_steps",
     "runconfig.precision": "half: fc_mnist, gpt2, bert; pipelined; model.mixed_precision: fp16",
     "runconfig.loss_scale": "null: dynamic in fp16, none otherwise; a number: static",
     "model.n_head": "divides n_embd",
@@ -513,6 +526,8 @@ def validate(p: Params) -> None:
         )
     if r.tensor_parallel > 1:
         _check_tensor_parallel(p)
+    if r.pipeline_parallel > 1:
+        _check_pipeline_parallel(r)
     _check_precision(p)
     if r.execution_mode != "weight_streaming":
         defaults = RunConfig()
@@ -577,6 +592,28 @@ def _check_tensor_parallel(p: Params) -> None:
             f"and is divided among its {r.tensor_parallel} devices: give a multiple of "
             f"{r.tensor_parallel}",
             "train_input.batch_size",
+        )
+
+
+def _check_pipeline_parallel(r: RunConfig) -> None:
+    """What pipeline parallelism composes with (the world-size and model checks come at
+    launch, ``simdist.schedules.pipeline``)."""
+    from simdist.precision import canonical
+
+    why = None
+    if r.execution_mode != "pipelined" or r.input_workers_per_replica:
+        why = "applies to pipelined execution without input workers"
+    elif canonical(r.precision) != "fp32":
+        why = f"runs in fp32 only, not runconfig.precision={r.precision} (set it to fp32)"
+    elif r.zero_opt_level > 1:
+        why = (
+            f"runs ZeRO 0 or 1 on the data-parallel axis, not zero_opt_level="
+            f"{r.zero_opt_level} (set runconfig.zero_opt_level to 0 or 1)"
+        )
+    if why:
+        raise ConfigError(
+            f"runconfig.pipeline_parallel={r.pipeline_parallel} {why}",
+            "runconfig.pipeline_parallel",
         )
 
 

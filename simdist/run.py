@@ -30,6 +30,7 @@ from simdist.faults import check_same_run
 from simdist.kernels.registry import warm_all
 from simdist.lr_schedule import parse_schedule
 from simdist.schedules import DataParallel, InputWorkers, Schedule, StepResult, WeightStreaming
+from simdist.schedules.pipeline import Pipeline
 from simdist.streaming import options_from
 
 
@@ -409,6 +410,8 @@ def schedule_for(params: Params, comm) -> Schedule:
                 f"runconfig.enable_data_parallel is false but {comm.Get_size()} ranks were "
                 "started; enable data parallelism or run one rank"
             )
+        if r.pipeline_parallel > 1:
+            return Pipeline(comm, r.pipeline_parallel, r.tensor_parallel)
         return DataParallel(comm)
     opts = options_from(params)
     W = opts.weight_servers if opts.execution_mode == "weight_streaming" else 0

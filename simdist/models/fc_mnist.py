@@ -140,6 +140,25 @@ class FCMNIST:
             linear_backward_params(grads[names[0]], grads[names[1]], dout, self._inputs)
         grads.done(names)
 
+    # ---------------------------------------------------------------- pipeline boundaries
+    def stage_input(self, k: int) -> list[np.ndarray]:
+        """What layer ``k`` (>= 1) reads from the layers before it: layer k - 1's output."""
+        return [self._ws_now.acts[k - 1]]
+
+    def stage_input_grad(self, k: int) -> np.ndarray:
+        """The gradient of layer ``k``'s input after ``backward_stage(k)`` (ReLU-masked),
+        which ``backward_stage(k - 1)`` reads as its output's gradient."""
+        return self._ws_now.dacts[k - 1]
+
+    def stage_flops(self) -> list[int]:
+        """Forward + backward FLOPs of each layer per sample, as ``flops_per_sample``
+        counts them (the first layer computes no input gradient): a pipeline's balance."""
+        macs = [self.sizes[i] * self.sizes[i + 1] for i in range(self.n_layers)]
+        return [(4 if i == 0 else 6) * m for i, m in enumerate(macs)]
+
+    def hold_for_backward(self) -> None:
+        """Nothing to do: the workspace ``begin`` chose holds the activations."""
+
     def eval_stats(self) -> tuple[float, int]:
         ws = self._ws_now
         correct = int((ws.probs.argmax(axis=1) == self._targets).sum())

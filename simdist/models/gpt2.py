@@ -510,6 +510,41 @@ class GPT2:
         st(v.dres)
         grads.done(self._layer_names[i])
 
+    # -------------------------------------------------------------- pipeline boundaries
+    def stage_input(self, k: int) -> list[np.ndarray]:
+        """What stage ``k`` (>= 1) reads from the stages before it, as views of the loaded
+        micro-batch's arena: the embedding's output for block 0; for later blocks and the
+        head, the previous block's res2 and its MLP output (res3 before the residual add,
+        which stage k runs fused with its layernorm). A pipeline sends these after stage
+        k - 1's forward and receives them before stage k's."""
+        v = self._current
+        if v is None:
+            raise RuntimeError("stage_input without begin(inputs, targets)")
+        if k == 1:
+            return [v.encoded]
+        return [v.res2[k - 2], v.res3[k - 2]]
+
+    def stage_input_grad(self, k: int) -> np.ndarray:
+        """The gradient of stage ``k``'s input after ``backward_stage(k)``; also where
+        ``backward_stage(k - 1)`` starts from (one residual-stream gradient buffer)."""
+        if self._current is None:
+            raise RuntimeError("stage_input_grad without begin(inputs, targets)")
+        return self._current.dres
+
+    def stage_flops(self) -> list[int]:
+        """Forward + backward FLOPs of each stage per sequence, counted as
+        ``flops_per_sample`` counts them (they add up to it): the embedding's lookup none,
+        a block T (72 C^2 + 12 T C), the head's tied LM head 6 T C V. Pipelines balance
+        their split by these."""
+        C, L, T, V = (self.config.n_embd, self.config.n_layer, self.config.block_size,
+                      self.config.vocab_size)  # fmt: skip
+        return [0, *[T * (72 * C * C + 12 * T * C)] * L, 6 * T * C * V]
+
+    def hold_for_backward(self) -> None:
+        """A pipeline stage that ends before the head: keep this micro-batch's activations
+        for its backward (the head's forward does this otherwise)."""
+        self._saved = self._current
+
     def gradient_groups(self) -> list[GradientGroup]:
         """ln_f, then blocks last to first, then the embeddings: written first by the tied
         LM head and finished last by the embedding backward, hence held."""

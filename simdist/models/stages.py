@@ -14,6 +14,16 @@ What such a model provides (duck-typed; GPT-2 implements it)::
     forward_stage(k, params) -> float | None      # the last stage returns the mean loss
     backward_stage(k, params, grads, dloss)       # k from the last stage down to 0
     eval_stats() -> (loss_sum, correct)           # after the last forward stage
+
+Pipeline parallelism (``simdist.schedules.pipeline``) runs a contiguous range of stages per
+rank, so such a model also names its stage boundaries (views of the loaded micro-batch's
+activations; fc_mnist and gpt2 implement them)::
+
+    stage_input(k) -> list[ndarray]    # what stage k reads from earlier stages (k >= 1)
+    stage_input_grad(k) -> ndarray     # d(stage k's input) after backward_stage(k); the
+                                       # gradient backward_stage(k - 1) starts from
+    hold_for_backward() -> None        # a range ending before the last stage: keep the
+                                       # activations for backward
 """
 
 from __future__ import annotations

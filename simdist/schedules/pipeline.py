@@ -1,0 +1,750 @@
+"""Pipeline parallelism (``runconfig.pipeline_parallel: P``): the model's stages split over
+P ranks, activations and their gradients sent point to point, micro-batches from
+``optimizer.grad_accum_steps``, 1F1B (default) or GPipe (``runconfig.pipeline_schedule``).
+
+Placement. World = D x P x T in issue #19's order: tensor-parallel ranks innermost (on one
+node), then pipeline, then data parallel, so rank (d P + s) T + t is stage s of replica
+d T + t (T = 1: stage ``r % P`` of replica ``r // P``). Tensor parallelism is SambaFlow's
+batch mode (``runconfig.tensor_parallel``): a group's T ranks divide its batch, i.e. they
+are replicas for the gradient sync. Each replica's P ranks talk over one sub-communicator
+(sends and receives), each stage's D T replicas over another (simdist's collectives: the
+gradient sync of that stage's parameters only).
+
+The split. The model's stages (``simdist.models.stages``: gpt2's embedding, blocks and
+head; fc_mnist's layers) are cut into P contiguous ranges balancing their FLOPs (the
+model's ``stage_flops``; else their parameter counts); a rank owns the parameters its
+range reads first, one contiguous range of the model's flat layout, so the optimizer,
+ZeRO-1 slices on the DP axis and checkpoint shards are flat ranges as in
+``data_parallel``. A parameter read again by a later stage (gpt2's
+tied ``wte``, read by the LM head) is *tied*: that rank keeps a copy.
+
+A step on stage s: the micro-batches' forward and backward in the schedule's order
+(``schedule_ops``), each in-flight micro-batch in its own copy of the model's activation
+arena (a *slot*: P - s of them for 1F1B, m for GPipe); receives block (the bubble is the
+time spent there), sends are non-blocking and finished before their slot is reused. Then
+the stage's DP group reduce-scatters (and, ZeRO-0, all-gathers) the stage's gradients over
+the flat layout's slice boundaries at D ranks, the ranks agree on the norm and loss, clip,
+update their range, and the owner of a tied parameter sends its new value to the copies.
+
+Bitwise equality with one rank accumulating the same micro-batches (and with data
+parallelism at D ranks; D > 2 where both pick the same collective algorithm):
+- each stage runs the model's own stage functions on the same bits, micro-batch gradients
+  go into scratch and are added to the step's gradients in micro-batch order;
+- a tied parameter's gradient: the later stage's backward writes its part of micro-batch
+  j first (as in one rank, where the head runs before the embedding), sends it, and the
+  owner puts it into its micro-batch gradient before its own backward adds to it;
+- the clipping norm: the float64 lane sums of ``sum_of_squares`` over each DP slice are
+  passed along the pipeline in flat order (``lane_sum_of_squares``), so the last stage
+  holds exactly the sum one rank computes; the loss comes from the last stage alone.
+"""
+
+from __future__ import annotations
+
+import resource
+import socket
+import time
+from typing import Any
+
+import numpy as np
+
+from simdist.arena import Layout
+from simdist.comm import Collectives
+from simdist.comm.topology import Placement
+from simdist.config import ConfigError
+from simdist.data.datasets import build_dataset
+from simdist.data.sampler import DistributedSampler
+from simdist.device import DeviceMemory, SimulatedOutOfMemoryError
+from simdist.faults import nonfinite_text
+from simdist.memplan import DeviceAllocator
+from simdist.models import build_model
+from simdist.models.base import GradientViews
+from simdist.optim import Optimizer
+from simdist.schedules.base import Schedule, StateShard, StepResult
+from simdist.schedules.data_parallel import tensor_parallel_groups
+from simdist.streaming import lane_sum_of_squares, warm_kernels
+
+F32 = np.float32
+# point-to-point tags on a pipeline's communicator (MPI keeps each (source, tag) in order)
+TAG_ACT, TAG_GRAD, TAG_TIED_GRAD, TAG_TIED, TAG_SUMSQ, TAG_GATHER = 11, 12, 13, 14, 15, 16
+
+
+def schedule_ops(kind: str, stages: int, stage: int, micro: int) -> list[tuple[str, int]]:
+    """("F" | "B", micro-batch) in the order stage ``stage`` of ``stages`` runs them.
+
+    GPipe: every forward, then every backward. 1F1B (PipeDream-Flush, Megatron's default):
+    ``stages - stage - 1`` warm-up forwards, then one forward and one backward alternately,
+    then the remaining backwards; at most ``stages - stage`` micro-batches are in flight.
+    Backwards run in micro-batch order on every stage in both."""
+    if kind == "gpipe":
+        return [("F", j) for j in range(micro)] + [("B", j) for j in range(micro)]
+    warm = min(stages - stage - 1, micro)
+    ops = [("F", j) for j in range(warm)]
+    for i in range(micro - warm):
+        ops += [("F", warm + i), ("B", i)]
+    return ops + [("B", j) for j in range(micro - warm, micro)]
+
+
+def slots_needed(kind: str, stages: int, stage: int, micro: int) -> int:
+    """Micro-batches in flight at once on ``stage``: one activation arena each."""
+    return micro if kind == "gpipe" else min(stages - stage, micro)
+
+
+def predicted_bubble(stages: int, micro: int) -> float:
+    """The idle share of a synchronous pipeline with equal stages: (P - 1) / (m + P - 1)."""
+    return (stages - 1) / (micro + stages - 1)
+
+
+def simulate_pipeline(
+    kind: str, fwd: list[float], bwd: list[float], micro: int, send: list[float]
+) -> tuple[float, list[float]]:
+    """The schedule on the simulated device: stage s takes ``fwd[s]`` / ``bwd[s]`` seconds
+    per micro-batch, a message across boundary s -> s + 1 (either way) ``send[s]``; each
+    op starts when its stage is free and its input has arrived. Returns (makespan, busy
+    seconds per stage); with equal stages and free sends the idle share is exactly
+    (P - 1) / (m + P - 1)."""
+    P = len(fwd)
+    ops = [schedule_ops(kind, P, s, micro) for s in range(P)]
+    done: dict[tuple[str, int, int], float] = {}
+    pos, free = [0] * P, [0.0] * P
+    left = sum(len(o) for o in ops)
+    while left:
+        moved = False
+        for s in range(P):
+            while pos[s] < len(ops[s]):
+                op, j = ops[s][pos[s]]
+                if op == "F":
+                    dep = None if s == 0 else ("F", s - 1, j)
+                    wire, cost = (send[s - 1] if s else 0.0), fwd[s]
+                else:
+                    dep = None if s == P - 1 else ("B", s + 1, j)
+                    wire, cost = (send[s] if s < P - 1 else 0.0), bwd[s]
+                if dep is not None and dep not in done:
+                    break
+                ready = 0.0 if dep is None else done[dep] + wire
+                free[s] = done[(op, s, j)] = max(free[s], ready) + cost
+                pos[s] += 1
+                left -= 1
+                moved = True
+        if not moved:
+            raise RuntimeError(f"{kind} schedule cannot proceed: {pos}")
+    return max(free), [micro * (fwd[s] + bwd[s]) for s in range(P)]
+
+
+def split_stages(costs: list[int], parts: int) -> list[tuple[int, int]]:
+    """Contiguous [lo, hi) ranges of ``costs`` into ``parts`` non-empty pieces minimising
+    the largest piece's sum (ties: the earliest cut)."""
+    n = len(costs)
+    prefix = np.concatenate([[0], np.cumsum(costs, dtype=np.int64)])
+    inf = np.iinfo(np.int64).max
+    best = np.full((parts + 1, n + 1), inf, np.int64)  # best[p][i]: first i into p parts
+    cut = np.zeros((parts + 1, n + 1), np.int64)
+    best[0][0] = 0
+    for p in range(1, parts + 1):
+        for i in range(p, n + 1):
+            for j in range(p - 1, i):
+                if best[p - 1][j] == inf:
+                    continue
+                v = max(best[p - 1][j], prefix[i] - prefix[j])
+                if v < best[p][i]:
+                    best[p][i], cut[p][i] = v, j
+    out, i = [], n
+    for p in range(parts, 0, -1):
+        j = int(cut[p][i])
+        out.append((j, i))
+        i = j
+    return out[::-1]
+
+
+class StagePlan:
+    """Which model stages, parameters and flat range each pipeline stage owns."""
+
+    def __init__(self, model, layout: Layout, P: int):
+        stages = model.stages()
+        numel = {s.name: s.numel for s in layout.specs}
+        if P > len(stages):
+            raise ConfigError(
+                f"runconfig.pipeline_parallel={P} exceeds the {len(stages)} stages of model "
+                f"{model.name!r} ({', '.join(s.name for s in stages)}): give at most "
+                f"{len(stages)}",
+                "runconfig.pipeline_parallel",
+            )
+
+        def names(st) -> list[str]:
+            return list(dict.fromkeys((*st.forward_params, *st.backward_params)))
+
+        # balance compute where the model counts it per stage, else parameters
+        if hasattr(model, "stage_flops"):
+            costs = list(model.stage_flops())
+        else:
+            costs = [sum(numel[n] for n in names(st)) for st in stages]
+        self.ranges = split_stages(costs, P)
+        self.stage_names = [[stages[k].name for k in range(a, b)] for a, b in self.ranges]
+        owner: dict[str, int] = {}
+        self.reads: list[list[str]] = []
+        for s, (a, b) in enumerate(self.ranges):
+            read = list(dict.fromkeys(n for k in range(a, b) for n in names(stages[k])))
+            self.reads.append(read)
+            for n in read:
+                owner.setdefault(n, s)
+        self.owner = owner
+        # tied: (name, owner stage, reading stage) for each copy a later stage keeps
+        self.tied = [
+            (n, owner[n], s) for s, read in enumerate(self.reads) for n in read if owner[n] != s
+        ]
+        for name, own, user in self.tied:
+            if user != P - 1 or own != 0:
+                raise ConfigError(
+                    f"model {model.name!r}: parameter {name!r} is read by pipeline stages "
+                    f"{own} and {user}; only the first and last stage may share one (a tied "
+                    "embedding)",
+                    "runconfig.pipeline_parallel",
+                )
+        # flat ranges: the owned parameters of each stage must follow one another
+        self.flat: list[tuple[int, int]] = []
+        at = 0
+        for s in range(P):
+            mine = sorted((layout.offsets[n], n) for n in owner if owner[n] == s)
+            if not mine or mine[0][0] != at:
+                raise ConfigError(
+                    f"model {model.name!r}: the parameters of pipeline stage {s} are not the "
+                    "next range of its flat layout; it cannot be pipelined",
+                    "runconfig.pipeline_parallel",
+                )
+            for off, n in mine:
+                if off != at:
+                    raise ConfigError(
+                        f"model {model.name!r}: parameter {n!r} breaks stage {s}'s flat range",
+                        "runconfig.pipeline_parallel",
+                    )
+                at += numel[n]
+            self.flat.append((mine[0][0], at))
+        self.flat[-1] = (self.flat[-1][0], layout.padded)  # the padding goes with the last
+        self.params = [sum(numel[n] for n in owner if owner[n] == s) for s in range(P)]
+
+    def describe(self) -> str:
+        return "; ".join(
+            f"stage {s}: {' '.join(self.stage_names[s])} ({self.params[s]:,} parameters)"
+            for s in range(len(self.ranges))
+        )
+
+
+def measured_bubble(ranks: list[dict[str, Any]], P: int) -> dict[str, Any]:
+    """The bubble as the schedule defines it: the share of the pipeline's forward/backward
+    span a stage is not computing. Per step and replica the span is the longest stage's
+    forward/backward phase (all start together, after the previous step's agreement); a
+    rank computes for its phase minus its blocked receives. Averaged over ranks and steps
+    (each step weighted by its span); also per stage, and the receive waits alone."""
+    spans: dict[int, np.ndarray] = {}
+    for x in ranks:
+        f = np.array([a for a, _ in x["fb_steps"]])
+        spans[x["replica"]] = np.maximum(spans.get(x["replica"], f), f)
+    idle = []
+    for x in ranks:
+        span = spans[x["replica"]]
+        busy = np.array([a - w for a, w in x["fb_steps"]])
+        idle.append(float((span - busy).sum() / span.sum()) if span.sum() > 0 else 0.0)
+    return {
+        "bubble_fraction": float(np.mean(idle)),
+        "bubble_fraction_per_stage": [
+            float(np.mean([b for b, x in zip(idle, ranks, strict=True) if x["stage"] == s]))
+            for s in range(P)
+        ],
+        "receive_wait_fraction_per_stage": [
+            float(np.mean([x["receive_wait_fraction"] for x in ranks if x["stage"] == s]))
+            for s in range(P)
+        ],
+    }
+
+
+class Pipeline(Schedule):
+    name = "pipelined"
+
+    def __init__(self, comm, stages: int, tp: int = 1):
+        """``tp``: SambaFlow's tensor-parallel batch mode innermost (its T ranks of one
+        stage divide the micro-batch: data-parallel replicas for the gradient sync)."""
+        world, P, T = comm.Get_size(), stages, tp
+        if world % (P * T):
+            what = f"runconfig.pipeline_parallel={P}" + (
+                f" x runconfig.tensor_parallel={T}" if T > 1 else ""
+            )
+            raise ConfigError(
+                f"{what} must divide the {world} ranks (replicas of {P * T} consecutive "
+                f"ranks); start a multiple of {P * T}",
+                "runconfig.pipeline_parallel",
+            )
+        super().__init__(comm, world // P, world)
+        self.P, self.T = P, T
+        self.rank = r = comm.Get_rank()
+        # rank = (d P + s) T + t: tensor-parallel innermost, then pipeline, then data
+        self.stage = (r // T) % P
+        self.replica = (r // (P * T)) * T + r % T  # index among the D x T replicas
+        self.pipe = comm.Split(self.replica, self.stage)  # this replica's P stages
+        self.dp = comm.Split(self.stage, self.replica)  # this stage's replicas, in order
+
+    # ----------------------------------------------------------------- set-up
+    def prepare(self, run) -> None:
+        p, r = run.params, run.params.runconfig
+        self.params, self.micro_batch = p, run.micro_batch
+        self.zero_level = r.zero_opt_level
+        self.kind = r.pipeline_schedule
+        self.m = p.optimizer.grad_accum_steps
+        self.model = build_model(p.model)
+        if not hasattr(self.model, "stage_input"):
+            raise ConfigError(
+                f"model {self.model.name!r} cannot be pipelined (no stage boundaries); "
+                "runconfig.pipeline_parallel supports fc_mnist and gpt2",
+                "runconfig.pipeline_parallel",
+            )
+        self.layout = Layout(self.model.parameter_specs(), self.replicas)
+        self.plan = StagePlan(self.model, self.layout, self.P)
+        if r.collective_algorithm in ("shm", "hierarchical") and self.replicas > 1:
+            raise ConfigError(
+                f"runconfig.collective_algorithm={r.collective_algorithm} with "
+                f"runconfig.pipeline_parallel={self.P}: the stage groups sync their gradients "
+                "with auto, ring, rhd or native",
+                "runconfig.collective_algorithm",
+            )
+        place = None
+        if r.ranks_per_node is not None:  # virtual nodes, as data parallelism reads them
+            place = Placement.blocks(self.rank, self.ranks, r.ranks_per_node)
+        self.coll = Collectives(
+            self.comm, r.collective_algorithm, r.check_collectives, placement=place
+        )
+        if self.T > 1:  # its groups must sit on one node (SambaFlow's rule)
+            groups = tensor_parallel_groups(self.coll.placement, self.T)
+            run.log(
+                f"simdist: tensor parallel (batch mode) innermost, groups of {self.T} ranks on "
+                f"one node: {' '.join(str(list(g)) for g in groups)}"
+            )
+        self.dcoll = Collectives(self.dp, r.collective_algorithm, r.check_collectives)
+        # one algorithm for the stage's gradient collectives: the one data parallelism at D
+        # ranks picks for the whole buffer (its summation order is what D > 2 depends on)
+        algorithm = r.collective_algorithm
+        if algorithm == "auto":
+            algorithm = self.dcoll.choose("reduce_scatter", 4 * self.layout.padded)
+        self.algorithm = algorithm
+        self.data = build_dataset(p, self.micro_batch)
+        self.memory = DeviceAllocator(DeviceMemory.from_profile(run.profile))
+        run.log(
+            f"simdist: pipeline parallel, {self.replicas} replica(s) x {self.P} stages "
+            f"({self.where()}), schedule {self.kind}, "
+            f"model {self.model.name}, {self.m} micro-batch(es) of {self.micro_batch}, "
+            f"global batch {run.global_batch}, ZeRO-{self.zero_level} on the data-parallel "
+            f"axis; predicted bubble {predicted_bubble(self.P, self.m):.3f}"
+        )
+        run.log(f"pipeline split: {self.plan.describe()}")
+        if self.kind == "1f1b" and self.m < self.P:
+            run.log(
+                f"note: {self.m} micro-batch(es) < {self.P} stages: the pipeline never fills "
+                "(raise optimizer.grad_accum_steps)"
+            )
+
+    def where(self) -> str:
+        P, T = self.P, self.T
+        if T == 1:
+            return f"rank r: stage r % {P}, replica r // {P}"
+        return f"rank r: stage (r // {T}) % {P}, replica (r // {P * T}) x {T} + r % {T}"
+
+    def warm(self) -> None:
+        warm_kernels()
+
+    def allocate(self, run) -> None:
+        try:
+            self._allocate(run)
+        except SimulatedOutOfMemoryError as e:  # bad input (exit 2), as data parallelism's
+            raise ConfigError(
+                f"{e}\n  pipeline: stage {self.stage} of {self.P} holds its parameter range "
+                "and one activation arena per micro-batch in flight (1f1b: P - stage, gpipe: "
+                "all); more stages, 1f1b or a smaller train_input.batch_size fit better",
+                "runconfig.pipeline_parallel",
+            ) from None
+
+    def _allocate(self, run) -> None:
+        p, r = self.params, self.params.runconfig
+        s, P, layout, plan = self.stage, self.P, self.layout, self.plan
+        alloc = self.memory.alloc
+        a, b = plan.flat[s]
+        self.lo, self.hi = a, b
+        # the stage's slice boundaries at D ranks, relative to its range
+        self.bounds = np.clip(layout.bounds - a, 0, b - a)
+        d = self.replica
+        plo, phi = a + int(self.bounds[d]), a + int(self.bounds[d + 1])
+        self.own = (plo, phi)  # the reduced gradients this rank counts in the norm
+        self.update = (plo, phi) if self.zero_level == 1 else (a, b)
+        self.params_flat = alloc("parameters", "params", b - a)
+        specs = {sp.name: sp for sp in layout.specs}
+
+        def views(buf: np.ndarray) -> dict[str, np.ndarray]:
+            out = {}
+            for n, owner in plan.owner.items():
+                if owner == s:
+                    off = layout.offsets[n] - a
+                    out[n] = buf[off : off + specs[n].numel].reshape(specs[n].shape)
+            return out
+
+        self.pviews = views(self.params_flat)
+        # tied copies (last stage) and the owner's receive buffers (first stage)
+        self.tied_users = [(n, u) for n, own, u in plan.tied if own == s]
+        self.tied_copies = [(n, own) for n, own, u in plan.tied if u == s]
+        self.grads = alloc("gradients", "grads", b - a)
+        self.micro_grads = alloc("gradients", "micro_grads", b - a) if self.m > 1 else None
+        self.gviews = GradientViews(views(self.micro_grads if self.m > 1 else self.grads))
+        self._tied_send: dict[str, list[np.ndarray]] = {}
+        for n, _ in self.tied_copies:
+            shape = specs[n].shape
+            self.pviews[n] = alloc("parameters", f"tied.{n}", specs[n].numel).reshape(shape)
+            # two buffers: the send of micro-batch j may still run while j + 1 writes
+            self._tied_send[n] = [
+                alloc("gradients", f"tied_grad.{n}.{i}", specs[n].numel).reshape(shape)
+                for i in range(2)
+            ]
+        nslots = slots_needed(self.kind, P, s, self.m)
+        self.slots = []
+        for i in range(nslots):
+            model = self.model if i == 0 else build_model(p.model)
+            self.memory.reserve(
+                "activations", f"model.arena.{i}", model.activation_bytes(self.micro_batch)
+            )
+            model.allocate(self.micro_batch)
+            if hasattr(model, "bind_step"):
+                model.bind_step(r.seed, lambda: run.step)
+            self.slots.append(model)
+        self._tied_recv = {
+            n: [
+                alloc("gradients", f"tied_recv.{n}.{i}", specs[n].numel).reshape(specs[n].shape)
+                for i in range(nslots)
+            ]
+            for n, _ in self.tied_users
+        }
+        self.optimizer = Optimizer(p.optimizer, layout, *self.update, alloc)
+        self.sampler = DistributedSampler(
+            self.data.num_train,
+            run.global_batch,
+            self.replicas,
+            self.replica,
+            r.seed,
+            p.train_input.shuffle,
+            self.m,
+        )
+        # every rank draws the whole initialisation (one rng stream, as data parallelism)
+        # and keeps its range and its tied copies
+        full = np.zeros(layout.padded, F32)
+        self.model.init_parameters(layout.views(full), np.random.default_rng(r.seed))
+        self.params_flat[...] = full[a:b]
+        for n, _ in self.tied_copies:
+            self.pviews[n][...] = layout.views(full)[n]
+        del full
+        self.state_shard = StateShard(
+            self.comm,
+            self.rank,
+            self.ranks,
+            *self.update,
+            self.optimizer.state,
+            sharded=True,
+            params=self.params_flat,
+            params_lo=a,
+        )
+        self.k0, self.k1 = plan.ranges[s]
+        self.p2p_bytes = 0
+        self.wait_s = 0.0
+        self.fb_steps: list[tuple[float, float]] = []  # (forward/backward time, waits) per step
+        run.log(
+            f"parameters: {layout.numel:,}; stage {s} of replica {d} holds [{a:,}, {b:,}) of "
+            f"the flat layout, {nslots} activation slot(s); memory per rank (rank 0): "
+            + ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in self.memory.bytes.items())
+        )
+
+    def feed(self, run) -> None:
+        self._send_tied()  # a resumed owner's values reach the copies
+
+    def start(self, run) -> None:
+        self._coll_bytes0 = self.dcoll.bytes_sent + self.coll.bytes_sent
+        self.p2p_bytes = 0
+        self.wait_s = 0.0
+        self.fb_steps = []
+
+    # ----------------------------------------------------------------- the step
+    def step(self, run, step: int, guard) -> StepResult:
+        n = step + 1
+        guard.enter("forward_backward", n)
+        t0, wait0 = time.perf_counter(), self.wait_s
+        self._loss = 0.0
+        self._pending: list[list[Any]] = [[] for _ in self.slots]
+        self._tied_reqs: dict[int, list[Any]] = {}
+        self._tied_send_reqs: list[list[Any]] = [[], []]
+        batches = list(self.sampler.indices(step))
+        self._hook = (n, guard.hook) if guard.hook else None  # test-only fault injection
+        for op, j in schedule_ops(self.kind, self.P, self.stage, self.m):
+            if op == "F":
+                self._forward(j, batches[j])
+            else:
+                self._backward(j)
+        for reqs in self._pending:
+            self._wait(reqs)
+        for reqs in self._tied_send_reqs:
+            self._wait(reqs)
+        self.fb_steps.append((time.perf_counter() - t0, self.wait_s - wait0))
+        guard.enter("reduce_gradients", n)
+        grads = self._reduce()
+        own_sumsq = self._sumsq(grads)
+        loss = self._loss if self.stage == self.P - 1 else 0.0
+        sumsq, total_loss, stop = guard.check(n, own_sumsq, loss, lambda: nonfinite_text(n))
+        norm = self._clip(grads, sumsq)
+        guard.enter("update", n)
+        ulo, uhi = self.update
+        self.optimizer.step(
+            self.params_flat[ulo - self.lo : uhi - self.lo],
+            grads[ulo - self.lo : uhi - self.lo],
+            n,
+            run.learning_rate(step),
+        )
+        guard.enter("gather_parameters", n)
+        if self.zero_level == 1:
+            self.dcoll.allgather(self.params_flat, bounds=self.bounds, algorithm=self.algorithm)
+        self._send_tied()
+        return StepResult(loss, norm, stop, mean_loss=total_loss / self.replicas)
+
+    def _wait(self, reqs: list[Any]) -> None:
+        for q in reqs:
+            q.Wait()
+        reqs.clear()
+
+    def _recv(self, buf: np.ndarray, source: int, tag: int) -> None:
+        t = time.perf_counter()
+        self.pipe.Recv(buf, source=source, tag=tag)
+        self.wait_s += time.perf_counter() - t
+
+    def _send(self, buf: np.ndarray, dest: int, tag: int) -> Any:
+        self.p2p_bytes += buf.nbytes
+        return self.pipe.Isend(buf, dest=dest, tag=tag)
+
+    def _forward(self, j: int, indices: np.ndarray) -> None:
+        s, slot = self.stage, j % len(self.slots)
+        model = self.slots[slot]
+        self._wait(self._pending[slot])  # the slot's previous micro-batch has left
+        x, y = self.data.train_batch(indices)
+        if self._hook:
+            self._hook[1].at_batch(self._hook[0], j, x)
+        model.begin(x.copy(), y.copy())  # the loader reuses its buffers; the slot keeps these
+        for n, _ in self.tied_users:  # the tied gradient of j arrives during j's journey
+            buf = self._tied_recv[n][slot]
+            self._tied_reqs.setdefault(j, []).append(
+                self.pipe.Irecv(buf, source=self.P - 1, tag=TAG_TIED_GRAD)
+            )
+        if s > 0:
+            for buf in model.stage_input(self.k0):
+                self._recv(buf, s - 1, TAG_ACT)
+        out = None
+        for k in range(self.k0, self.k1):
+            out = model.forward_stage(k, self.pviews)
+        if s < self.P - 1:
+            model.hold_for_backward()
+            for buf in model.stage_input(self.k1):
+                self._pending[slot].append(self._send(buf, s + 1, TAG_ACT))
+        else:
+            self._loss += out / self.m  # as data parallelism sums it
+
+    def _backward(self, j: int) -> None:
+        s, slot = self.stage, j % len(self.slots)
+        model = self.slots[slot]
+        dloss = 1.0 / (self.micro_batch * self.m)  # mean over this replica's samples
+        if s < self.P - 1:
+            self._recv(model.stage_input_grad(self.k1), s + 1, TAG_GRAD)
+        g = self.gviews
+        if self.tied_copies:  # this stage writes the tied gradients' first part
+            t = time.perf_counter()
+            self._wait(self._tied_send_reqs[j % 2])  # the buffer's send of j - 2 is done
+            self.wait_s += time.perf_counter() - t
+            for n, _ in self.tied_copies:
+                g[n] = self._tied_send[n][j % 2]
+        if self.tied_users:  # the later stage's part, first (the order one rank runs)
+            t = time.perf_counter()
+            self._wait(self._tied_reqs.pop(j))
+            self.wait_s += time.perf_counter() - t
+            for n, _ in self.tied_users:
+                np.copyto(g[n], self._tied_recv[n][slot])
+        for k in range(self.k1 - 1, self.k0 - 1, -1):
+            model.backward_stage(k, self.pviews, g, dloss)
+        if s > 0:
+            self._pending[slot].append(self._send(model.stage_input_grad(self.k0), s - 1, TAG_GRAD))
+        for n, _ in self.tied_copies:
+            self._tied_send_reqs[j % 2].append(self._send(g[n], 0, TAG_TIED_GRAD))
+        if self.micro_grads is not None:
+            if j == 0:
+                np.copyto(self.grads, self.micro_grads)
+            else:
+                np.add(self.grads, self.micro_grads, out=self.grads)
+
+    def _reduce(self) -> np.ndarray:
+        """Average the stage's gradients over its D replicas, as data parallelism does for
+        the whole buffer: reduce-scatter over the slice boundaries (+ all-gather, ZeRO-0);
+        returns the stage's gradient buffer (ZeRO-1: valid in this rank's slice)."""
+        if self.replicas > 1:
+            g = self.grads
+            self.dcoll.reduce_scatter(g, bounds=self.bounds, average=True, algorithm=self.algorithm)
+            if self.zero_level == 0:
+                self.dcoll.allgather(g, bounds=self.bounds, algorithm=self.algorithm)
+        return self.grads
+
+    def _sumsq(self, grads: np.ndarray) -> float:
+        """The float64 sum of squares of this replica's slice of the averaged gradients,
+        summed exactly as ``sum_of_squares`` sums the slice in one piece: its four lanes
+        passed along the pipeline in flat order; the last stage returns it, others 0."""
+        acc = np.zeros(4, np.float64)
+        if self.stage > 0:
+            self.pipe.Recv(acc, source=self.stage - 1, tag=TAG_SUMSQ)
+        plo, phi = self.own
+        if phi > plo:
+            slice_lo = int(self.layout.bounds[self.replica])
+            lane_sum_of_squares(grads[plo - self.lo : phi - self.lo], (plo - slice_lo) % 4, acc)
+        if self.stage < self.P - 1:
+            self.pipe.Send(acc, dest=self.stage + 1, tag=TAG_SUMSQ)
+            return 0.0
+        return float((acc[0] + acc[1]) + (acc[2] + acc[3]))
+
+    def _clip(self, grads: np.ndarray, sumsq: float) -> float | None:
+        max_norm = self.params.optimizer.max_gradient_norm
+        if max_norm is None:
+            return None
+        norm = float(np.sqrt(sumsq))
+        coef = max_norm / (norm + 1e-6)  # as torch.nn.utils.clip_grad_norm_
+        if coef < 1.0:
+            ulo, uhi = self.update
+            part = grads[ulo - self.lo : uhi - self.lo]
+            np.multiply(part, np.float32(coef), out=part)
+        return norm
+
+    def _send_tied(self) -> None:
+        """The owner's values of tied parameters to their copies (after each update)."""
+        for n, user in self.tied_users:
+            self.pipe.Send(self.pviews[n], dest=user, tag=TAG_TIED)
+        for n, own in self.tied_copies:
+            self.pipe.Recv(self.pviews[n], source=own, tag=TAG_TIED)
+
+    # ----------------------------------------------------------------- around the steps
+    def _gather_full(self) -> np.ndarray | None:
+        """This replica's parameters, whole, on its stage 0 (None elsewhere)."""
+        if self.stage > 0:
+            self.pipe.Send(self.params_flat, dest=0, tag=TAG_GATHER)
+            return None
+        full = np.zeros(self.layout.padded, F32)
+        for s, (a, b) in enumerate(self.plan.flat):
+            if s == 0:
+                full[a:b] = self.params_flat
+            else:
+                self.pipe.Recv(full[a:b], source=s, tag=TAG_GATHER)
+        return full
+
+    def checkpoint_parameters(self, run) -> dict[str, np.ndarray] | None:
+        if self.replica != 0:
+            return None
+        full = self._gather_full()
+        return None if full is None else self.layout.views(full)
+
+    def checkpoint_attrs(self) -> dict[str, Any]:
+        return {
+            "tensor_parallel": self.T,
+            "tensor_parallel_mode": "batch",
+            "pipeline_parallel": self.P,
+            "pipeline_schedule": self.kind,
+        }
+
+    def eval_sums(self, run) -> np.ndarray:
+        """Each replica's stage 0 gathers the replica's parameters and scores the replica's
+        contiguous share of the held-out set, as a data-parallel rank does."""
+        full = self._gather_full()
+        if full is None:
+            return np.zeros(4, np.float64)
+        n, D, d = self.data.num_eval, self.replicas, self.replica
+        lo, hi = n * d // D, n * (d + 1) // D
+        batch = self.params.eval_input.batch_size
+        params = self.layout.views(full)
+        loss_sum, correct = 0.0, 0
+        for start in range(lo, hi, batch):
+            x, y = self.data.eval_batch(start, min(start + batch, hi))
+            l, c = self.model.evaluate(params, x, y)
+            loss_sum, correct = loss_sum + l, correct + c
+        meta = (n, self.data.targets_per_sample) if self.rank == 0 else (0, 0)
+        return np.array([loss_sum, correct, *meta], np.float64)
+
+    def _simulate(self, run) -> dict[str, Any]:
+        """Rank 0: the forward/backward phase of a step on the simulated device (the
+        profile's cost model per model stage, ``simdist.sim.streaming_step``, summed over
+        each pipeline stage; sends over the profile's intra- or inter-node link)."""
+        from simdist.sim.streaming_step import device_compute
+
+        prof = run.profile
+        f, b, note = device_compute(self.model, self.model.stages(), prof, self.micro_batch)
+        fwd = [sum(f[k0:k1]) for k0, k1 in self.plan.ranges]
+        bwd = [sum(b[k0:k1]) for k0, k1 in self.plan.ranges]
+        link = prof.link("intra" if self.coll.placement.num_nodes == 1 else "inter")
+        send = []
+        for k0, _ in self.plan.ranges[1:]:  # what crosses each boundary
+            nbytes = sum(a.nbytes for a in self.model.stage_input(k0))
+            send.append(link.latency + nbytes * link.beta_at(nbytes) if link.known else 0.0)
+        span, busy = simulate_pipeline(self.kind, fwd, bwd, self.m, send)
+        return {
+            "est_forward_backward_s": span,
+            "est_bubble_fraction": 1.0 - sum(busy) / (self.P * span) if span > 0 else 0.0,
+            "est_stage_compute_s": [x + y for x, y in zip(fwd, bwd, strict=True)],
+            "est_send_s": send,
+            "est_note": f"{note}; sends over the {link.name} link; step time beyond the "
+            "forward/backward phase (gradient sync, optimizer) not simulated",
+        }
+
+    def performance(self, run, common: dict[str, Any]) -> dict[str, Any] | None:
+        r, t, steps = self.params.runconfig, run.timers, common["steps"]
+        per = max(steps, 1)
+        sent = self.p2p_bytes + self.dcoll.bytes_sent + self.coll.bytes_sent - self._coll_bytes0
+        fb = sum(f for f, _ in self.fb_steps)
+        mine = {
+            "stage": self.stage,
+            "replica": self.replica,
+            "fb_steps": self.fb_steps,
+            "receive_wait_fraction": self.wait_s / fb if fb > 0 else 0.0,
+            "p2p_bytes_per_step": self.p2p_bytes / per,
+            "comm_bytes_sent_per_step": sent / per,
+            "memory_bytes": dict(self.memory.bytes),
+            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        }
+        ranks = self.comm.gather(mine, root=0)
+        if ranks is None:
+            return None
+        simulated = self._simulate(run) if steps else {}  # the boundaries' views: a step ran
+        return {
+            **common,
+            "execution_mode": "pipelined",
+            "world_size": self.ranks,
+            "replicas": self.replicas,
+            "pipeline_parallel": self.P,
+            "pipeline_schedule": self.kind,
+            "tensor_parallel": self.T,
+            "pipeline_split": [
+                {
+                    "stage": s,
+                    "model_stages": self.plan.stage_names[s],
+                    "flat_range": list(self.plan.flat[s]),
+                    "parameters": self.plan.params[s],
+                }
+                for s in range(self.P)
+            ],
+            "global_batch_size": run.global_batch,
+            "micro_batch_size": self.micro_batch,
+            "grad_accum_steps": self.m,
+            "zero_opt_level": self.zero_level,
+            "collective_algorithm": r.collective_algorithm,
+            "gradient_algorithm": self.algorithm,
+            "parameters": self.layout.numel,
+            "parameters_padded": self.layout.padded,
+            "step_time_s": t.train_time / per,
+            **measured_bubble(ranks, self.P),
+            "predicted_bubble_fraction": predicted_bubble(self.P, self.m),
+            **simulated,
+            "memory_bytes": ranks[0]["memory_bytes"],
+            "memory_bytes_per_rank": [x["memory_bytes"] for x in ranks],
+            "peak_memory_bytes_per_rank": max(sum(x["memory_bytes"].values()) for x in ranks),
+            "peak_rss_bytes": max(x["peak_rss_bytes"] for x in ranks),
+            "comm_bytes_sent_per_step": max(x["comm_bytes_sent_per_step"] for x in ranks),
+            "pipeline_bytes_sent_per_step": [x["p2p_bytes_per_step"] for x in ranks],
+            "host": socket.gethostname(),
+        }
