@@ -492,11 +492,15 @@ class Transformer:
         residual_forward(gres.reshape(-1), gr.reshape(-1), gx.reshape(-1))
 
     # -------------------------------------------------------------- greedy decoding
-    def greedy_decode(self, params, source: np.ndarray) -> np.ndarray:
+    def greedy_decode(
+        self, params, source: np.ndarray, forced: np.ndarray | None = None
+    ) -> np.ndarray:
         """The target_length tokens greedy decoding emits for one source (Te ids), PAD
         after the first EOS. The encoder runs once; then one decoder position at a time
         through the same kernels, the self-attention keys and values of earlier positions
-        kept (rows of the batch-of-one views), so a step costs one token, not a prefix."""
+        kept (rows of the batch-of-one views), so a step costs one token, not a prefix.
+        ``forced`` (Td ids): feed these as the previous tokens instead (teacher forcing
+        through the incremental path; every position's argmax is returned)."""
         cfg = self.config
         Te, Td, D, NH = cfg.max_seq_length, cfg.target_length, cfg.d_model, cfg.nhead
         if self._arena is None:
@@ -561,7 +565,9 @@ class Transformer:
             linear_nobias_forward(logits, v.dec_out[:1], shared)
             token = int(np.argmax(logits[0]))
             out[pos] = token
-            if token == cfg.eos_token_id:
+            if forced is not None:
+                token = int(forced[pos])
+            elif token == cfg.eos_token_id:
                 break
             ids[0, 0] = token
         return out
