@@ -406,8 +406,43 @@ def test_a_malformed_tsv_line_exits_2_naming_file_and_line(tmp_path):
     f = tmp_path / "pairs.tsv"
     f.write_text("a\tb\nc\td\n" + "x" * 40 + "\ty\n")
     d = tmp_path / "bad"
-    cmd = ["-m", "simdist.train", *TINY, f"--runconfig.model_dir={d}", f"--train_input.data_dir={f}"]
+    cmd = [
+        "-m",
+        "simdist.train",
+        *TINY,
+        f"--runconfig.model_dir={d}",
+        f"--train_input.data_dir={f}",
+    ]
     out = run_mpi(1, cmd, 120)
     assert out.returncode == 2, out.stdout
     assert f"{f}:3: source of 40 bytes does not fit model.max_seq_length" in out.stdout
     assert not d.exists()
+
+
+def test_interop_round_trip_with_torch_transformer(tmp_path):
+    """A ``torch.nn.Transformer`` state dict plus ``embedding.weight`` (safetensors) imports
+    as a simdist checkpoint with exactly the model's parameters, and exports back to the
+    same tensors, which load into ``nn.Transformer`` strictly."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("safetensors")
+    import h5py
+    from safetensors.numpy import load_file, save_file
+
+    from simdist import interop
+
+    cfg = _tiny()
+    net = torch.nn.Transformer(cfg.d_model, cfg.nhead, cfg.num_encoder_layers,
+                               cfg.num_decoder_layers, cfg.dim_feedforward,
+                               batch_first=True)  # fmt: skip
+    state = {k: v.numpy() for k, v in net.state_dict().items()}
+    state[EMBED] = np.random.default_rng(0).standard_normal((259, cfg.d_model)).astype(F32)
+    save_file(state, str(tmp_path / "t.safetensors"))
+    interop.import_(tmp_path / "t.safetensors", tmp_path / "t.h5", "transformer")
+    with h5py.File(tmp_path / "t.h5") as f:
+        names = set(f["model"])
+    assert names == {s.name for s in Transformer(cfg).parameter_specs()}
+    back = load_file(str(interop.export(tmp_path / "t.h5", tmp_path / "out.safetensors")))
+    assert back.keys() == state.keys()
+    assert all(np.array_equal(back[k], v) for k, v in state.items())
+    back.pop(EMBED)
+    net.load_state_dict({k: torch.from_numpy(v) for k, v in back.items()}, strict=True)

@@ -56,8 +56,7 @@ class TransformerConfig:
                 raise ConfigError(f"model.{key} must be a positive integer, got {value!r}")
         if self.d_model % self.nhead:
             raise ConfigError(
-                f"model.d_model ({self.d_model}) must be a multiple of model.nhead "
-                f"({self.nhead})",
+                f"model.d_model ({self.d_model}) must be a multiple of model.nhead ({self.nhead})",
                 "model.d_model",
             )
         for key in ("max_seq_length", "target_length"):
