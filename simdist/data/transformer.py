@@ -10,8 +10,8 @@ Two sources (``train_input.data_dir``):
   ("she had been" -> "been had she"; a word cut by the run's edge stays a word). The
   target is a permutation of the source's words, so the decoder cannot produce it without
   reading the encoder: a decoder-only guess is a language model of reversed English,
-  which cannot know which 60-odd bytes to reproduce; and the alignment moves with every
-  word length, so attention must find, not copy, each position. The last 10 % of the
+  which cannot know which W bytes to reproduce; and the alignment moves with every word
+  length, so cross-attention must locate, not copy, each position. The last 10 % of the
   corpus is the validation split. Every pair has W bytes and EOS: no target padding.
 - a ``.tsv`` file of ``source<TAB>target`` lines (the user's parallel text, bytes as-is;
   blank lines skipped): the last 10 % of the pairs are held out. A line without exactly

@@ -84,10 +84,10 @@ def _preset(L: int, NH: int, D: int, F: int, V: int, T: int, p: float) -> dict:
 
 
 # transformer-mini: simdist's byte vocabulary (simdist.data.transformer: pad, bos, eos and
-# 256 bytes) and 64-token pairs; base and big: the paper's table 3 (big with dropout 0.3,
+# 256 bytes) and 32-token pairs; base and big: the paper's table 3 (big with dropout 0.3,
 # its EN-DE setting), 37000 shared BPE tokens, sequences of 256 (simulation and plan mode).
 PRESETS: dict[str, dict] = {
-    "transformer-mini": _preset(3, 4, 128, 512, 259, 64, 0.1),
+    "transformer-mini": _preset(3, 4, 128, 512, 259, 32, 0.1),
     "transformer-base": _preset(6, 8, 512, 2048, 37000, 256, 0.1),
     "transformer-big": _preset(6, 16, 1024, 4096, 37000, 256, 0.3),
 }
