@@ -447,3 +447,15 @@ def test_interop_round_trip_with_torch_transformer(tmp_path):
     assert all(np.array_equal(back[k], v) for k, v in state.items())
     back.pop(EMBED)
     net.load_state_dict({k: torch.from_numpy(v) for k, v in back.items()}, strict=True)
+
+
+def test_simulated_oom_names_the_activations(tmp_path):
+    from test_simulate import toy_profile
+
+    d = tmp_path / "oom"
+    prof = toy_profile(tmp_path, capacity_gb=0.03)  # model states 22 MiB + an 18 MiB arena
+    cmd = ["-m", "simdist.train", "--params=transformer_mini", f"--profile={prof}"]
+    out = run_mpi(1, [*cmd, f"--runconfig.model_dir={d}", "--runconfig.max_steps=1"], 120)
+    assert out.returncode == 2, out.stdout
+    assert "simulated out of memory on toy" in out.stdout and "activations" in out.stdout
+    assert not d.exists()
