@@ -143,3 +143,80 @@ def from_f16(out, h):
     """out (float32) = h (float16 bits), elementwise."""
     for i in range(h.size):
         out[i] = f32_from_f16(h[i])
+
+
+# Formats by number, for kernels that serve both (a run picks one when it starts).
+BF16, F16 = 1, 2
+
+
+@kernel
+def round_half(x, fmt):
+    """x (float32, flat) rounded in place to the half format ``fmt`` (BF16 or F16): the
+    value a device that stores x in that format holds."""
+    if fmt == BF16:
+        for i in range(x.size):
+            x[i] = f32_from_bf16(bf16_from_f32(x[i]))
+    else:
+        for i in range(x.size):
+            x[i] = f32_from_f16(f16_from_f32(x[i]))
+
+
+@kernel
+def round_half_into(out, x, fmt):
+    """out = x rounded to the half format ``fmt`` (flat float32 buffers of one size)."""
+    if fmt == BF16:
+        for i in range(x.size):
+            out[i] = f32_from_bf16(bf16_from_f32(x[i]))
+    else:
+        for i in range(x.size):
+            out[i] = f32_from_f16(f16_from_f32(x[i]))
+
+
+@kernel
+def pack_half(out, x, fmt):
+    """out (uint16) = the half words of x (float32): a message in the half format."""
+    if fmt == BF16:
+        for i in range(x.size):
+            out[i] = bf16_from_f32(x[i])
+    else:
+        for i in range(x.size):
+            out[i] = f16_from_f32(x[i])
+
+
+@kernel
+def unpack_half(out, h, fmt):
+    """out (float32) = the values of the half words h (exact)."""
+    if fmt == BF16:
+        for i in range(h.size):
+            out[i] = f32_from_bf16(h[i])
+    else:
+        for i in range(h.size):
+            out[i] = f32_from_f16(h[i])
+
+
+@kernel
+def add_half(acc, h, fmt):
+    """acc = half(acc + value of h): a half-precision reduction step (the addition in
+    float32, the sum stored in the half format, as a device reducing half buffers does)."""
+    if fmt == BF16:
+        for i in range(h.size):
+            acc[i] = f32_from_bf16(bf16_from_f32(acc[i] + f32_from_bf16(h[i])))
+    else:
+        for i in range(h.size):
+            acc[i] = f32_from_f16(f16_from_f32(acc[i] + f32_from_f16(h[i])))
+
+
+def _warm() -> None:
+    """Compile (or load from cache) every kernel here for flat float32 / uint16 buffers."""
+    x = np.ones(4, F32)
+    h = np.zeros(4, np.uint16)
+    for fmt in (BF16, F16):
+        round_half(x, fmt)
+        round_half_into(x, x, fmt)
+        pack_half(h, x, fmt)
+        unpack_half(x, h, fmt)
+        add_half(x, h, fmt)
+    to_bf16(h, x)
+    from_bf16(x, h)
+    to_f16(h, x)
+    from_f16(x, h)

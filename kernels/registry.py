@@ -38,6 +38,7 @@ MODULES: list[str] = [
     "linear_nobias",
     "positions",
     "label_smoothing",
+    "half",
 ]
 
 

@@ -96,6 +96,19 @@ class RunConfig:
     # "batch" divides its batch among them (batch_size is per group of N)
     tensor_parallel: int = 1
     tensor_parallel_mode: str = "batch"
+    # mixed precision (simdist.precision): fp32 master and optimizer state, half weights,
+    # activations and gradients; Lightning's spellings accepted (bf16-mixed, 16-mixed)
+    precision: str = "fp32"
+    fp32_allreduce: bool = False  # gradients reduced in float32 instead of the half format
+    # loss scaling (simdist.loss_scale): null = dynamic for fp16, none otherwise; "dynamic";
+    # or a number (static). The rest as torch.amp.GradScaler / DeepSpeed name them.
+    loss_scale: float | str | None = None
+    initial_loss_scale: float = 65536.0
+    loss_scale_growth_interval: int = 2000
+    loss_scale_growth_factor: float = 2.0
+    loss_scale_backoff_factor: float = 0.5
+    loss_scale_hysteresis: int = 1
+    min_loss_scale: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -167,6 +180,7 @@ CHOICES: dict[str, tuple] = {
     "runconfig.collective_algorithm": ("auto", "ring", "rhd", "hierarchical", "shm", "native"),
     "runconfig.execution_mode": ("pipelined", "weight_streaming"),
     "runconfig.tensor_parallel_mode": ("batch", "weight"),
+    "runconfig.precision": ("fp32", "bf16", "fp16", "32-true", "bf16-mixed", "16-mixed"),
     "runconfig.progress_bar": ("auto", True, False),
     "optimizer.optimizer_type": ("adamw", "sgd"),
     "model.feed_forward_proj": ("relu", "gated-gelu", None),
@@ -320,6 +334,8 @@ def _resolve(data: dict[str, Any], source: str, overrides: dict[str, Any]) -> Pa
             raise ConfigError(f"section {section!r} must be a mapping", key=section)
         data[section][name] = value
     model_values = data.get("model") or {}
+    if isinstance(model_values, dict) and "mixed_precision" in model_values:
+        _mixed_precision_alias(data, model_values)
     model_name = model_values.get("name", "fc_mnist") if isinstance(model_values, dict) else None
     if model_name not in MODEL_CONFIGS:
         raise ConfigError(
@@ -330,6 +346,29 @@ def _resolve(data: dict[str, Any], source: str, overrides: dict[str, Any]) -> Pa
     params = Params(model=model, source=source, **sections)
     validate(params)
     return params
+
+
+def _mixed_precision_alias(data: dict[str, Any], model_values: dict[str, Any]) -> None:
+    """Cerebras' ``model.mixed_precision: true`` is fp16 mixed precision (false: fp32)."""
+    mixed = model_values.pop("mixed_precision")
+    if not isinstance(mixed, bool):
+        raise ConfigError(
+            f"model.mixed_precision must be true or false, got {mixed!r}", "model.mixed_precision"
+        )
+    run = data.setdefault("runconfig", {})
+    if not isinstance(run, dict):
+        return  # the section's own error follows
+    wanted = "fp16" if mixed else "fp32"
+    given = run.get("precision")
+    from simdist.precision import canonical
+
+    if given is not None and canonical(given) != wanted:
+        raise ConfigError(
+            f"model.mixed_precision={str(mixed).lower()} means runconfig.precision {wanted}, "
+            f"but runconfig.precision is {given}: give one of the two",
+            "model.mixed_precision",
+        )
+    run["precision"] = wanted
 
 
 def _at_least(n: int | float) -> Callable[[Any], bool]:
@@ -387,6 +426,16 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "runconfig.prefetch_depth": (_at_least(0), ">= 0"),
     "runconfig.input_workers_per_replica": (_at_least(0), ">= 0"),
     "runconfig.tensor_parallel": (_at_least(1), ">= 1"),
+    "runconfig.loss_scale": (
+        lambda v: v == "dynamic" if isinstance(v, str) else v > 0,
+        '"dynamic" or a number > 0',
+    ),
+    "runconfig.initial_loss_scale": (lambda v: v > 0, "> 0"),
+    "runconfig.loss_scale_growth_interval": (_at_least(1), ">= 1"),
+    "runconfig.loss_scale_growth_factor": (lambda v: v > 1, "> 1"),
+    "runconfig.loss_scale_backoff_factor": (lambda v: 0 < v < 1, "in (0, 1)"),
+    "runconfig.loss_scale_hysteresis": (_at_least(1), ">= 1"),
+    "runconfig.min_loss_scale": (_at_least(0), ">= 0, at most initial_loss_scale"),
 }
 # What a value means where the rule alone does not say (README, and some messages).
 NOTES: dict[str, str] = {
@@ -406,6 +455,8 @@ NOTES: dict[str, str] = {
     "runconfig.prefetch_depth": "weight_streaming only",
     "runconfig.tensor_parallel": "ranks per group, on one node; divides the ranks",
     "runconfig.tensor_parallel_mode": "batch: batch_size per group, split over it; weight: not yet",
+    "runconfig.precision": "half: fc_mnist, gpt2, pipelined, ZeRO 0-2; model.mixed_precision: fp16",
+    "runconfig.loss_scale": "null: dynamic in fp16, none otherwise; a number: static",
     "model.n_head": "divides n_embd",
     "model.preset": "gpt2-mini, gpt2, gpt2-medium, gpt2-large, gpt2-xl; null: give all sizes",
 }
@@ -462,6 +513,7 @@ def validate(p: Params) -> None:
         )
     if r.tensor_parallel > 1:
         _check_tensor_parallel(p)
+    _check_precision(p)
     if r.execution_mode != "weight_streaming":
         defaults = RunConfig()
         for name in ("weight_servers", "prefetch_depth"):
@@ -477,6 +529,33 @@ def validate(p: Params) -> None:
         load_profile(r.device_profile)
     except ProfileError as e:
         raise ConfigError(f"runconfig.device_profile: {e}") from None
+
+
+def _check_precision(p: Params) -> None:
+    from simdist.precision import canonical
+
+    r = p.runconfig
+    if r.min_loss_scale > r.initial_loss_scale:
+        raise ConfigError(
+            f"runconfig.min_loss_scale={r.min_loss_scale} must be at most "
+            f"runconfig.initial_loss_scale={r.initial_loss_scale}",
+            "runconfig.min_loss_scale",
+        )
+    if canonical(r.precision) == "fp32":
+        return
+    where = f"runconfig.precision={r.precision}"
+    if p.model.name not in ("fc_mnist", "gpt2"):
+        raise ConfigError(
+            f"{where}: mixed precision runs fc_mnist and gpt2 so far; model {p.model.name} "
+            "trains in fp32 (runconfig.precision: fp32)",
+            "runconfig.precision",
+        )
+    if r.execution_mode != "pipelined" or r.zero_opt_level == 3:
+        raise ConfigError(
+            f"{where}: mixed precision runs pipelined execution with zero_opt_level 0-2 so "
+            f"far (this run: {r.execution_mode}, ZeRO-{r.zero_opt_level}); use fp32 there",
+            "runconfig.precision",
+        )
 
 
 def _check_tensor_parallel(p: Params) -> None:

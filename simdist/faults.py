@@ -396,15 +396,28 @@ class StepGuard:
         share of the sum of squares, ``loss`` its share of the loss. Raises NonFiniteError
         on every rank when either sum is NaN or Inf, before the optimizer touches the
         parameters; ``explain()`` (collective) gives its message."""
+        total = self._agree(step, own_sumsq, loss)
+        if not (np.isfinite(total[0]) and np.isfinite(total[1])):
+            raise NonFiniteError(explain())
+        return float(total[0]), float(total[1]), bool(total[2] > 0)
+
+    def check_overflow(
+        self, step: int, own_sumsq: float, loss: float
+    ) -> tuple[float, float, bool, bool]:
+        """``check`` under loss scaling: an Inf or NaN on any rank is not an error but an
+        overflow, the same on every rank (the sums carry it everywhere), which skips the
+        step; returns (sum of squares, summed loss, stop requested, overflow)."""
+        total = self._agree(step, own_sumsq, loss)
+        overflow = not (np.isfinite(total[0]) and np.isfinite(total[1]))
+        return float(total[0]), float(total[1]), bool(total[2] > 0), overflow
+
+    def _agree(self, step: int, own_sumsq: float, loss: float) -> np.ndarray:
         self.enter("step_check", step)
         v = self._vals
         v[0] = own_sumsq
         v[1] = loss
         v[2] = 1.0 if self.signals.received else 0.0
-        total = self.coll.allreduce_scalars(v)
-        if not (np.isfinite(total[0]) and np.isfinite(total[1])):
-            raise NonFiniteError(explain())
-        return float(total[0]), float(total[1]), bool(total[2] > 0)
+        return self.coll.allreduce_scalars(v)
 
     def preempted(self) -> Preempted:
         """Collective (every rank stops at the same step): name who received what."""

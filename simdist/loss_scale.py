@@ -106,3 +106,22 @@ class LossScaler:
         self.clean_steps = int(state["clean_steps"])
         self.overflows_left = int(state["overflows_left"])
         self.skipped_steps = int(state["skipped_steps"])
+
+
+def scaler_for(runconfig, precision: str) -> LossScaler | None:
+    """The run's scaler from ``runconfig``: ``loss_scale`` null means dynamic in fp16 and
+    none otherwise, "dynamic" dynamic, a number static at that scale."""
+    r = runconfig
+    if r.loss_scale is None and precision != "fp16":
+        return None
+    dynamic = r.loss_scale in (None, "dynamic")
+    config = LossScaleConfig(
+        dynamic=dynamic,
+        initial_scale=float(r.initial_loss_scale if dynamic else r.loss_scale),
+        growth_factor=float(r.loss_scale_growth_factor),
+        backoff_factor=float(r.loss_scale_backoff_factor),
+        growth_interval=int(r.loss_scale_growth_interval),
+        hysteresis=int(r.loss_scale_hysteresis),
+        min_scale=float(r.min_loss_scale) if dynamic else 0.0,
+    )
+    return LossScaler(config)

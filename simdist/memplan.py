@@ -59,6 +59,9 @@ class RankSetup:
     activation_bytes: Any  # callable: micro-batch -> bytes of the model's arena
     input_bytes_per_sample: int  # 0 when the model copies its inputs into the arena
     window_elements: int = 0  # ZeRO-3: one gather window (param_gather.GatherPlan.window)
+    # mixed precision: weights, gradients and activations at 2 bytes, plus an fp32 master
+    # copy in the optimizer state (simdist.precision)
+    weight_bytes: int = 4
 
 
 def bucket_elements(layout: Layout, groups) -> int:
@@ -95,22 +98,23 @@ def rank_entries(setup: RankSetup, **override: Any) -> list[Entry]:
     ``setup`` (e.g. ``zero_level=2`` or ``micro_batch=4``) for what-if hints."""
     s = dataclasses.replace(setup, **override)
     layout = Layout([ParamSpec(n, (k,), True) for n, k in s.numel_specs], s.world)
-    f32 = 4
+    f32, w = 4, s.weight_bytes
     if s.zero_level == 3:  # 4 psi / N of parameters and the gathered working set
         out = [
-            Entry("parameters", "param_slice", f32 * layout.shard_size),
-            Entry("parameters", "param_window", f32 * 2 * s.window_elements),
+            Entry("parameters", "param_slice", w * layout.shard_size),
+            Entry("parameters", "param_window", w * 2 * s.window_elements),
         ]
     else:
-        out = [Entry("parameters", "params", f32 * layout.padded)]
+        out = [Entry("parameters", "params", w * layout.padded)]
     if s.zero_level >= 2:
-        out.append(Entry("gradients", "grad_slice", f32 * layout.shard_size))
-        out.append(Entry("buckets", "grad_bucket", f32 * bucket_elements(layout, s.groups)))
+        out.append(Entry("gradients", "grad_slice", w * layout.shard_size))
+        out.append(Entry("buckets", "grad_bucket", w * bucket_elements(layout, s.groups)))
     else:
-        out.append(Entry("gradients", "grads", f32 * layout.padded))
+        out.append(Entry("gradients", "grads", w * layout.padded))
         if s.accum > 1:
-            out.append(Entry("gradients", "micro_grads", f32 * layout.padded))
-    out.append(Entry("activations", "model.arena", int(s.activation_bytes(s.micro_batch))))
+            out.append(Entry("gradients", "micro_grads", w * layout.padded))
+    arena = int(s.activation_bytes(s.micro_batch)) * w // f32
+    out.append(Entry("activations", "model.arena", arena))
     if s.input_bytes_per_sample:
         out.append(Entry("activations", "input.batch", s.input_bytes_per_sample * s.micro_batch))
     owned = layout.shard_size if s.zero_level > 0 else layout.padded
@@ -121,6 +125,8 @@ def rank_entries(setup: RankSetup, **override: Any) -> list[Entry]:
         ]
     else:
         out.append(Entry("optimizer_state", "momentum_buffer", f32 * owned))
+    if w != f32:
+        out.append(Entry("optimizer_state", "master", f32 * owned))
     scratch = scratch_bytes(s, layout)
     if scratch:
         out.append(Entry("workspace", "collectives.scratch", scratch))
@@ -166,6 +172,7 @@ def setup_for(run: Any) -> RankSetup:
         activation_bytes=model.activation_bytes,
         input_bytes_per_sample=per_sample,
         window_elements=window_elements(model, run.world),
+        weight_bytes=run.precision.weight_bytes if hasattr(run, "precision") else 4,
     )
 
 
@@ -268,12 +275,17 @@ class DeviceAllocator:
         self.planned: list[Entry] = []
         self._unnamed = 0
 
-    def alloc(self, category: str, name: str, n: int, shared: bool = False) -> np.ndarray:
+    def alloc(
+        self, category: str, name: str, n: int, shared: bool = False, elem: int = 4
+    ) -> np.ndarray:
         """``shared``: a buffer the collectives reduce in place (``Collectives.buffer``;
-        collective: every rank must allocate it, in the same order)."""
-        if not (shared and self.coll is not None):
+        collective: every rank must allocate it, in the same order). ``elem``: bytes per
+        element on the device (2: a half-precision tensor the host holds in float32 words)."""
+        if not (shared and self.coll is not None) and elem == 4:
             return self.device_memory.allocate(category, name, (int(n),), np.float32)
-        self.device_memory.reserve(category, name, 4 * int(n))  # simulated OOM first
+        self.device_memory.reserve(category, name, elem * int(n))  # simulated OOM first
+        if not (shared and self.coll is not None):
+            return np.zeros(int(n), np.float32)
         return self.coll.buffer(int(n))
 
     def reserve(self, category: str, name: str, nbytes: int) -> None:

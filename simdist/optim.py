@@ -5,6 +5,10 @@ buffer in plain data parallelism, one rank's slice under ZeRO-1/2. Updates are e
 (AdamW, SGD with momentum), so updating a slice gives exactly the bits that updating the
 whole buffer would give for those elements. Weight decay is skipped on tensors whose
 ParamSpec says so (biases, norms); padding is never touched.
+
+In mixed precision (``master=True``) the state also holds ``master``: the fp32 copy of the
+parameters of [lo, hi) that the update runs on (``simdist.precision``), partitioned with
+the moments under ZeRO-1/2 and checkpointed with them.
 """
 
 from __future__ import annotations
@@ -18,7 +22,9 @@ from .arena import Layout
 
 
 class Optimizer:
-    def __init__(self, cfg: OptimizerConfig, layout: Layout, lo: int, hi: int, alloc):
+    def __init__(
+        self, cfg: OptimizerConfig, layout: Layout, lo: int, hi: int, alloc, master: bool = False
+    ):
         self.cfg, self.lo, self.hi = cfg, lo, hi
         # segments relative to lo, each with its weight-decay flag
         self.segments = [
@@ -37,6 +43,8 @@ class Optimizer:
             }
         else:
             self.state = {"momentum_buffer": alloc("optimizer_state", "momentum_buffer", n)}
+        if master:
+            self.state["master"] = alloc("optimizer_state", "master", n)
 
     def step(self, params: np.ndarray, grads: np.ndarray, step: int, lr: float) -> None:
         """Update params[lo:hi] given grads for the same range; ``step`` counts from 1."""

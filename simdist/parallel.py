@@ -134,6 +134,7 @@ class ShardedGradients(GradientViews):
                 self[n] = self.bucket[start : start + specs[n].numel].reshape(specs[n].shape)
         self.micro = 0
         self._done = [False] * len(groups)
+        self.before_reduce = None  # mixed precision: stores a group's gradients half
 
     def done(self, names) -> None:
         i = self.group_of[names[0]]
@@ -142,6 +143,8 @@ class ShardedGradients(GradientViews):
         self._done[i] = True
         a, b, off = self.ranges[i]
         region = self.bucket[off : off + b - a]
+        if self.before_reduce is not None:
+            self.before_reduce(region)
         # The group's range cut by the slice boundaries: rank r receives [a, b) ∩ slice r.
         bounds = np.clip(self.layout.bounds - a, 0, b - a)
         mine = self.sync.coll.reduce_scatter(

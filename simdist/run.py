@@ -158,11 +158,17 @@ class Run:
             off = layout.offsets[seg.name]
             flat = tensors[seg.name].reshape(-1)
             own.params[seg.lo - base : seg.hi - base] = flat[seg.lo - off : seg.hi - off]
-        if not checkpoint.optimizer_keys(path, attrs):  # weights only (e.g. imported)
+        saved = set(checkpoint.optimizer_keys(path, attrs))
+        if not saved:  # weights only (e.g. imported)
             self.log(f"{path} holds no optimizer state: the optimizer starts fresh")
-        else:
-            for key, buf in own.state.items():
+        loaded = set()
+        for key, buf in own.state.items():
+            # mixed precision's master weights: absent from an fp32 checkpoint (the
+            # schedule's ``restore`` takes them from its parameters)
+            if saved and (key in saved or key != "master"):
                 buf[...] = checkpoint.read_optimizer_range(path, attrs, key, own.lo, own.hi)
+                loaded.add(key)
+        self.schedule.restore(self, path, attrs, loaded)
         self.step = step
         mode = attrs.get("execution_mode", "pipelined")
         self.log(
@@ -359,6 +365,8 @@ def write_summary(run: Run, step: int, mean_loss: float, norm: float | None) -> 
     run.events.scalar("loss", mean_loss, step)
     run.events.scalar("samples_per_sec", rate, step)
     run.events.scalar("learning_rate", run.learning_rate(step - 1), step)  # the step's own rate
+    for name, value in run.schedule.summary_scalars().items():
+        run.events.scalar(name, value, step)
     run.events.flush()
 
 

@@ -131,3 +131,12 @@ def test_shared_windows_are_only_made_where_they_fit(monkeypatch):
     assert shm.window_room_error((64 << 20) - shm.SHM_MARGIN + 1) is not None
     monkeypatch.setattr(shm, "shared_memory_free", lambda: None)
     assert shm.window_room_error(1 << 40) is None
+
+
+@pytest.mark.parametrize("np_", [2, 3, 4])
+def test_half_precision_wire_under_mpi(np_: int) -> None:
+    """bf16 / fp16 messages: every algorithm, summation orders with rounded partial sums,
+    half the bytes (tests/mpi/check_half_wire.py)."""
+    proc = run_mpi(np_, ["tests/mpi/check_half_wire.py"], timeout=240)
+    assert proc.returncode == 0, f"mpiexec -n {np_} failed:\n{proc.stdout}"
+    assert f"half wire np={np_}:" in proc.stdout and " 0 failures" in proc.stdout, proc.stdout

@@ -19,19 +19,24 @@ from typing import ClassVar
 import numpy as np
 from mpi4py import MPI
 
+from simdist.kernels.half import round_half
+
 from .p2p import Exchanger
 from .topology import Placement
 
 
-def average_block(block: np.ndarray, world: int) -> None:
+def average_block(block: np.ndarray, world: int, half: int = 0) -> None:
     """THE definition of averaging: the finished sum divided by ``np.float32(world)``.
 
     True division (not multiplication by 1/world, which rounds differently unless world is a
     power of two), applied once to a finished sum by the rank that owns it, before the result
-    is distributed: every rank then holds the same bits.
+    is distributed: every rank then holds the same bits. ``half``: a half-precision wire
+    (``p2p``): the average is stored in that format too.
     """
     if world != 1:
         np.divide(block, np.float32(world), out=block)
+        if half and block.size:
+            round_half(block, half)
 
 
 class Algorithm(ABC):
@@ -65,7 +70,7 @@ class Algorithm(ABC):
         as a caller doing those three steps itself over the same bounds."""
         self.reduce_scatter(buf, bounds)
         if average:
-            average_block(buf[bounds[self.rank] : bounds[self.rank + 1]], self.world)
+            average_block(buf[bounds[self.rank] : bounds[self.rank + 1]], self.world, self.p2p.half)
         self.allgather(buf, bounds)
 
     @classmethod

@@ -22,7 +22,8 @@ never match the application's.
 from __future__ import annotations
 
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import numpy as np
 from mpi4py import MPI
@@ -183,6 +184,18 @@ class Collectives:
 
     # ------------------------------------------------------------------ operations
 
+    @contextmanager
+    def half_wire(self, fmt: int) -> Iterator[None]:
+        """Collectives inside carry 16-bit words of format ``fmt`` (``kernels.half.BF16`` /
+        ``F16``; 0: float32) and store every partial sum in it (``p2p``): a device reducing
+        half-precision gradients. The buffers stay float32 holding values of that format.
+        MPI's native algorithm has no half-precision sum: it moves float32 and rounds once."""
+        before, self._p2p.half = self._p2p.half, fmt
+        try:
+            yield
+        finally:
+            self._p2p.half = before
+
     def allreduce(
         self,
         buf: np.ndarray,
@@ -226,7 +239,7 @@ class Collectives:
             return view
         self._impl(name).reduce_scatter(buf, b)
         if average:
-            average_block(view, self.world)
+            average_block(view, self.world, self._p2p.half)
         return view
 
     def allgather(

@@ -87,6 +87,7 @@ class Hierarchical(Algorithm):
 
     def _layout(self, bounds: list[int]) -> tuple[list[int], list[int], list[int]]:
         """Offsets in chunk order: of every block, of every chunk, of this rank's chunk's blocks."""
+        self._wire()
         off = [0]
         for r in self.order:
             off.append(off[-1] + bounds[r + 1] - bounds[r])
@@ -116,6 +117,10 @@ class Hierarchical(Algorithm):
                     dst[off[k] : off[k + 1]] = src[a:b]
                 else:
                     dst[a:b] = src[off[k] : off[k + 1]]
+
+    def _wire(self) -> None:
+        """The sub-communicators' messages take the caller's wire format (``p2p.half``)."""
+        self.intra.p2p.half = self.inter.p2p.half = self.p2p.half
 
     def _account(self) -> None:
         """Fold the sub-communicators' sent bytes into the caller's counter."""
@@ -172,13 +177,14 @@ class Hierarchical(Algorithm):
             self._copy_blocks(staged, buf, bounds, off, to_staged=True)
         self._reduce(staged, chunks, sub)
         if average:
-            average_block(staged[off[self.slot] : off[self.slot + 1]], self.world)
+            average_block(staged[off[self.slot] : off[self.slot + 1]], self.world, self.p2p.half)
         self._gather(staged, chunks, sub)
         if staged is not buf:
             self._copy_blocks(buf, staged, bounds, off, to_staged=False)
         self._account()
 
     def broadcast(self, buf: np.ndarray, root: int) -> None:
+        self._wire()
         order = self.order
         k = order.index(root)
         root_node, root_local = k % self.nodes, k // self.nodes

@@ -23,7 +23,7 @@ class Native(Algorithm):
     def allreduce(self, buf: np.ndarray, bounds: list[int], average: bool) -> None:
         self.comm.Allreduce(MPI.IN_PLACE, [buf, MPI.FLOAT], op=MPI.SUM)
         if average:
-            average_block(buf, self.world)
+            average_block(buf, self.world, self.p2p.half)
         r, q = self.rank, (self.rank + 1) % self.world
         own, nxt = bounds[r + 1] - bounds[r], bounds[q + 1] - bounds[q]
         self.p2p.bytes_sent += 4 * (2 * buf.size - own - nxt)

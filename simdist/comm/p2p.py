@@ -5,7 +5,11 @@ Every algorithm step is one of two exchanges between a pair of ranks:
 - ``copy``: send a slice, receive straight into another slice (all-gather, broadcast);
 - ``reduce``: send a slice, receive into scratch and add it into a slice (reduce-scatter).
 
-Both move float32 data with buffer specs (``[array, MPI.FLOAT]``, never pickled objects).
+Both move float32 data as buffers (never pickled objects). In a half-precision wire
+(``half``, set by ``Collectives.half_wire`` for mixed-precision gradients) every message is
+packed into 16-bit words (bfloat16 or float16) before it leaves and unpacked where it lands,
+and every sum a ``reduce`` forms is rounded to that format, as a device reducing half buffers
+does: half the bytes, the half format's arithmetic.
 A message the receiver adds is cut into segments of ``segment`` elements and pipelined:
 up to ``depth`` segments are in flight while the receiver adds the one that has arrived, so
 the peer's copy overlaps this rank's addition, and the scratch a segment lands in is still
@@ -31,6 +35,8 @@ from collections.abc import Sequence
 import numpy as np
 from mpi4py import MPI
 
+from simdist.kernels.half import add_half, pack_half, unpack_half
+
 # Tag of every simdist message; the communicator is simdist's private duplicate, so it
 # cannot collide with the application's own point-to-point traffic.
 TAG = 0x51D
@@ -42,6 +48,7 @@ SEGMENT = 1 << 18
 DEPTH = 2
 
 _EMPTY = np.empty(0, dtype=np.float32)
+_EMPTY16 = np.empty(0, dtype=np.uint16)
 
 
 class Exchanger:
@@ -55,6 +62,8 @@ class Exchanger:
         self.depth = depth
         self.bytes_sent = 0  # payload bytes this rank has sent
         self._scratch = _EMPTY
+        self._words = [_EMPTY16, _EMPTY16]  # half-wire scratch: outgoing, incoming
+        self.half = 0  # 0: float32 messages; kernels.half.BF16 / F16: 16-bit words
         self._node_of: tuple[int, ...] | None = None  # None: every rank on one node
 
     def place(self, node_of: Sequence[int] | None) -> None:
@@ -81,25 +90,48 @@ class Exchanger:
             self._scratch = np.empty(max(n, 2 * self._scratch.size), dtype=np.float32)
         return self._scratch
 
+    def words(self, which: int, n: int) -> np.ndarray:
+        """Reusable uint16 scratch ``which`` (0 outgoing, 1 incoming) of ``n`` words."""
+        if self._words[which].size < n:
+            self._words[which] = np.empty(max(n, 2 * self._words[which].size), np.uint16)
+        return self._words[which][:n]
+
+    def _pack(self, send: np.ndarray | None) -> np.ndarray | None:
+        if send is None or not send.size:
+            return send
+        out = self.words(0, send.size)
+        pack_half(out, send, self.half)
+        return out
+
     def copy(self, send: np.ndarray | None, dst: int, recv: np.ndarray | None, src: int) -> None:
         """Send ``send`` to ``dst`` while receiving ``len(recv)`` elements from ``src`` into it.
 
         Either side may be None or empty; both ranks of a pair know a block's length, so an
         empty message is skipped on both sides rather than sent.
         """
+        if self.half and (send is not None or recv is not None):
+            words = None if recv is None or not recv.size else self.words(1, recv.size)
+            self._copy(self._pack(send), dst, words, src)
+            if words is not None:
+                unpack_half(recv, words, self.half)
+            return
+        self._copy(send, dst, recv, src)
+
+    def _copy(self, send: np.ndarray | None, dst: int, recv: np.ndarray | None, src: int) -> None:
         ns = 0 if send is None else send.size
         nr = 0 if recv is None else recv.size
         if (ns and ns > self._piece(dst, ns)) or (nr and nr > self._piece(src, nr)):
             self._pipelined_copy(send, dst, recv, src)
             return
         comm = self.comm
+        # buffers typed by their dtype: float32 (MPI.FLOAT) or 16-bit words (UNSIGNED_SHORT)
         if ns and nr:
-            comm.Sendrecv([send, MPI.FLOAT], dst, TAG, [recv, MPI.FLOAT], src, TAG)
+            comm.Sendrecv(send, dst, TAG, recv, src, TAG)
         elif ns:
-            comm.Send([send, MPI.FLOAT], dst, TAG)
+            comm.Send(send, dst, TAG)
         elif nr:
-            comm.Recv([recv, MPI.FLOAT], src, TAG)
-        self.bytes_sent += 4 * ns
+            comm.Recv(recv, src, TAG)
+        self.bytes_sent += send.nbytes if ns else 0
 
     def reduce(self, send: np.ndarray | None, dst: int, acc: np.ndarray | None, src: int) -> None:
         """Send ``send`` to ``dst``; receive ``len(acc)`` elements from ``src`` and add into acc.
@@ -111,19 +143,27 @@ class Exchanger:
         acc = _EMPTY if acc is None else acc
         ns, nr = send.size, acc.size
         seg = self.segment
+        if self.half:
+            send = self._pack(send)
         if ns <= seg and nr <= seg:  # one message each way: no pipelining needed
-            tmp = self.scratch(nr)[:nr]
-            self.copy(send, dst, tmp, src)
+            tmp = self.words(1, nr) if self.half else self.scratch(nr)[:nr]
+            self._copy(send, dst, tmp, src)
             if nr:
-                np.add(acc, tmp, out=acc)
+                self._add(acc, tmp)
             return
         self._pipelined_reduce(send, dst, acc, src)
+
+    def _add(self, acc: np.ndarray, received: np.ndarray) -> None:
+        if self.half:
+            add_half(acc, received, self.half)
+        else:
+            np.add(acc, received, out=acc)
 
     def _pipelined_reduce(self, send: np.ndarray, dst: int, acc: np.ndarray, src: int) -> None:
         comm, seg, depth = self.comm, self.segment, self.depth
         ns, nr = send.size, acc.size
         nseg = max(-(-ns // seg), -(-nr // seg))
-        slots = self.scratch(depth * seg)
+        slots = self.words(1, depth * seg) if self.half else self.scratch(depth * seg)
         recvs: list[MPI.Request | None] = [None] * depth
         sends: list[MPI.Request] = []
 
@@ -132,9 +172,9 @@ class Exchanger:
             if lo < nr:
                 hi = min(lo + seg, nr)
                 s = (k % depth) * seg
-                recvs[k % depth] = comm.Irecv([slots[s : s + hi - lo], MPI.FLOAT], src, TAG)
+                recvs[k % depth] = comm.Irecv(slots[s : s + hi - lo], src, TAG)
             if lo < ns:
-                sends.append(comm.Isend([send[lo : min(lo + seg, ns)], MPI.FLOAT], dst, TAG))
+                sends.append(comm.Isend(send[lo : min(lo + seg, ns)], dst, TAG))
 
         for k in range(min(depth, nseg)):
             post(k)
@@ -146,13 +186,12 @@ class Exchanger:
                 req = recvs[k % depth]
                 assert req is not None
                 req.Wait()
-                block = acc[lo:hi]
-                np.add(block, slots[s : s + hi - lo], out=block)
+                self._add(acc[lo:hi], slots[s : s + hi - lo])
             # The slot of segment k is free again: reuse it for segment k + depth.
             if k + depth < nseg:
                 post(k + depth)
         MPI.Request.Waitall(sends)
-        self.bytes_sent += 4 * ns
+        self.bytes_sent += send.nbytes
 
     def _pipelined_copy(
         self, send: np.ndarray | None, dst: int, recv: np.ndarray | None, src: int
@@ -171,10 +210,10 @@ class Exchanger:
             slot = pending[k % depth]
             if k < kr:
                 lo = k * pr
-                slot.append(comm.Irecv([recv[lo : min(lo + pr, nr)], MPI.FLOAT], src, TAG))
+                slot.append(comm.Irecv(recv[lo : min(lo + pr, nr)], src, TAG))
             if k < ks:
                 lo = k * ps
-                slot.append(comm.Isend([send[lo : min(lo + ps, ns)], MPI.FLOAT], dst, TAG))
+                slot.append(comm.Isend(send[lo : min(lo + ps, ns)], dst, TAG))
 
         steps = max(ks, kr)
         for k in range(min(depth, steps)):
@@ -185,7 +224,7 @@ class Exchanger:
             slot.clear()
             if k + depth < steps:
                 post(k + depth)
-        self.bytes_sent += 4 * ns
+        self.bytes_sent += send.nbytes
 
     def signal(self, dst: int, src: int) -> None:
         """Zero-byte send to ``dst`` and receive from ``src`` (a synchronisation edge)."""

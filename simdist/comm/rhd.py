@@ -118,7 +118,7 @@ class RecursiveHalvingDoubling(Algorithm):
         self._reduce_scatter(buf, bounds, fold_out=False)
         if average and self.newrank >= 0:
             sb = self._super_bounds(bounds)
-            average_block(buf[sb[self.newrank] : sb[self.newrank + 1]], self.world)
+            average_block(buf[sb[self.newrank] : sb[self.newrank + 1]], self.world, self.p2p.half)
         self._allgather(buf, bounds, fold_in=False)
 
     def broadcast(self, buf: np.ndarray, root: int) -> None:

@@ -45,10 +45,11 @@ from collections.abc import Callable
 import numpy as np
 from mpi4py import MPI
 
+from simdist.kernels.half import round_half
 from simdist.kernels.optim import sum_of_squares
 from simdist.kernels.reduce import add_divide
 
-from .algorithm import Algorithm, register_algorithm
+from .algorithm import Algorithm, average_block, register_algorithm
 from .p2p import Exchanger
 from .topology import Placement
 
@@ -209,14 +210,18 @@ class SharedMemory(Algorithm):
         """``out`` (holding this rank's values of block [lo, hi)) += the other ranks', in
         the order r+1, r+2, .. (mod p); with ``average`` the last addition is fused with
         ``average_block``'s division (the same bits, one pass fewer)."""
-        r, p = self.rank, self.world
+        r, p, half = self.rank, self.world, self.p2p.half
         if hi > lo:
             for k in range(1, p):
                 x = src[(r + k) % p][lo:hi]
-                if average and k == p - 1:
+                if average and k == p - 1 and not half:
                     add_divide(out, x, np.float32(p))
                 else:
                     np.add(out, x, out=out)
+                    if half:  # a half-precision reduction stores every partial sum
+                        round_half(out, half)
+            if average and half:
+                average_block(out, p, half)
 
     def _copy_others(self, src: list[np.ndarray], buf: np.ndarray, bounds: list[int]) -> None:
         for q in range(self.world):

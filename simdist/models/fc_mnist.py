@@ -17,6 +17,7 @@ from simdist.kernels.linear import (
 )
 from simdist.kernels.loss import softmax_cross_entropy_backward, softmax_cross_entropy_forward
 from simdist.model_config import FCMNISTConfig
+from simdist.precision import no_store, precision_store
 
 from .base import GradientGroup, KernelCost, ParamSpec, gemm, vector
 from .stages import Stage
@@ -50,6 +51,15 @@ class FCMNIST:
         self._train: _Workspace | None = None
         self._inputs: np.ndarray | None = None
         self._ws_now: _Workspace | None = None
+        self._store = no_store  # set_precision: round what the kernels store
+        self._half = False
+        self._half_inputs: dict[int, np.ndarray] = {}  # mixed precision: inputs stored half
+
+    def set_precision(self, precision) -> None:
+        """Train in ``precision`` (``simdist.precision.Precision``): the input batch, every
+        activation and activation gradient are stored in its half format."""
+        self._store = precision_store(precision)
+        self._half = precision.half is not None
 
     def parameter_specs(self) -> list[ParamSpec]:
         specs = []
@@ -92,6 +102,13 @@ class FCMNIST:
         self._ws_now = train if train is not None and train.losses.shape[0] == n else None
         if self._ws_now is None:
             self._ws_now = self._workspace(n)
+        if self._half:  # the device holds the batch in half precision
+            buf = self._half_inputs.get(n)
+            if buf is None or buf.shape != inputs.shape:
+                buf = self._half_inputs[n] = np.empty(inputs.shape, np.float32)
+            np.copyto(buf, inputs)
+            self._store(buf)
+            inputs = buf
         self._inputs, self._targets = inputs, targets
 
     def forward_stage(self, k: int, params) -> float | None:
@@ -100,8 +117,10 @@ class FCMNIST:
         w, b = params[f"fc{k + 1}.weight"], params[f"fc{k + 1}.bias"]
         if k < self.n_layers - 1:  # hidden layer: bias and ReLU in one pass
             linear_relu_forward(ws.acts[k], x, w, b)
+            self._store(ws.acts[k])
             return None
         linear_forward(ws.acts[k], x, w, b)
+        self._store(ws.acts[k])  # the loss reads the logits in float32
         softmax_cross_entropy_forward(ws.losses, ws.probs, ws.acts[-1], self._targets)
         return float(ws.losses.mean(dtype=np.float64))
 
@@ -109,12 +128,14 @@ class FCMNIST:
         ws = self._ws_now
         if k == self.n_layers - 1:  # dlogits overwrite the saved probabilities in place
             softmax_cross_entropy_backward(ws.probs, ws.probs, self._targets, np.float32(dloss))
+            self._store(ws.probs)
         dout = ws.probs if k == self.n_layers - 1 else ws.dacts[k]
         names = (f"fc{k + 1}.weight", f"fc{k + 1}.bias")
         if k > 0:
             # dx comes out masked by the ReLU that produced x (fused, same bits)
             x, dx = ws.acts[k - 1], ws.dacts[k - 1]
             linear_relu_backward(dx, grads[names[0]], grads[names[1]], dout, x, params[names[0]])
+            self._store(dx)
         else:
             linear_backward_params(grads[names[0]], grads[names[1]], dout, self._inputs)
         grads.done(names)

@@ -43,6 +43,7 @@ from simdist.kernels.layernorm import (
 from simdist.kernels.linear import linear_backward, linear_forward
 from simdist.kernels.loss import softmax_cross_entropy_backward, softmax_cross_entropy_forward
 from simdist.kernels.matmul import lm_head_backward, lm_head_forward
+from simdist.precision import no_store, precision_store
 
 from . import gpt2_costs
 from .base import GradientGroup, KernelCost, ParamSpec
@@ -301,6 +302,12 @@ class GPT2:
         self._stages = [Stage("embed", embed, ())]
         self._stages += [Stage(f"h.{i}", n, n) for i, n in enumerate(self._layer_names)]
         self._stages.append(Stage("head", head, head))
+        self._store = no_store  # set_precision: round what the kernels store
+
+    def set_precision(self, precision) -> None:
+        """Train in ``precision`` (``simdist.precision.Precision``): every activation and
+        activation gradient the kernels write is stored in its half format."""
+        self._store = precision_store(precision)
 
     # -------------------------------------------------------------- protocol: sizes
     def parameter_specs(self) -> list[ParamSpec]:
@@ -418,12 +425,15 @@ class GPT2:
             raise RuntimeError("backward without a preceding forward")
         cfg = self.config
         L = cfg.n_layer
+        st = self._store
         if k == L + 1:  # head
             wte = params["wte.weight"]
             # per-sample loss = mean over its T tokens, so each token's loss is scaled dloss / T
             dlogits = v.probs  # overwritten in place
             softmax_cross_entropy_backward(dlogits, v.probs, v.targets_flat, F32(dloss / v.T))
+            st(dlogits)
             lm_head_backward(v.dln, grads["wte.weight"], dlogits, v.lnf, wte)  # tied head
+            st(v.dln)
             layernorm_backward(
                 v.dres,
                 grads["ln_f.weight"],
@@ -434,6 +444,7 @@ class GPT2:
                 v.lnf_mean,
                 v.lnf_rstd,
             )
+            st(v.dres)
             grads.done(("ln_f.weight", "ln_f.bias"))
             return
         if k == 0:  # embedding: dres is now d encoded
@@ -462,8 +473,11 @@ class GPT2:
         linear_backward(
             v.dfch_gelu, grads[mprojw], grads[mprojb], v.dres, v.fch_gelu[i], params[mprojw]
         )
+        st(v.dfch_gelu)
         gelu_backward(v.dfch1, v.fch1[i], v.dfch_gelu1)
+        st(v.dfch)
         linear_backward(v.dln, grads[fcw], grads[fcb], v.dfch, v.ln2[i], params[fcw])
+        st(v.dln)
         # dres becomes d res2: the skip path's dres plus the branch's contribution
         layernorm_backward_accumulate(
             v.dres,
@@ -475,10 +489,14 @@ class GPT2:
             v.ln2_mean[i],
             v.ln2_rstd[i],
         )
+        st(v.dres)
         # attention block: res2 = x + c_proj(attn(c_attn(ln_1(x))))
         linear_backward(v.datty2, grads[aprojw], grads[aprojb], v.dres, v.atty2[i], params[aprojw])
+        st(v.datty2)
         attention_backward(v.dqkv, v.datty, v.qkv[i], v.att[i], v.att_dscores, cfg.n_head)
+        st(v.dqkv)
         linear_backward(v.dln, grads[attnw], grads[attnb], v.dqkv2, v.ln1[i], params[attnw])
+        st(v.dln)
         layernorm_backward_accumulate(
             v.dres,
             grads[ln1w],
@@ -489,6 +507,7 @@ class GPT2:
             v.ln1_mean[i],
             v.ln1_rstd[i],
         )
+        st(v.dres)
         grads.done(self._layer_names[i])
 
     def gradient_groups(self) -> list[GradientGroup]:
@@ -544,8 +563,10 @@ class GPT2:
         # every residual add feeds the next layernorm, so the two run fused:
         # res = x + branch (written over the branch output), then ln = layernorm(res);
         # block i opens with the add that closes block i - 1 and its own ln_1
+        st = self._store  # mixed precision: what a kernel writes is stored half (else no-op)
         if k == 0:
             embedding_forward(v.encoded, v.tokens, params["wte.weight"], params["wpe.weight"])
+            st(v.encoded)
             return
         if k == L + 1:  # head: the last block's residual add into ln_f, LM head, loss
             residual_layernorm_forward(
@@ -558,7 +579,9 @@ class GPT2:
                 params["ln_f.weight"],
                 params["ln_f.bias"],
             )
+            st(v.res3[L - 1], v.lnf)
             lm_head_forward(v.logits, v.lnf, params["wte.weight"])
+            st(v.logits)  # the loss reads them in float32, as a fused softmax-CE kernel
             softmax_cross_entropy_forward(v.losses, v.probs, v.logits, v.targets_flat)
             return
         i = k - 1
@@ -569,6 +592,7 @@ class GPT2:
             layernorm_forward(
                 v.ln1[0], v.ln1_mean[0], v.ln1_rstd[0], v.encoded2, params[ln1w], params[ln1b]
             )
+            st(v.ln1[0])
         else:
             residual_layernorm_forward(
                 v.res3[i - 1],
@@ -580,9 +604,13 @@ class GPT2:
                 params[ln1w],
                 params[ln1b],
             )
+            st(v.res3[i - 1], v.ln1[i])
         linear_forward(v.qkv2[i], v.ln1[i], params[attnw], params[attnb])
+        st(v.qkv2[i])
         attention_forward(v.atty[i], v.att[i], v.qkv[i], cfg.n_head)
+        st(v.att[i], v.atty[i])
         linear_forward(v.res2[i], v.atty2[i], params[aprojw], params[aprojb])
+        st(v.res2[i])
         residual_layernorm_forward(
             v.res2[i],
             v.ln2[i],
@@ -593,6 +621,10 @@ class GPT2:
             params[ln2w],
             params[ln2b],
         )
+        st(v.res2[i], v.ln2[i])
         linear_forward(v.fch[i], v.ln2[i], params[fcw], params[fcb])
+        st(v.fch[i])
         gelu_forward(v.fch_gelu1[i], v.fch1[i])
+        st(v.fch_gelu[i])
         linear_forward(v.res3[i], v.fch_gelu[i], params[mprojw], params[mprojb])
+        st(v.res3[i])

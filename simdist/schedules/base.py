@@ -78,6 +78,14 @@ class Schedule:
     state_shard: StateShard | None = None
     data: Any = None
 
+    def restore(self, run, path, attrs: dict[str, Any], loaded: set[str]) -> None:
+        """After ``Run`` read checkpoint ``path`` (its ``attrs``; ``loaded``: the optimizer
+        state keys it filled): restore what else the mode keeps (loss scaler)."""
+
+    def summary_scalars(self) -> dict[str, float]:
+        """Mode-specific TensorBoard scalars at a summary step."""
+        return {}
+
     def __init__(self, comm, replicas: int, ranks: int):
         self.comm, self.replicas, self.ranks = comm, replicas, ranks
         self.coll: Any = None

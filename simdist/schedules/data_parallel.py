@@ -7,8 +7,11 @@ bucket) and the optimizer state of its update range (``simdist.parallel.Gradient
 A step: each micro-batch forward and backward on this rank's samples, the gradient sync,
 the per-step agreement (non-finite check, stop flag; ``simdist.faults.StepGuard``),
 clipping, the update of this rank's range and the parameter gather (ZeRO-3: none; each
-stage gathers its own). The simulated accelerator (``simdist.simulate``) hooks this
-object's calls, so it carries the attributes ``simulate.attach`` and ``memplan`` read.
+stage gathers its own). In mixed precision (``simdist.precision``) the update runs on the
+optimizer's fp32 master copy, the weights are its half-precision rounding, gradients are
+reduced in the half format, and under loss scaling an overflow on any rank skips the step.
+The simulated accelerator (``simdist.simulate``) hooks this object's calls, so it carries
+the attributes ``simulate.attach`` and ``memplan`` read.
 """
 
 from __future__ import annotations
@@ -31,12 +34,14 @@ from simdist.data.sampler import DistributedSampler
 from simdist.faults import describe_nonfinite
 from simdist.input_workers import device_input, input_report
 from simdist.kernels.optim import sum_of_squares
+from simdist.loss_scale import scaler_for
 from simdist.memplan import DeviceAllocator, bucket_elements, check_device_memory
 from simdist.models import build_model
 from simdist.models.base import GradientViews
 from simdist.optim import Optimizer
 from simdist.parallel import GradientSync, PartitionedParameters
 from simdist.param_gather import GatherPlan
+from simdist.precision import Precision, canonical
 from simdist.schedules.base import Schedule, StateShard, StepResult
 from simdist.streaming import weight_streaming_tip
 
@@ -108,6 +113,15 @@ class DataParallel(Schedule):
         self.device = simulate.create_device(run.profile, comm, self.placement)
         self.memory = DeviceAllocator(self.device.memory, self.coll)
         self.model = build_model(self.params.model)
+        self.precision = Precision(canonical(r.precision) or "fp32")
+        if hasattr(self.model, "set_precision"):
+            self.model.set_precision(self.precision)
+        self.scaler = scaler_for(r, self.precision.name)
+        self.skipped_steps_at_start = 0
+        half = self.precision.half is not None
+        # the wire of the gradient reduction (0: float32) and of the parameter gather
+        self.grad_wire = self.precision.fmt if half and not r.fp32_allreduce else 0
+        self.param_wire = self.precision.fmt if half else 0
         if self.zero_level == 3 and not hasattr(self.model, "stages"):
             raise ConfigError(
                 f"runconfig.zero_opt_level=3 gathers each stage's parameters before it runs, "
@@ -138,11 +152,50 @@ class DataParallel(Schedule):
             f"simdist: {self.world} replica(s), model {self.model.name}, micro-batch "
             f"{self.micro_batch} x {self.params.optimizer.grad_accum_steps} accumulation, "
             f"global batch {run.global_batch} ({origin}), ZeRO-{self.zero_level}, "
-            f"collectives {r.collective_algorithm}; data: {self.data.source}"
+            f"collectives {r.collective_algorithm}, precision {self.precision.name}"
+            f"{self._precision_note()}; data: {self.data.source}"
         )
 
+    def _precision_note(self) -> str:
+        if self.precision.half is None:
+            return ""
+        wire = self.precision.half if self.grad_wire else "fp32"
+        scale = "no loss scaling"
+        if self.scaler is not None:
+            c = self.scaler.config
+            scale = (
+                f"dynamic loss scale from {c.initial_scale:g}"
+                if c.dynamic
+                else f"static loss scale {c.initial_scale:g}"
+            )
+        return f" (fp32 master weights, gradients reduced in {wire}, {scale})"
+
     def checkpoint_attrs(self) -> dict[str, Any]:
-        return {"tensor_parallel": self.tensor_parallel, "tensor_parallel_mode": "batch"}
+        attrs = {
+            "tensor_parallel": self.tensor_parallel,
+            "tensor_parallel_mode": "batch",
+            "precision": self.precision.name,
+        }
+        if self.scaler is not None:
+            attrs.update({f"loss_scaler.{k}": v for k, v in self.scaler.state().items()})
+        return attrs
+
+    def restore(self, run, path, attrs: dict[str, Any], loaded: set[str]) -> None:
+        """After ``Run`` read a checkpoint: the loss scaler's state, and the master weights
+        of a checkpoint written in fp32 (its parameters are the fp32 values)."""
+        if self.scaler is not None and "loss_scaler.scale" in attrs:
+            self.scaler.load({k: attrs[f"loss_scaler.{k}"] for k in self.scaler.state()})
+            self.skipped_steps_at_start = self.scaler.skipped_steps
+        if self.precision.half is None:
+            return
+        if "master" not in loaded:
+            lo, hi = self.sync.update_range
+            np.copyto(self.optimizer.state["master"], self.params_flat[lo:hi])
+            self.precision.store(self.params_flat)
+            run.log(
+                f"{path} was written in {attrs.get('precision', 'fp32')}: its parameters "
+                f"become the fp32 master weights of this {self.precision.name} run"
+            )
 
     def _choose_shared_buffers(self, run) -> None:
         """Parameters and gradients (or ZeRO-2's bucket) in shared-memory windows, for the
@@ -167,6 +220,12 @@ class DataParallel(Schedule):
 
     def allocate(self, run) -> None:
         p, r = self.params, self.params.runconfig
+        half = self.precision.half is not None
+        wbytes = self.precision.weight_bytes  # device bytes of weights, gradients, activations
+
+        def half_alloc(category: str, name: str, n: int, shared: bool = False) -> np.ndarray:
+            return self.memory.alloc(category, name, n, shared, elem=wbytes)
+
         self.layout = layout = Layout(self.model.parameter_specs(), self.world)
         accum = p.optimizer.grad_accum_steps
         self.sync = GradientSync(
@@ -179,7 +238,7 @@ class DataParallel(Schedule):
             self.params_flat = None
             self.pviews = self.partitioned
         else:
-            self.params_flat = self.memory.alloc("parameters", "params", layout.padded, shared=True)
+            self.params_flat = half_alloc("parameters", "params", layout.padded, shared=True)
             self.pviews = layout.views(self.params_flat)
         place = self.placement
         run.log(
@@ -192,18 +251,20 @@ class DataParallel(Schedule):
         if self.zero_level >= 2:
             # gradients exist only as this rank's slice plus a bucket (see parallel.py)
             self.grads = None
-            self.gviews = self.sync.make_sharded(self.model.gradient_groups(), self.memory.alloc)
+            self.gviews = self.sync.make_sharded(self.model.gradient_groups(), half_alloc)
+            if half:  # each group's gradients are stored half before their reduce-scatter
+                self.gviews.before_reduce = self.precision.store
         else:
-            self.grads = self.memory.alloc("gradients", "grads", layout.padded, shared=True)
+            self.grads = half_alloc("gradients", "grads", layout.padded, shared=True)
             if accum > 1:  # the model writes each micro-batch into scratch, summed into grads
-                self.micro_grads = self.memory.alloc("gradients", "micro_grads", layout.padded)
+                self.micro_grads = half_alloc("gradients", "micro_grads", layout.padded)
             self.gviews = GradientViews(layout.views(self.micro_grads if accum > 1 else self.grads))
-        nbytes = self.model.activation_bytes(self.micro_batch)
+        nbytes = self.model.activation_bytes(self.micro_batch) * wbytes // 4
         self.memory.reserve("activations", "model.arena", nbytes)  # accounted, then allocated
         self.model.allocate(self.micro_batch)
 
         lo, hi = self.sync.update_range
-        self.optimizer = Optimizer(p.optimizer, layout, lo, hi, self.memory.alloc)
+        self.optimizer = Optimizer(p.optimizer, layout, lo, hi, self.memory.alloc, master=half)
         self.sampler = DistributedSampler(
             self.data.num_train,
             run.global_batch,
@@ -219,6 +280,9 @@ class DataParallel(Schedule):
         else:
             self.model.init_parameters(self.pviews, rng)
             self.coll.broadcast(self.params_flat, root=0)  # replicas start identical, as DDP
+            if half:  # fp32 master of this rank's range; the weights are its half rounding
+                np.copyto(self.optimizer.state["master"], self.params_flat[lo:hi])
+                self.precision.store(self.params_flat)
         self.sim = simulate.attach(self)  # hooks the step's calls; per-step device time
         self.state_shard = StateShard(
             self.comm,
@@ -249,7 +313,9 @@ class DataParallel(Schedule):
     def step(self, run, step: int, guard) -> StepResult:
         p, model, sync = self.params, self.model, self.sync
         n, accum = step + 1, p.optimizer.grad_accum_steps
-        dloss = 1.0 / (self.micro_batch * accum)  # mean over this replica's samples this step
+        scale = self.scaler.scale if self.scaler is not None else 1.0
+        # mean over this replica's samples this step (times the loss scale)
+        dloss = scale / (self.micro_batch * accum)
         hook = guard.hook  # test-only fault injection (SIMDIST_FAULT); None in real runs
         guard.enter("forward_backward", n)
         loss = 0.0
@@ -260,18 +326,45 @@ class DataParallel(Schedule):
             if hook:
                 hook.at_batch(n, micro, x)
             loss += model.forward(self.pviews, x, y) / accum
-            model.backward(self.pviews, self.gradients(micro), dloss)
+            with self.coll.half_wire(self.grad_wire):  # ZeRO-2 reduces during backward
+                model.backward(self.pviews, self.gradients(micro), dloss)
             self.accumulate_gradients(micro)
         guard.enter("reduce_gradients", n)
-        grads, own_sumsq = sync.reduce_gradients(self.grads)  # averaged, for [lo, hi)
+        if self.grads is not None:  # mixed precision: stored half (ZeRO-2: per group)
+            self.precision.store(self.grads)
+        with self.coll.half_wire(self.grad_wire):
+            grads, own_sumsq = sync.reduce_gradients(self.grads)  # averaged, for [lo, hi)
+        if scale != 1.0:  # unscaled before the norm, clipping and the update (GradScaler)
+            np.multiply(grads, np.float32(1.0 / scale), out=grads)
+            own_sumsq = None
         if own_sumsq is None:  # this rank's share of the global norm
             own_sumsq = sum_of_squares(grads[self._own])
-        sumsq, _, stop = guard.check(n, own_sumsq, loss, lambda: self._nonfinite(n, grads, loss))
+        if self.scaler is None:
+            explain = lambda: self._nonfinite(n, grads, loss)  # noqa: E731
+            sumsq, _, stop = guard.check(n, own_sumsq, loss, explain)
+        else:
+            sumsq, _, stop, overflow = guard.check_overflow(n, own_sumsq, loss)
+            if not self.scaler.update(overflow):
+                run.log(
+                    f"global_step {n}: gradients overflowed at loss scale {scale:g}: step "
+                    f"skipped, scale now {self.scaler.scale:g} "
+                    f"({self.scaler.skipped_steps} skipped so far)"
+                )
+                return StepResult(loss, None, stop)
         norm = self.clip(grads, sumsq)
         guard.enter("update", n)
-        self.optimizer.step(self.owned_parameters(), grads, n, run.learning_rate(step))
+        # the optimizer's own step count: skipped steps never reached it (GradScaler)
+        applied = n - (self.scaler.skipped_steps if self.scaler is not None else 0)
+        if self.precision.half is None:
+            self.optimizer.step(self.owned_parameters(), grads, applied, run.learning_rate(step))
+        else:
+            master = self.optimizer.state["master"]
+            self.optimizer.step(master, grads, applied, run.learning_rate(step))
+            lo, hi = sync.update_range
+            self.precision.store_into(self.params_flat[lo:hi], master)
         guard.enter("gather_parameters", n)
-        sync.gather_parameters(self.params_flat)
+        with self.coll.half_wire(self.param_wire):  # half values: exact in half words
+            sync.gather_parameters(self.params_flat)
         return StepResult(loss, norm, stop)
 
     def _nonfinite(self, n: int, grads: np.ndarray, loss: float) -> str:
@@ -339,6 +432,21 @@ class DataParallel(Schedule):
                 f"{[hex(d) for d in digests]}"
             )
 
+    def _scaler_report(self) -> dict[str, Any]:
+        if self.scaler is None:
+            return {}
+        return {
+            "loss_scale": self.scaler.scale,
+            "skipped_steps": self.scaler.skipped_steps,  # since the run began (checkpointed)
+            "skipped_steps_this_run": self.scaler.skipped_steps - self.skipped_steps_at_start,
+        }
+
+    def summary_scalars(self) -> dict[str, float]:
+        """Extra TensorBoard scalars at a summary step."""
+        if self.scaler is None:
+            return {}
+        return {"loss_scale": self.scaler.scale, "skipped_steps": self.scaler.skipped_steps}
+
     # ----------------------------------------------------------------- around the steps
     def checkpoint_parameters(self, run) -> dict[str, np.ndarray] | None:
         if self.partitioned is not None:  # the slices, gathered on rank 0
@@ -388,6 +496,8 @@ class DataParallel(Schedule):
             "micro_batch_size": self.micro_batch,
             "grad_accum_steps": self.params.optimizer.grad_accum_steps,
             "zero_opt_level": self.zero_level,
+            "precision": self.precision.name,
+            **self._scaler_report(),
             "collective_algorithm": r.collective_algorithm,
             "gradient_algorithm": self.sync.algorithm,  # what "auto" resolved to
             "nodes": self.placement.num_nodes,

@@ -1,0 +1,106 @@
+"""Training precision: fp32, or mixed bf16 / fp16 as accelerators train.
+
+Mixed precision, as simdist emulates it on the CPU (the same contract as the PyTorch
+reference in tests/test_precision.py):
+
+- the optimizer keeps an fp32 **master** copy of the parameters it updates (its own
+  optimizer-state buffer, so ZeRO-1/2 partition it with the moments);
+- the **weights** the model computes with are the master rounded to the half format
+  (round to nearest even), refreshed after every update;
+- every **activation** a layer stores, and every activation gradient, is rounded to the half
+  format where it is written, while each kernel computes in float32 internally: matrix
+  products therefore take half inputs and accumulate in float32 (the product of two halves
+  is exact in float32), as tensor cores do;
+- the **parameter gradients** are rounded to the half format (after accumulation over
+  micro-batches in float32) and reduced in it: every message carries 16-bit words and
+  every partial sum is rounded, unless ``runconfig.fp32_allreduce`` (then float32 on the
+  wire and no rounding of the sums);
+- fp16 multiplies the loss by a **loss scale** (``simdist.loss_scale``) before backward; the
+  gradients are divided by it before clipping and the update, and a step whose gradients
+  overflow on any rank is skipped on every rank.
+
+On the host, weights and activations keep their half values in float32 words (the BLAS and
+the kernels read float32); messages hold 16-bit words. The simulated device accounts them
+at two bytes (``simdist.memplan``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from simdist.kernels.half import BF16, F16, round_half, round_half_into
+
+# accepted spellings: simdist's, and Lightning's precision flags
+ALIASES = {
+    "fp32": "fp32",
+    "32": "fp32",
+    "32-true": "fp32",
+    "bf16": "bf16",
+    "bf16-mixed": "bf16",
+    "fp16": "fp16",
+    "16": "fp16",
+    "16-mixed": "fp16",
+}
+
+
+def canonical(name: object) -> str | None:
+    """fp32 | bf16 | fp16 for an accepted spelling, else None."""
+    return ALIASES.get(str(name).lower()) if isinstance(name, (str, int)) else None
+
+
+@dataclass(frozen=True)
+class Precision:
+    """One run's precision. ``half``: the 16-bit format (None in fp32)."""
+
+    name: str = "fp32"
+
+    @property
+    def half(self) -> str | None:
+        return None if self.name == "fp32" else self.name
+
+    @property
+    def fmt(self) -> int:
+        """The half format's number for the kernels (``kernels.half``)."""
+        return BF16 if self.name == "bf16" else F16
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes per element of the weights, activations and gradients on the device."""
+        return 2 if self.half else 4
+
+    def store(self, x: np.ndarray) -> None:
+        """Round ``x`` in place to what the device stores (no-op in fp32)."""
+        if self.half is None:
+            return
+        if not x.flags.c_contiguous:
+            raise ValueError("precision.store needs a contiguous buffer (it rounds in place)")
+        round_half(x.reshape(-1), self.fmt)
+
+    def store_into(self, out: np.ndarray, x: np.ndarray) -> None:
+        """out = x as the device stores it (out and x: flat float32 of one size)."""
+        if self.half is None:
+            np.copyto(out, x)
+        else:
+            round_half_into(out, x, self.fmt)
+
+
+FP32 = Precision("fp32")
+
+
+def no_store(*bufs: np.ndarray) -> None:
+    """``precision_store`` in fp32: nothing to round."""
+
+
+def precision_store(precision: Precision):
+    """A function rounding each buffer it is given in place to ``precision``'s half format;
+    in fp32 the no-op ``no_store`` (the fp32 path pays one call per tensor, nothing else)."""
+    if precision.half is None:
+        return no_store
+
+    def store(*bufs: np.ndarray) -> None:
+        for b in bufs:
+            precision.store(b)
+
+    return store

@@ -1,0 +1,188 @@
+"""Mixed precision (simdist.precision): bf16 / fp16 runs under mpiexec.
+
+ZeRO 0/1/2 stay bit-identical at a given world size in every precision; a resumed fp16 run
+(loss scaler state included) equals an uninterrupted one; overflows injected on one rank
+skip the step on every rank with torch.amp.GradScaler's scales; the weights a run holds
+are exactly representable in the half format; device memory follows 2 + 2 + 12 bytes per
+parameter; bad precision settings exit 2 before anything is written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import h5py
+import numpy as np
+import pytest
+from model_runs import assert_resume_identical, assert_zero_levels_identical, runner
+from mpi_launch import REPO, mpiexec, run_mpi
+from simdist.kernels.half import BF16, F16, round_half
+from test_train import final_state
+
+FC = ["--model.hidden_sizes=[64, 32]", "--runconfig.progress_bar=false"]
+GPT2 = [
+    "--params",
+    "gpt2_mini",
+    "--train_input.batch_size=2",
+    "--runconfig.progress_bar=false",
+    "--runconfig.trace_steps=0",
+]
+
+
+def representable(x: np.ndarray, fmt: int) -> bool:
+    y = np.ascontiguousarray(x, np.float32).reshape(-1).copy()
+    round_half(y, fmt)
+    return bool(np.array_equal(y, x.reshape(-1)))
+
+
+@pytest.mark.parametrize(
+    "preset,precision,n",
+    [(FC, "fp16", 2), (FC, "bf16", 3), (GPT2, "bf16", 2)],
+    ids=["fc_mnist-fp16-np2", "fc_mnist-bf16-np3", "gpt2_mini-bf16-np2"],
+)
+def test_zero_levels_are_bit_identical_in_half_precision(tmp_path, preset, precision, n):
+    train = runner([*preset, f"--runconfig.precision={precision}"])
+    assert_zero_levels_identical(train, tmp_path, n)
+    params, state = final_state(tmp_path / "z0")
+    fmt = BF16 if precision == "bf16" else F16
+    # the weights are the half rounding of the fp32 master, which is held apart
+    masters = {k.split("/", 1)[1]: v for k, v in state.items() if k.startswith("master/")}
+    assert masters.keys() == params.keys()
+    for name, w in params.items():
+        assert representable(w, fmt), name
+        pack = masters[name].copy().reshape(-1)
+        round_half(pack, fmt)
+        assert np.array_equal(pack.reshape(w.shape), w), name
+    assert any(not representable(m, fmt) for m in masters.values())  # fp32 master
+
+
+def test_fp16_resume_is_bit_identical_with_the_scaler_state(tmp_path):
+    # growth every 2 clean steps: the scale changes across the resume boundary
+    args = [*FC, "--runconfig.precision=fp16", "--runconfig.loss_scale_growth_interval=2"]
+    out = assert_resume_identical(runner(args), tmp_path)
+    assert "resumed from" in out.stdout
+    with h5py.File(sorted((tmp_path / "res").glob("checkpoint_*.h5"))[-1]) as f:
+        assert f.attrs["precision"] == "fp16"
+        scale = float(f.attrs["loss_scaler.scale"])
+    assert scale == 2.0**16 * 2**3  # 6 clean steps, growth every 2
+    perf = json.loads((tmp_path / "res" / "performance.json").read_text())
+    assert perf["loss_scale"] == scale and perf["skipped_steps"] == 0
+
+
+OVERFLOW_STEPS = {1, 2, 6, 11, 12, 13}  # global steps whose gradients overflow on rank 1
+
+
+def test_overflow_on_one_rank_skips_the_step_everywhere_as_grad_scaler(tmp_path):
+    torch = pytest.importorskip("torch")
+    steps = 16
+    fault = ";".join(f"nan:rank=1:step={s}:value=inf" for s in sorted(OVERFLOW_STEPS))
+    env = {**os.environ, "SIMDIST_FAULT": fault}
+    d = tmp_path / "run"
+    cmd = [
+        mpiexec(), "-n", "2", sys.executable, "-m", "simdist.train", *FC,
+        "--runconfig.precision=fp16", "--runconfig.loss_scale_growth_interval=3",
+        f"--runconfig.max_steps={steps}", "--runconfig.mode=train",
+        f"--runconfig.model_dir={d}", "--runconfig.save_summary_steps=1",
+    ]  # fmt: skip
+    out = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    skips = {
+        int(m[1]): (float(m[2]), float(m[3]))
+        for m in re.finditer(
+            r"global_step (\d+): gradients overflowed at loss scale (\S+): step skipped, "
+            r"scale now ([^ ]+)",
+            out.stdout,
+        )
+    }
+    assert set(skips) == OVERFLOW_STEPS, out.stdout  # logged once (rank 0) for each
+    # torch.amp.GradScaler driven with the same overflows
+    w = torch.nn.Parameter(torch.ones(1))
+    opt = torch.optim.SGD([w], lr=0.0)
+    ref = torch.amp.GradScaler("cpu", init_scale=2.0**16, growth_interval=3)
+    want = {}
+    for step in range(1, steps + 1):
+        opt.zero_grad()
+        before = ref.get_scale()
+        ref.scale(w.sum() * (float("inf") if step in OVERFLOW_STEPS else 1.0)).backward()
+        ref.step(opt)
+        ref.update()
+        if step in OVERFLOW_STEPS:
+            want[step] = (before, ref.get_scale())
+    assert skips == want
+    perf = json.loads((d / "performance.json").read_text())
+    assert perf["skipped_steps"] == len(OVERFLOW_STEPS)
+    assert perf["loss_scale"] == ref.get_scale()
+    # a skipped step leaves the weights alone: the last checkpoint is finite everywhere
+    params, state = final_state(d)
+    assert all(np.isfinite(v).all() for v in [*params.values(), *state.values()])
+
+
+def test_memory_follows_the_precision_16_psi_and_zero_partitions(tmp_path):
+    """Device bytes per rank: 2 (weights) + 2 (gradients) + 12 (fp32 master, Adam moments)
+    per parameter in DP; ZeRO-1 partitions the 12, ZeRO-2 the gradients too (+ bucket)."""
+    train = runner([*FC, "--runconfig.precision=bf16"])
+    n = 2
+    mem = {}
+    for level in (0, 1, 2):
+        d = tmp_path / f"z{level}"
+        train(
+            n, d, "--runconfig.max_steps=1", "--runconfig.mode=train", f"--zero_opt_level={level}"
+        )  # noqa: E501
+        mem[level] = json.loads((d / "performance.json").read_text())
+    psi = mem[0]["parameters_padded"]
+    m0, m1, m2 = (mem[k]["memory_bytes"] for k in (0, 1, 2))
+    assert m0["parameters"] == 2 * psi and m0["gradients"] == 2 * psi
+    assert m0["optimizer_state"] == 12 * psi
+    assert m1["parameters"] == 2 * psi and m1["gradients"] == 2 * psi
+    assert m1["optimizer_state"] == 12 * psi // n
+    assert m2["parameters"] == 2 * psi and m2["gradients"] == 2 * psi // n
+    assert m2["optimizer_state"] == 12 * psi // n and m2["buckets"] > 0
+    fp32 = runner(FC)
+    fp32(n, tmp_path / "f", "--runconfig.max_steps=1", "--runconfig.mode=train")
+    f = json.loads((tmp_path / "f" / "performance.json").read_text())["memory_bytes"]
+    # the model's arena halves; the input batch (32 x 784 float32 pixels + int32 labels,
+    # read by the host pipeline) does not
+    batch = 32 * (784 * 4 + 4)
+    assert f["activations"] - batch == 2 * (m0["activations"] - batch)
+    assert mem[0]["precision"] == "bf16"
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--runconfig.precision=fp8"], "runconfig.precision: 'fp8' is not one of"),
+        (["--runconfig.precision=fp16", "--runconfig.loss_scale=0"], "runconfig.loss_scale"),
+        (["--runconfig.precision=fp16", "--runconfig.loss_scale=-2"], "runconfig.loss_scale"),
+        (["--runconfig.precision=fp16", "--runconfig.loss_scale=.nan"], "finite"),
+        (["--runconfig.precision=fp16", "--runconfig.initial_loss_scale=0"], "initial_loss"),
+        (["--runconfig.loss_scale_backoff_factor=1.5"], "loss_scale_backoff_factor"),
+        (["--model.mixed_precision=true", "--runconfig.precision=bf16"], "give one of the two"),
+        (["--runconfig.precision=bf16", "--zero_opt_level=3"], "zero_opt_level 0-2"),
+        (["--params", "bert_mini", "--runconfig.precision=bf16"], "fc_mnist and gpt2"),
+        (["--optimizer.learning_rate=[{scheduler: Linear, initial_learning_rate: .inf}]"], "fin"),
+    ],
+)
+def test_bad_precision_settings_exit_2_writing_nothing(tmp_path, args, message):
+    d = tmp_path / "never"
+    out = run_mpi(1, ["-m", "simdist.train", *args, f"--runconfig.model_dir={d}"], timeout=120)
+    assert out.returncode == 2, out.stdout
+    assert message in out.stdout, out.stdout
+    assert not d.exists()
+
+
+def test_cerebras_mixed_precision_and_lightning_spellings():
+    from simdist.config import load_params
+
+    assert load_params(["--model.mixed_precision=true"]).runconfig.precision == "fp16"
+    assert load_params(["--model.mixed_precision=false"]).runconfig.precision == "fp32"
+    from simdist.precision import canonical
+
+    assert [canonical(s) for s in ("bf16-mixed", "16-mixed", "32-true")] == [
+        "bf16",
+        "fp16",
+        "fp32",
+    ]
