@@ -10,6 +10,7 @@ scatter of the masked-LM head, which runs only on the masked positions.
 import numpy as np
 
 from ._jit import kernel
+from .blas import gemm
 
 F32 = np.float32
 
@@ -28,6 +29,20 @@ def linear_hf_forward(out, inp, weight, bias):
 def linear_hf_backward(dinp, dweight, dbias, dout, inp, weight):
     """dinp = dout @ weight; dweight = dout.T @ inp; dbias = sum of dout rows (overwritten)."""
     np.dot(dout, weight, dinp)
+    np.dot(dout.T, inp, dweight)
+    N, O = dout.shape
+    for o in range(O):
+        dbias[o] = F32(0.0)
+    for n in range(N):
+        for o in range(O):
+            dbias[o] += dout[n, o]
+
+
+@kernel
+def linear_hf_backward_accumulate(dinp, dweight, dbias, dout, inp, weight):
+    """dinp += dout @ weight (ADDS: several projections read one input); dweight and dbias
+    overwritten as in ``linear_hf_backward``."""
+    gemm(dout, weight, dinp, F32(1.0), F32(1.0))
     np.dot(dout.T, inp, dweight)
     N, O = dout.shape
     for o in range(O):
@@ -66,6 +81,7 @@ def _warm() -> None:
     y = np.empty((2, 4), F32)
     linear_hf_forward(y, x, w, b)
     linear_hf_backward(x.copy(), w.copy(), b.copy(), y, x, w)
+    linear_hf_backward_accumulate(x.copy(), w.copy(), b.copy(), y, x, w)
     rows = np.array([1, 0], np.int32)
     gather_rows_forward(x.copy(), x, rows)
     gather_rows_backward(x.copy(), x, rows)

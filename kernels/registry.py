@@ -36,6 +36,8 @@ MODULES: list[str] = [
     "rmsnorm",
     "relpos",
     "linear_nobias",
+    "positions",
+    "label_smoothing",
     "half",
 ]
 

@@ -25,6 +25,7 @@ from simdist.model_config import (
     GPT2_SIZES,
     MODEL_CONFIGS,
     T5_SIZES,
+    TRANSFORMER_SIZES,
     GPT2ModelConfig,
 )
 from simdist.typed_yaml import ConfigError, build_dataclass, read_yaml
@@ -395,6 +396,10 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     **{f"model.{k}": (_at_least(1), ">= 1") for k in GPT2_SIZES},
     **{f"model.{k}": (_at_least(1), ">= 1") for k in BERT_SIZES},
     **{f"model.{k}": (_at_least(1), ">= 1") for k in T5_SIZES},
+    **{f"model.{k}": (_at_least(1), ">= 1") for k in TRANSFORMER_SIZES},
+    "model.dropout": (_unit, "in [0, 1)"),
+    "model.label_smoothing": (_unit, "in [0, 1)"),
+    "model.greedy_eval_samples": (_at_least(0), ">= 0"),
     "model.dropout_rate": (_unit, "in [0, 1)"),
     "model.hidden_dropout_prob": (_unit, "in [0, 1)"),
     "model.attention_probs_dropout_prob": (_unit, "in [0, 1)"),
@@ -472,6 +477,7 @@ NOTES: dict[str, str] = {
 PRESET_NOTES: dict[str, str] = {
     "bert": "bert-mini, bert-base, bert-large; null: give all sizes",
     "t5": "t5-mini, t5-small, t5-base; null: give all sizes",
+    "transformer": "transformer-mini, transformer-base, transformer-big; null: give all sizes",
 }
 
 

@@ -64,6 +64,23 @@ class T5ModelConfig:  # simdist.models.t5 documents each key (Hugging Face T5Con
     tie_word_embeddings: bool | None = None
 
 
+@dataclass(frozen=True)
+class TransformerModelConfig:  # simdist.models.transformer (torch.nn.Transformer's names)
+    name: str = "transformer"
+    preset: str | None = None  # transformer-mini | transformer-base | transformer-big
+    num_encoder_layers: int | None = None
+    num_decoder_layers: int | None = None
+    nhead: int | None = None
+    d_model: int | None = None
+    dim_feedforward: int | None = None
+    vocab_size: int | None = None
+    max_seq_length: int | None = None  # encoder tokens per sample (source, EOS, padding)
+    target_length: int | None = None  # decoder tokens per sample (target, EOS, padding)
+    dropout: float | None = None
+    label_smoothing: float | None = None
+    greedy_eval_samples: int | None = None  # held-out pairs decoded greedily (exact match)
+
+
 GPT2_SIZES = ("n_layer", "n_head", "n_embd", "block_size", "vocab_size")
 BERT_SIZES = (
     "num_hidden_layers",
@@ -80,5 +97,7 @@ MODEL_CONFIGS: dict[str, type] = {
     "gpt2": GPT2ModelConfig,
     "bert": BertModelConfig,
     "t5": T5ModelConfig,
+    "transformer": TransformerModelConfig,
 }
 T5_SIZES = (*(f.name for f in dataclasses.fields(T5ModelConfig)[2:12]),)
+TRANSFORMER_SIZES = (*(f.name for f in dataclasses.fields(TransformerModelConfig)[2:10]),)

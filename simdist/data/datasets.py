@@ -60,4 +60,8 @@ def build_dataset(params: Params, micro_batch: int):
         from .t5 import build_t5_data
 
         return build_t5_data(params, micro_batch)
+    if model == "transformer":
+        from .transformer import build_transformer_data
+
+        return build_transformer_data(params, micro_batch)
     raise ConfigError(f"model.name: no dataset for model {model!r}")

@@ -25,4 +25,8 @@ def build_model(config):
         from .t5 import build_t5
 
         return build_t5(config)
+    if config.name == "transformer":
+        from .transformer import build_transformer
+
+        return build_transformer(config)
     raise ConfigError(f"model.name: unknown model {config.name!r}")

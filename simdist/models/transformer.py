@@ -1,0 +1,573 @@
+"""The Transformer of "Attention Is All You Need" (Vaswani et al. 2017), llm.c-style.
+
+The sibling of ``t5.py`` and ``bert.py`` (configuration, presets and arena layout in
+``transformer_shapes.py``, the kernel list in ``transformer_costs.py``): an encoder-decoder
+on the same kernels, parameters in ``torch.nn.Transformer``'s state-dict names and layouts
+(``in_proj_weight`` (3D, D) holds q, k and v; ``nn.Linear`` weights (out, in) with biases)
+plus ``embedding.weight``, the one table shared by source, target and output projection
+(section 3.4). Embeddings are multiplied by sqrt(d_model) and added to sinusoidal
+positions (``kernels/positions.py``); layers are post-LN as in the paper,
+x -> LN(x + drop(attn(x))) [-> LN(. + drop(cross(., enc)))] -> LN(. + drop(ffn(.))), the
+FFN ReLU; each stack ends in a LayerNorm as ``nn.Transformer``'s does (the paper's text
+names none; it is the reference the parity test builds). LayerNorm eps 1e-5, attention
+scaled by 1/sqrt(d_k). The output projection is the shared table, unscaled; the loss is
+label-smoothed cross-entropy (``kernels/label_smoothing.py``, eps 0.1).
+
+Inputs (``simdist.data.transformer`` makes them): ``inputs`` (B, Te + 2) int32: the
+source ids (pad 0), the sample's global index (the dropout masks hash it) and a flag:
+1 = evaluation also decodes this sample greedily. ``targets`` (B, Td) int32: the target
+ids ending in EOS, then padding; the decoder reads BOS followed by the targets shifted
+right. Padded source keys are masked out of self- and cross-attention; padded targets
+carry no loss (the decoder's causal mask keeps them out of every real position). A
+sample's loss is the mean over its real targets; the micro-batch loss is the mean over
+samples.
+
+Dropout (``dropout`` on the embeddings, attention probabilities, every sublayer output
+and inside the FFN, where ``nn.Transformer`` puts it) hashes (seed, global step, sample
+index, site): never the rank or world size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from simdist.kernels.activation import relu_backward, relu_forward
+from simdist.kernels.attention import mha_attend_backward, mha_attend_forward
+from simdist.kernels.dropout import dropout_backward, dropout_forward, sample_keys
+from simdist.kernels.label_smoothing import (
+    smoothed_cross_entropy_backward,
+    smoothed_cross_entropy_forward,
+)
+from simdist.kernels.layernorm import (
+    layernorm_backward,
+    layernorm_forward,
+    residual_layernorm_forward,
+)
+from simdist.kernels.linear_hf import (
+    linear_hf_backward,
+    linear_hf_backward_accumulate,
+    linear_hf_forward,
+)
+from simdist.kernels.linear_nobias import linear_nobias_backward, linear_nobias_forward
+from simdist.kernels.positions import (
+    scaled_embedding_backward_accumulate,
+    scaled_embedding_forward,
+    sinusoid_table,
+)
+from simdist.kernels.residual import residual_forward
+
+from . import transformer_costs
+from .base import GradientGroup, KernelCost, ParamSpec
+from .transformer_shapes import (  # noqa: F401  (re-exported: tests and plan mode import them)
+    EMBED,
+    FIELDS,
+    PER_LAYER,
+    TransformerConfig,
+    activation_bytes,
+    activation_shapes,
+    arena_layout,
+    final_norm_names,
+    flops_per_sample,
+    layer_names,
+    num_parameters,
+    parameter_specs,
+    plan_models,
+    plan_shape,
+    resolve_config,
+    sites,
+)
+
+F32 = np.float32
+
+
+def build_transformer(config) -> Transformer:
+    """From params.yaml's model section (``simdist.model_config.TransformerModelConfig``)."""
+    return Transformer(resolve_config(config.preset, **{k: getattr(config, k) for k in FIELDS}))
+
+
+class Views:
+    """Named views of the arena for one micro-batch size B (per-layer tensors as lists)."""
+
+    def __init__(self, arena: np.ndarray, cfg: TransformerConfig, B: int, offsets: dict):
+        self.B = B
+        Te, Td = cfg.max_seq_length, cfg.target_length
+        self.Ne, self.Nd = B * Te, B * Td
+        for name, (shape, dtype) in activation_shapes(cfg, B).items():
+            lo = offsets[name]
+            n = int(np.prod(shape)) * (2 if dtype == "u8" else 1)
+            flat = arena[lo : lo + n]
+            if dtype == "i4":
+                flat = flat.view(np.int32)
+            elif dtype == "u8":
+                flat = flat.view(np.uint64)
+            arr = flat.reshape(shape)
+            setattr(self, name, list(arr) if name in PER_LAYER else arr)
+        self.ds_ee = self.att_ds[: Te * Te].reshape(Te, Te)
+        self.ds_dd = self.att_ds[: Td * Td].reshape(Td, Td)
+        self.ds_de = self.att_ds[: Td * Te].reshape(Td, Te)
+        self.dec_keep.fill(1.0)  # causal: a real position never sees a padded one
+        sinusoid_table(self.pe)
+        self._te, self._td = Te, Td
+
+    def enc3(self, a: np.ndarray) -> np.ndarray:
+        return a.reshape(self.B, self._te, -1)
+
+    def dec3(self, a: np.ndarray) -> np.ndarray:
+        return a.reshape(self.B, self._td, -1)
+
+
+def _qkv(w: np.ndarray, D: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The q, k, v row blocks of an in_proj weight (3D, D) or bias (3D,): contiguous views."""
+    return w[:D], w[D : 2 * D], w[2 * D :]
+
+
+class Transformer:
+    """The Model protocol (``simdist.models.base``) for the AIAYN encoder-decoder."""
+
+    def __init__(self, config: TransformerConfig):
+        self.config = config
+        self.name = "transformer"
+        self._enc = [layer_names("encoder", i) for i in range(config.num_encoder_layers)]
+        self._dec = [layer_names("decoder", j) for j in range(config.num_decoder_layers)]
+        self._arena: np.ndarray | None = None
+        self._batch = 0
+        self._offsets: dict[str, int] = {}
+        self._views: dict[int, Views] = {}
+        self._saved: Views | None = None
+        self._counts = np.ones(1)  # real targets per sample of the current batch
+        self._seed = 0
+        self._step: Callable[[], int] = lambda: 0
+        self._p = F32(0.0)  # this forward's dropout probability (0 in evaluation)
+        self._keys = np.zeros(1, np.uint64)
+        D = config.d_model
+        self._emb_scale = F32(np.sqrt(np.float64(D)))
+        self._att_scale = F32(1.0) / np.sqrt(F32(config.head_size))
+        self.extra_eval: dict[str, list[float]] = {
+            "token_accuracy": [0.0, 0.0],
+            "token_loss": [0.0, 0.0],
+            "exact_match": [0.0, 0.0],
+        }
+
+    def bind_step(self, seed: int, step: Callable[[], int]) -> None:
+        """Dropout masks hash (seed, step(), sample index)."""
+        self._seed, self._step = int(seed), step
+
+    # -------------------------------------------------------------- protocol: sizes
+    def parameter_specs(self) -> list[ParamSpec]:
+        return parameter_specs(self.config)
+
+    def num_parameters(self) -> int:
+        return num_parameters(self.config)
+
+    def activation_bytes(self, batch_size: int) -> int:
+        return activation_bytes(self.config, batch_size)
+
+    def flops_per_sample(self) -> int:
+        return flops_per_sample(self.config)
+
+    def kernel_costs(self, batch: int, seq: int | None = None) -> list[KernelCost]:
+        return transformer_costs.kernel_costs(self.config, batch, self.gradient_groups())
+
+    def gradient_groups(self) -> list[GradientGroup]:
+        """The decoder's final norm, decoder layers last to first, the encoder's final
+        norm, encoder layers last to first, then the shared embedding: written first by
+        the output projection and last by the encoder's embedding, hence held."""
+        groups = [GradientGroup(final_norm_names("decoder"))]
+        groups += [GradientGroup(n) for n in reversed(self._dec)]
+        groups.append(GradientGroup(final_norm_names("encoder")))
+        groups += [GradientGroup(n) for n in reversed(self._enc)]
+        groups.append(GradientGroup((EMBED,), held=True))
+        return groups
+
+    # -------------------------------------------------------------- protocol: set-up
+    def init_parameters(self, params: dict[str, np.ndarray], rng: np.random.Generator) -> None:
+        """``nn.Transformer``'s init: Xavier-uniform matrices, zero biases, norms 1 and 0;
+        the shared embedding N(0, d_model^-1/2), so that scaled by sqrt(d_model) it enters
+        with unit variance (as fairseq's Transformer initialises a tied table)."""
+        D = self.config.d_model
+        for spec in self.parameter_specs():
+            p = params[spec.name]
+            if spec.name == EMBED:
+                rng.standard_normal(out=p, dtype=np.float32)
+                p *= F32(D**-0.5)
+            elif len(spec.shape) == 2:
+                fan_out, fan_in = spec.shape
+                a = np.sqrt(6.0 / (fan_in + fan_out))
+                p[...] = rng.uniform(-a, a, spec.shape).astype(np.float32)
+            elif ".norm" in spec.name and spec.name.endswith(".weight"):
+                p.fill(1.0)
+            else:
+                p.fill(0.0)
+
+    def allocate(self, batch_size: int) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be positive, got {batch_size}")
+        self._offsets, total = arena_layout(self.config, batch_size)
+        self._arena = np.zeros(total, dtype=np.float32)
+        self._batch = batch_size
+        self._views, self._saved = {}, None
+
+    # -------------------------------------------------------------- protocol: compute
+    def forward(self, params, inputs: np.ndarray, targets: np.ndarray) -> float:
+        v = self._load_batch(inputs, targets)
+        self._p = F32(self.config.dropout)
+        if self._p > 0:
+            sample_keys(self._seed, self._step(), inputs[:, -2], v.keys)
+        self._encode(v, params)
+        self._decode(v, params)
+        self._saved = v
+        return float(self._sample_losses(v).mean(dtype=np.float64))
+
+    def evaluate(self, params, inputs: np.ndarray, targets: np.ndarray) -> tuple[float, int]:
+        """(sum of the per-token losses, correctly predicted tokens) over the real targets,
+        teacher-forced; ``extra_eval`` accumulates the same per token and, for the samples
+        flagged in ``inputs[:, -1]``, whether greedy decoding reproduces the target
+        exactly ({metric: [sum, count]}, zeroed and reduced over the ranks by the run)."""
+        if self._arena is None:
+            self.allocate(inputs.shape[0])
+        loss_sum, correct = 0.0, 0
+        self._p = F32(0.0)
+        for lo in range(0, inputs.shape[0], self._batch):
+            hi = min(lo + self._batch, inputs.shape[0])
+            v = self._load_batch(inputs[lo:hi], targets[lo:hi])
+            self._encode(v, params)
+            self._decode(v, params)
+            real = v.labels != self.config.pad_token_id
+            ok = int(np.count_nonzero((v.logits.argmax(axis=1) == v.labels) & real))
+            ls = float(v.losses.sum(dtype=np.float64))
+            loss_sum, correct = loss_sum + ls, correct + ok
+            n = int(np.count_nonzero(real))
+            for key, num in (("token_accuracy", ok), ("token_loss", ls)):
+                self.extra_eval[key][0] += num
+                self.extra_eval[key][1] += n
+        for b in np.flatnonzero(inputs[:, -1]):
+            decoded = self.greedy_decode(params, inputs[b, : self.config.max_seq_length])
+            self.extra_eval["exact_match"][0] += float(np.array_equal(decoded, targets[b]))
+            self.extra_eval["exact_match"][1] += 1
+        self._saved = None
+        return loss_sum, correct
+
+    def _sample_losses(self, v: Views) -> np.ndarray:
+        return v.losses.reshape(v.B, -1).sum(axis=1, dtype=np.float64) / self._counts
+
+    def _load_batch(self, inputs: np.ndarray, targets: np.ndarray) -> Views:
+        cfg = self.config
+        Te, Td, V, pad = cfg.max_seq_length, cfg.target_length, cfg.vocab_size, cfg.pad_token_id
+        if self._arena is None:
+            raise ValueError("call allocate(batch_size) before forward/evaluate")
+        if inputs.ndim != 2 or inputs.shape[1] != Te + 2:
+            raise ValueError(f"Transformer inputs must be (B, {Te + 2}); got {inputs.shape}")
+        B = inputs.shape[0]
+        if targets.shape != (B, Td):
+            raise ValueError(f"Transformer targets must be (B, {Td}); got {targets.shape}")
+        if B > self._batch:
+            raise ValueError(f"batch of {B} samples, but allocate({self._batch}) was called")
+        v = self._views.get(B)
+        if v is None:
+            v = self._views[B] = Views(self._arena, cfg, B, self._offsets)
+        for what, a in (("token ids", inputs[:, :Te]), ("targets", targets)):
+            if a.size and (a.min() < 0 or a.max() >= V):  # the kernels index unchecked
+                raise ValueError(f"Transformer {what} must lie in [0, {V})")
+        np.copyto(v.enc_ids.reshape(B, Te), inputs[:, :Te], casting="same_kind")
+        np.copyto(v.labels.reshape(B, Td), targets, casting="same_kind")
+        dec = v.dec_ids.reshape(B, Td)
+        dec[:, 0] = cfg.bos_token_id
+        dec[:, 1:] = targets[:, :-1]
+        np.not_equal(v.enc_ids.reshape(B, Te), pad, out=v.enc_keep, casting="unsafe")
+        real = targets != pad
+        self._counts = np.maximum(real.sum(axis=1), 1).astype(np.float64)
+        w = v.row_weight.reshape(B, Td)
+        np.divide(real, self._counts[:, None], out=w, casting="unsafe")
+        self._keys = v.keys
+        return v
+
+    def _drop(self, a: np.ndarray, B: int, site: int) -> None:
+        if self._p > 0:
+            dropout_forward(a.reshape(B, -1), a.reshape(B, -1), self._keys, site, self._p)
+
+    def _undrop(self, dst: np.ndarray, src: np.ndarray, B: int, site: int) -> np.ndarray:
+        """d(pre-dropout) from d(post-dropout): into dst, or src itself without dropout."""
+        if self._p == 0:
+            return src
+        dropout_backward(dst.reshape(B, -1), src.reshape(B, -1), self._keys, site, self._p)
+        return dst
+
+    def _attend(self, out, att, q, k, v, keep, ds, causal, site) -> None:
+        mha_attend_forward(out, att, q, k, v, keep, self._scratch, ds, self.config.nhead,
+                           causal, self._keys, site, self._p, self._att_scale, att[0],
+                           False)  # fmt: skip
+
+    def _attend_back(self, dq, dk, dv, dout, q, k, v, att, ds, causal, site) -> None:
+        mha_attend_backward(dq, dk, dv, att[0], dout, q, k, v, att, self._scratch, ds,
+                            self.config.nhead, causal, self._keys, site, self._p,
+                            self._att_scale, False)  # fmt: skip
+
+    def _ffn(self, params, names, x, h, a, out, B, site) -> None:
+        """out = linear2(drop(relu(linear1(x)))), before the sublayer's output dropout."""
+        w1, b1, w2, b2 = (params[n] for n in names[-8:-4])  # names end with 2 norms
+        linear_hf_forward(h, x, w1, b1)
+        relu_forward(a, h)
+        self._drop(a, B, site)
+        linear_hf_forward(out, a, w2, b2)
+
+    def _encode(self, v: Views, params) -> None:
+        cfg = self.config
+        B, D, S = v.B, cfg.d_model, sites(cfg)
+        self._scratch = v.scratch
+        scaled_embedding_forward(v.enc3(v.ex[0]), v.enc_ids.reshape(B, -1), params[EMBED],
+                                 self._emb_scale, v.pe)  # fmt: skip
+        self._drop(v.ex[0], B, S["enc_emb"])
+        t = v.tD[: v.Ne]
+        for i, names in enumerate(self._enc):
+            s0, x = S["enc"][i], v.ex[i]
+            w, b = params[names[0]], params[names[1]]
+            for out, wi, bi in zip((v.e_q[i], v.e_k[i], v.e_v[i]), _qkv(w, D), _qkv(b, D),
+                                   strict=True):  # fmt: skip
+                linear_hf_forward(out, x, wi, bi)
+            self._attend(v.enc3(v.e_ctx[i]), v.e_att[i], v.enc3(v.e_q[i]), v.enc3(v.e_k[i]),
+                         v.enc3(v.e_v[i]), v.enc_keep, v.ds_ee, False, s0)  # fmt: skip
+            linear_hf_forward(t, v.e_ctx[i], params[names[2]], params[names[3]])
+            self._drop(t, B, s0 + 1)
+            n1w, n1b, n2w, n2b = (params[n] for n in names[-4:])
+            residual_layernorm_forward(v.e_r1[i], v.e_x1[i], v.e_m1[i], v.e_s1[i], x, t, n1w,
+                                       n1b)  # fmt: skip
+            self._ffn(params, names, v.e_x1[i], v.e_h[i], v.e_a[i], t, B, s0 + 2)
+            self._drop(t, B, s0 + 3)
+            residual_layernorm_forward(v.e_r2[i], v.ex[i + 1], v.e_m2[i], v.e_s2[i], v.e_x1[i],
+                                       t, n2w, n2b)  # fmt: skip
+        nw, nb = (params[n] for n in final_norm_names("encoder"))
+        layernorm_forward(v.enc_out, v.e_mf, v.e_sf, v.ex[-1], nw, nb)
+
+    def _decode(self, v: Views, params) -> None:
+        cfg = self.config
+        B, D, S = v.B, cfg.d_model, sites(cfg)
+        self._scratch = v.scratch
+        shared = params[EMBED]
+        scaled_embedding_forward(v.dec3(v.dy[0]), v.dec_ids.reshape(B, -1), shared,
+                                 self._emb_scale, v.pe)  # fmt: skip
+        self._drop(v.dy[0], B, S["dec_emb"])
+        t = v.tD[: v.Nd]
+        for j, names in enumerate(self._dec):
+            s0, y = S["dec"][j], v.dy[j]
+            w, b = params[names[0]], params[names[1]]
+            for out, wi, bi in zip((v.s_q[j], v.s_k[j], v.s_v[j]), _qkv(w, D), _qkv(b, D),
+                                   strict=True):  # fmt: skip
+                linear_hf_forward(out, y, wi, bi)
+            self._attend(v.dec3(v.s_ctx[j]), v.s_att[j], v.dec3(v.s_q[j]), v.dec3(v.s_k[j]),
+                         v.dec3(v.s_v[j]), v.dec_keep, v.ds_dd, True, s0)  # fmt: skip
+            linear_hf_forward(t, v.s_ctx[j], params[names[2]], params[names[3]])
+            self._drop(t, B, s0 + 1)
+            n1w, n1b, n2w, n2b, n3w, n3b = (params[n] for n in names[-6:])
+            residual_layernorm_forward(v.s_r[j], v.s_x[j], v.s_m[j], v.s_s[j], y, t, n1w, n1b)
+            wq, wk, wv = _qkv(params[names[4]], D)
+            bq, bk, bv = _qkv(params[names[5]], D)
+            linear_hf_forward(v.c_q[j], v.s_x[j], wq, bq)
+            linear_hf_forward(v.c_k[j], v.enc_out, wk, bk)
+            linear_hf_forward(v.c_v[j], v.enc_out, wv, bv)
+            self._attend(v.dec3(v.c_ctx[j]), v.c_att[j], v.dec3(v.c_q[j]), v.enc3(v.c_k[j]),
+                         v.enc3(v.c_v[j]), v.enc_keep, v.ds_de, False, s0 + 2)  # fmt: skip
+            linear_hf_forward(t, v.c_ctx[j], params[names[6]], params[names[7]])
+            self._drop(t, B, s0 + 3)
+            residual_layernorm_forward(v.c_r[j], v.c_x[j], v.c_m[j], v.c_s[j], v.s_x[j], t, n2w,
+                                       n2b)  # fmt: skip
+            self._ffn(params, names[:-2], v.c_x[j], v.f_h[j], v.f_a[j], t, B, s0 + 4)
+            self._drop(t, B, s0 + 5)
+            residual_layernorm_forward(v.f_r[j], v.dy[j + 1], v.f_m[j], v.f_s[j], v.c_x[j], t,
+                                       n3w, n3b)  # fmt: skip
+        nw, nb = (params[n] for n in final_norm_names("decoder"))
+        layernorm_forward(v.dec_out, v.d_mf, v.d_sf, v.dy[-1], nw, nb)
+        linear_nobias_forward(v.logits, v.dec_out, shared)
+        smoothed_cross_entropy_forward(v.losses, v.probs, v.logits, v.labels,
+                                       F32(cfg.label_smoothing), cfg.pad_token_id)  # fmt: skip
+
+    # -------------------------------------------------------------- backward
+    def backward(self, params, grads, dloss: float) -> None:
+        v = self._saved
+        if v is None:
+            raise RuntimeError("backward without a preceding forward")
+        cfg = self.config
+        B, S, g = v.B, sites(cfg), grads
+        Ne, Nd = v.Ne, v.Nd
+        self._scratch = v.scratch
+        smoothed_cross_entropy_backward(v.probs, v.probs, v.labels, v.row_weight, F32(dloss),
+                                        F32(cfg.label_smoothing))  # fmt: skip
+        t = v.tD[:Nd]
+        linear_nobias_backward(t, g[EMBED], v.probs, v.dec_out, params[EMBED])
+        nw, nb = final_norm_names("decoder")
+        layernorm_backward(v.gd, g[nw], g[nb], t, v.dy[-1], params[nw], v.d_mf, v.d_sf)
+        g.done((nw, nb))
+        v.g_enc.fill(0.0)
+        for j in range(cfg.num_decoder_layers - 1, -1, -1):
+            names, s0 = self._dec[j], S["dec"][j]
+            n = names[-6:]  # norm1, norm2, norm3 (weight, bias)
+            # FFN sublayer: gd holds d(its output)
+            self._ffn_backward(v, params, g, names[:-2], v.gd, v.f_r[j], n[4:], v.f_m[j],
+                               v.f_s[j], v.c_x[j], v.f_h[j], v.f_a[j], Nd, s0 + 4)  # fmt: skip
+            # cross-attention sublayer: keys and values from the encoder output
+            gr = self._norm_backward(v, params, g, v.gd, v.c_r[j], n[2:4], v.c_m[j], v.c_s[j])
+            d = self._undrop(t, gr, B, s0 + 3)
+            gc = v.g_ctx[:Nd]
+            linear_hf_backward(gc, g[names[6]], g[names[7]], d, v.c_ctx[j], params[names[6]])
+            gk, gv = v.g_k[:Ne], v.g_v[:Ne]
+            self._attend_back(v.dec3(v.g_q[:Nd]), v.enc3(gk), v.enc3(gv), v.dec3(gc),
+                              v.dec3(v.c_q[j]), v.enc3(v.c_k[j]), v.enc3(v.c_v[j]), v.c_att[j],
+                              v.ds_de, False, s0 + 2)  # fmt: skip
+            W, gW, gb = params[names[4]], g[names[4]], g[names[5]]
+            (wq, wk, wv), (dwq, dwk, dwv), (dbq, dbk, dbv) = (_qkv(a, cfg.d_model)
+                                                              for a in (W, gW, gb))  # fmt: skip
+            gx = v.g_x[:Nd]
+            linear_hf_backward(gx, dwq, dbq, v.g_q[:Nd], v.s_x[j], wq)
+            linear_hf_backward_accumulate(v.g_enc, dwk, dbk, gk, v.enc_out, wk)
+            linear_hf_backward_accumulate(v.g_enc, dwv, dbv, gv, v.enc_out, wv)
+            residual_forward(v.gd.reshape(-1), gr.reshape(-1), gx.reshape(-1))
+            # causal self-attention sublayer
+            self._attention_backward(v, params, g, names, v.gd, v.s_r[j], n[:2], v.s_m[j],
+                                     v.s_s[j], v.dy[j],
+                                     (v.s_q[j], v.s_k[j], v.s_v[j], v.s_ctx[j], v.s_att[j]),
+                                     v.dec3, v.ds_dd, True, s0)  # fmt: skip
+            g.done(names)
+        d = self._undrop(t, v.gd, B, S["dec_emb"])
+        scaled_embedding_backward_accumulate(g[EMBED], v.dec3(d), v.dec_ids.reshape(B, -1),
+                                             self._emb_scale)  # fmt: skip
+        # ---- encoder: d(encoder output) gathered from every cross-attention
+        nw, nb = final_norm_names("encoder")
+        layernorm_backward(v.ge, g[nw], g[nb], v.g_enc, v.ex[-1], params[nw], v.e_mf, v.e_sf)
+        g.done((nw, nb))
+        t = v.tD[:Ne]
+        for i in range(cfg.num_encoder_layers - 1, -1, -1):
+            names, s0 = self._enc[i], S["enc"][i]
+            n = names[-4:]
+            self._ffn_backward(v, params, g, names, v.ge, v.e_r2[i], n[2:], v.e_m2[i],
+                               v.e_s2[i], v.e_x1[i], v.e_h[i], v.e_a[i], Ne, s0 + 2)  # fmt: skip
+            self._attention_backward(v, params, g, names, v.ge, v.e_r1[i], n[:2], v.e_m1[i],
+                                     v.e_s1[i], v.ex[i],
+                                     (v.e_q[i], v.e_k[i], v.e_v[i], v.e_ctx[i], v.e_att[i]),
+                                     v.enc3, v.ds_ee, False, s0)  # fmt: skip
+            g.done(names)
+        d = self._undrop(t, v.ge, B, S["enc_emb"])
+        scaled_embedding_backward_accumulate(g[EMBED], v.enc3(d), v.enc_ids.reshape(B, -1),
+                                             self._emb_scale)  # fmt: skip
+        g.done((EMBED,))
+
+    def _norm_backward(self, v, params, g, gres, res, norm, mean, rstd) -> np.ndarray:
+        """d(a post-LN sublayer's sum x + branch) from d(its output) gres: into g_r."""
+        gr = v.g_r[: res.shape[0]]
+        w, b = norm
+        layernorm_backward(gr, g[w], g[b], gres, res, params[w], mean, rstd)
+        return gr
+
+    def _ffn_backward(self, v, params, g, names, gres, res, norm, mean, rstd, x, h, a, N, site):
+        """gres: d(LN(x + drop(ffn(x)))) in, d x out (overwritten)."""
+        gr = self._norm_backward(v, params, g, gres, res, norm, mean, rstd)
+        d = self._undrop(v.tD[:N], gr, v.B, site + 1)
+        gh = v.g_h[:N]
+        w1, b1, w2, b2 = names[-8:-4]
+        linear_hf_backward(gh, g[w2], g[b2], d, a, params[w2])
+        self._undrop(gh, gh, v.B, site)
+        relu_backward(gh, gh, h)
+        gx = v.g_x[:N]
+        linear_hf_backward(gx, g[w1], g[b1], gh, x, params[w1])
+        residual_forward(gres.reshape(-1), gr.reshape(-1), gx.reshape(-1))
+
+    def _attention_backward(self, v, params, g, names, gres, res, norm, mean, rstd, x, acts,
+                            to3, ds, causal, site):  # fmt: skip
+        """gres: d(LN(x + drop(self_attn(x)))) in, d x out (overwritten)."""
+        N = x.shape[0]
+        q, k, vv, ctx, att = acts
+        gr = self._norm_backward(v, params, g, gres, res, norm, mean, rstd)
+        d = self._undrop(v.tD[:N], gr, v.B, site + 1)
+        gc = v.g_ctx[:N]
+        linear_hf_backward(gc, g[names[2]], g[names[3]], d, ctx, params[names[2]])
+        gq, gk, gv = v.g_q[:N], v.g_k[:N], v.g_v[:N]
+        self._attend_back(to3(gq), to3(gk), to3(gv), to3(gc), to3(q), to3(k), to3(vv), att, ds,
+                          causal, site)  # fmt: skip
+        D = self.config.d_model
+        W, dW, db = _qkv(params[names[0]], D), _qkv(g[names[0]], D), _qkv(g[names[1]], D)
+        gx = v.g_x[:N]
+        linear_hf_backward(gx, dW[0], db[0], gq, x, W[0])
+        linear_hf_backward_accumulate(gx, dW[1], db[1], gk, x, W[1])
+        linear_hf_backward_accumulate(gx, dW[2], db[2], gv, x, W[2])
+        residual_forward(gres.reshape(-1), gr.reshape(-1), gx.reshape(-1))
+
+    # -------------------------------------------------------------- greedy decoding
+    def greedy_decode(
+        self, params, source: np.ndarray, forced: np.ndarray | None = None
+    ) -> np.ndarray:
+        """The target_length tokens greedy decoding emits for one source (Te ids), PAD
+        after the first EOS. The encoder runs once; then one decoder position at a time
+        through the same kernels, the self-attention keys and values of earlier positions
+        kept (rows of the batch-of-one views), so a step costs one token, not a prefix.
+        ``forced`` (Td ids): feed these as the previous tokens instead (teacher forcing
+        through the incremental path; every position's argmax is returned)."""
+        cfg = self.config
+        Te, Td, D, NH = cfg.max_seq_length, cfg.target_length, cfg.d_model, cfg.nhead
+        if self._arena is None:
+            self.allocate(1)
+        v = self._views.get(1)
+        if v is None:
+            v = self._views[1] = Views(self._arena, cfg, 1, self._offsets)
+        self._p = F32(0.0)
+        np.copyto(v.enc_ids, source, casting="same_kind")
+        np.not_equal(v.enc_ids.reshape(1, Te), cfg.pad_token_id, out=v.enc_keep,
+                     casting="unsafe")  # fmt: skip
+        self._encode(v, params)
+        shared = params[EMBED]
+        out = np.full(Td, cfg.pad_token_id, np.int32)
+        ids = np.zeros((1, 1), np.int32)
+        ids[0, 0] = cfg.bos_token_id
+        keep = v.dec_keep.reshape(-1)
+        y = v.dy[0][:1].reshape(1, 1, D)
+        logits = v.logits[:1]
+        for pos in range(Td):
+            scaled_embedding_forward(y, ids, shared, self._emb_scale, v.pe[pos : pos + 1])
+            x = y.reshape(1, D)
+            for j, names in enumerate(self._dec):
+                r = slice(pos, pos + 1)
+                w, b = _qkv(params[names[0]], D), _qkv(params[names[1]], D)
+                q, k, vv = v.s_q[j][r], v.s_k[j][r], v.s_v[j][r]
+                for o, wi, bi in zip((q, k, vv), w, b, strict=True):
+                    linear_hf_forward(o, x, wi, bi)
+                n = pos + 1
+                att = v.s_att[j].reshape(-1)[: NH * n].reshape(1, NH, 1, n)
+                ctx = v.s_ctx[j][r]
+                self._attend(ctx.reshape(1, 1, D), att, q.reshape(1, 1, D),
+                             v.s_k[j][:n].reshape(1, n, D), v.s_v[j][:n].reshape(1, n, D),
+                             keep[:n].reshape(1, n), v.att_ds[:n].reshape(1, n), False,
+                             0)  # fmt: skip
+                t = v.tD[:1]
+                n1w, n1b, n2w, n2b, n3w, n3b = (params[nm] for nm in names[-6:])
+                linear_hf_forward(t, ctx, params[names[2]], params[names[3]])
+                residual_layernorm_forward(v.s_r[j][r], v.s_x[j][r], v.s_m[j][r], v.s_s[j][r],
+                                           x, t, n1w, n1b)  # fmt: skip
+                if pos == 0:  # the cross-attention's keys and values: once per source
+                    wc, bc = _qkv(params[names[4]], D), _qkv(params[names[5]], D)
+                    linear_hf_forward(v.c_k[j], v.enc_out, wc[1], bc[1])
+                    linear_hf_forward(v.c_v[j], v.enc_out, wc[2], bc[2])
+                wc, bc = _qkv(params[names[4]], D), _qkv(params[names[5]], D)
+                cq = v.c_q[j][r]
+                linear_hf_forward(cq, v.s_x[j][r], wc[0], bc[0])
+                catt = v.c_att[j].reshape(-1)[: NH * Te].reshape(1, NH, 1, Te)
+                cctx = v.c_ctx[j][r]
+                self._attend(cctx.reshape(1, 1, D), catt, cq.reshape(1, 1, D),
+                             v.enc3(v.c_k[j]), v.enc3(v.c_v[j]), v.enc_keep,
+                             v.att_ds[:Te].reshape(1, Te), False, 0)  # fmt: skip
+                linear_hf_forward(t, cctx, params[names[6]], params[names[7]])
+                residual_layernorm_forward(v.c_r[j][r], v.c_x[j][r], v.c_m[j][r], v.c_s[j][r],
+                                           v.s_x[j][r], t, n2w, n2b)  # fmt: skip
+                self._ffn(params, names[:-2], v.c_x[j][r], v.f_h[j][r], v.f_a[j][r], t, 1, 0)
+                x = v.dy[j + 1][r]
+                residual_layernorm_forward(v.f_r[j][r], x, v.f_m[j][r], v.f_s[j][r],
+                                           v.c_x[j][r], t, n3w, n3b)  # fmt: skip
+            nw, nb = (params[nm] for nm in final_norm_names("decoder"))
+            layernorm_forward(v.dec_out[:1], v.d_mf[:1], v.d_sf[:1], x, nw, nb)
+            linear_nobias_forward(logits, v.dec_out[:1], shared)
+            token = int(np.argmax(logits[0]))
+            out[pos] = token
+            if forced is not None:
+                token = int(forced[pos])
+            elif token == cfg.eos_token_id:
+                break
+            ids[0, 0] = token
+        return out
