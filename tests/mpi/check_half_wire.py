@@ -19,7 +19,7 @@ import sys
 import zlib
 
 import numpy as np
-from checks import Tally
+from checks import Tally, rhd_order, ring_order
 from simdist.kernels.half import BF16, F16, round_half
 
 from simdist.comm import Collectives, partition
@@ -46,27 +46,9 @@ def inputs(n: int, fmt: int) -> list[np.ndarray]:
     ]  # noqa: E501
 
 
-def ring_half(xs: list[np.ndarray], b: np.ndarray, fmt: int) -> np.ndarray:
-    """ring.py's order, block q = (((x[q+1] + x[q+2]) + ...) + x[q]), each sum rounded."""
-    out = np.empty_like(xs[0])
-    for q in range(P):
-        s = slice(int(b[q]), int(b[q + 1]))
-        acc = xs[(q + 1) % P][s].copy()
-        for k in range(2, P + 1):
-            acc = r(acc + xs[(q + k) % P][s], fmt)
-        out[s] = acc
-    return out
-
-
-def rhd_half(xs: list[np.ndarray], fmt: int) -> np.ndarray:
-    pof2 = 1 << (P.bit_length() - 1)
-    rem = P - pof2
-    v = [r(xs[2 * i] + xs[2 * i + 1], fmt) if i < rem else xs[i + rem].copy() for i in range(pof2)]
-    half = pof2 // 2
-    while half:
-        v = [r(v[i] + v[i + half], fmt) for i in range(half)]
-        half //= 2
-    return v[0]
+def half_add(fmt: int):
+    """One addition of a half wire: the float32 sum stored in the half format."""
+    return lambda a, b: r(a + b, fmt)
 
 
 def mean_half(total: np.ndarray, fmt: int) -> np.ndarray:
@@ -95,9 +77,9 @@ def check(coll: Collectives, alg: str, label: str) -> None:
             expect(err <= P * tol * scale, f"{tag}: {err} from the exact mean")
             b = partition(n, P)
             if alg == "ring" and P > 1:
-                same(buf, mean_half(ring_half(xs, b, fmt), fmt), f"{tag}: ring order")
+                same(buf, mean_half(ring_order(xs, b, half_add(fmt)), fmt), f"{tag}: ring order")
             if alg == "rhd" and P > 1:
-                same(buf, mean_half(rhd_half(xs, fmt), fmt), f"{tag}: rhd order")
+                same(buf, mean_half(rhd_order(xs, half_add(fmt)), fmt), f"{tag}: rhd order")
             # reduce-scatter + all-gather in the half wire: the all-reduce's bits
             two = xs[RANK].copy()
             with coll.half_wire(fmt):

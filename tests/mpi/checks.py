@@ -34,27 +34,32 @@ class Tally:
 
 
 # The documented summation orders of the collectives, as references (P = len(xs) ranks).
-def ring_order(xs: list[np.ndarray], b: np.ndarray) -> np.ndarray:
-    """ring.py: block q (bounds b[q]:b[q+1]) = (((x[q+1] + x[q+2]) + ...) + x[q])."""
+def _plus(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return a + b
+
+
+def ring_order(xs: list[np.ndarray], b: np.ndarray, add=_plus) -> np.ndarray:
+    """ring.py: block q (bounds b[q]:b[q+1]) = (((x[q+1] + x[q+2]) + ...) + x[q]).
+    ``add``: one addition as the wire performs it (a half wire rounds every sum)."""
     P = len(xs)
     out = np.empty_like(xs[0])
     for q in range(P):
         s = slice(int(b[q]), int(b[q + 1]))
         acc = xs[(q + 1) % P][s].copy()
         for k in range(2, P + 1):
-            acc += xs[(q + k) % P][s]
+            acc = add(acc, xs[(q + k) % P][s])
         out[s] = acc
     return out
 
 
-def rhd_order(xs: list[np.ndarray]) -> np.ndarray:
+def rhd_order(xs: list[np.ndarray], add=_plus) -> np.ndarray:
     """rhd.py: folded pairs, then participants paired across the highest bit."""
     P = len(xs)
     pof2 = 1 << (P.bit_length() - 1)
     rem = P - pof2
-    v = [xs[2 * i] + xs[2 * i + 1] if i < rem else xs[i + rem].copy() for i in range(pof2)]
+    v = [add(xs[2 * i], xs[2 * i + 1]) if i < rem else xs[i + rem].copy() for i in range(pof2)]
     half = pof2 // 2
     while half:
-        v = [v[i] + v[i + half] for i in range(half)]
+        v = [add(v[i], v[i + half]) for i in range(half)]
         half //= 2
     return v[0]
