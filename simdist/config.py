@@ -611,10 +611,10 @@ def _check_pipeline_parallel(r: RunConfig) -> None:
         why = "applies to pipelined execution without input workers"
     elif canonical(r.precision) != "fp32":
         why = f"runs in fp32 only, not runconfig.precision={r.precision} (set it to fp32)"
-    elif r.zero_opt_level > 1:
+    elif r.zero_opt_level > 2:
         why = (
-            f"runs ZeRO 0 or 1 on the data-parallel axis, not zero_opt_level="
-            f"{r.zero_opt_level} (set runconfig.zero_opt_level to 0 or 1)"
+            f"runs ZeRO 0, 1 or 2 on the data-parallel axis, not zero_opt_level="
+            f"{r.zero_opt_level} (set runconfig.zero_opt_level to 0, 1 or 2)"
         )
     if why:
         raise ConfigError(

@@ -61,171 +61,24 @@ from simdist.models.base import GradientViews
 from simdist.optim import Optimizer
 from simdist.schedules.base import Schedule, StateShard, StepResult
 from simdist.schedules.data_parallel import tensor_parallel_groups
+from simdist.sim.pp_schedule import (
+    StagePlan,
+    schedule_ops,
+    simulate_pipeline,
+    slots_needed,
+    split_stages,
+)
 from simdist.streaming import lane_sum_of_squares, warm_kernels
 
 F32 = np.float32
 # point-to-point tags on a pipeline's communicator (MPI keeps each (source, tag) in order)
 TAG_ACT, TAG_GRAD, TAG_TIED_GRAD, TAG_TIED, TAG_SUMSQ, TAG_GATHER = 11, 12, 13, 14, 15, 16
-
-
-def schedule_ops(kind: str, stages: int, stage: int, micro: int) -> list[tuple[str, int]]:
-    """("F" | "B", micro-batch) in the order stage ``stage`` of ``stages`` runs them.
-
-    GPipe: every forward, then every backward. 1F1B (PipeDream-Flush, Megatron's default):
-    ``stages - stage - 1`` warm-up forwards, then one forward and one backward alternately,
-    then the remaining backwards; at most ``stages - stage`` micro-batches are in flight.
-    Backwards run in micro-batch order on every stage in both."""
-    if kind == "gpipe":
-        return [("F", j) for j in range(micro)] + [("B", j) for j in range(micro)]
-    warm = min(stages - stage - 1, micro)
-    ops = [("F", j) for j in range(warm)]
-    for i in range(micro - warm):
-        ops += [("F", warm + i), ("B", i)]
-    return ops + [("B", j) for j in range(micro - warm, micro)]
-
-
-def slots_needed(kind: str, stages: int, stage: int, micro: int) -> int:
-    """Micro-batches in flight at once on ``stage``: one activation arena each."""
-    return micro if kind == "gpipe" else min(stages - stage, micro)
+TIMELINE = "timeline.json"
 
 
 def predicted_bubble(stages: int, micro: int) -> float:
     """The idle share of a synchronous pipeline with equal stages: (P - 1) / (m + P - 1)."""
     return (stages - 1) / (micro + stages - 1)
-
-
-def simulate_pipeline(
-    kind: str, fwd: list[float], bwd: list[float], micro: int, send: list[float]
-) -> tuple[float, list[float]]:
-    """The schedule on the simulated device: stage s takes ``fwd[s]`` / ``bwd[s]`` seconds
-    per micro-batch, a message across boundary s -> s + 1 (either way) ``send[s]``; each
-    op starts when its stage is free and its input has arrived. Returns (makespan, busy
-    seconds per stage); with equal stages and free sends the idle share is exactly
-    (P - 1) / (m + P - 1)."""
-    P = len(fwd)
-    ops = [schedule_ops(kind, P, s, micro) for s in range(P)]
-    done: dict[tuple[str, int, int], float] = {}
-    pos, free = [0] * P, [0.0] * P
-    left = sum(len(o) for o in ops)
-    while left:
-        moved = False
-        for s in range(P):
-            while pos[s] < len(ops[s]):
-                op, j = ops[s][pos[s]]
-                if op == "F":
-                    dep = None if s == 0 else ("F", s - 1, j)
-                    wire, cost = (send[s - 1] if s else 0.0), fwd[s]
-                else:
-                    dep = None if s == P - 1 else ("B", s + 1, j)
-                    wire, cost = (send[s] if s < P - 1 else 0.0), bwd[s]
-                if dep is not None and dep not in done:
-                    break
-                ready = 0.0 if dep is None else done[dep] + wire
-                free[s] = done[(op, s, j)] = max(free[s], ready) + cost
-                pos[s] += 1
-                left -= 1
-                moved = True
-        if not moved:
-            raise RuntimeError(f"{kind} schedule cannot proceed: {pos}")
-    return max(free), [micro * (fwd[s] + bwd[s]) for s in range(P)]
-
-
-def split_stages(costs: list[int], parts: int) -> list[tuple[int, int]]:
-    """Contiguous [lo, hi) ranges of ``costs`` into ``parts`` non-empty pieces minimising
-    the largest piece's sum (ties: the earliest cut)."""
-    n = len(costs)
-    prefix = np.concatenate([[0], np.cumsum(costs, dtype=np.int64)])
-    inf = np.iinfo(np.int64).max
-    best = np.full((parts + 1, n + 1), inf, np.int64)  # best[p][i]: first i into p parts
-    cut = np.zeros((parts + 1, n + 1), np.int64)
-    best[0][0] = 0
-    for p in range(1, parts + 1):
-        for i in range(p, n + 1):
-            for j in range(p - 1, i):
-                if best[p - 1][j] == inf:
-                    continue
-                v = max(best[p - 1][j], prefix[i] - prefix[j])
-                if v < best[p][i]:
-                    best[p][i], cut[p][i] = v, j
-    out, i = [], n
-    for p in range(parts, 0, -1):
-        j = int(cut[p][i])
-        out.append((j, i))
-        i = j
-    return out[::-1]
-
-
-class StagePlan:
-    """Which model stages, parameters and flat range each pipeline stage owns."""
-
-    def __init__(self, model, layout: Layout, P: int):
-        stages = model.stages()
-        numel = {s.name: s.numel for s in layout.specs}
-        if P > len(stages):
-            raise ConfigError(
-                f"runconfig.pipeline_parallel={P} exceeds the {len(stages)} stages of model "
-                f"{model.name!r} ({', '.join(s.name for s in stages)}): give at most "
-                f"{len(stages)}",
-                "runconfig.pipeline_parallel",
-            )
-
-        def names(st) -> list[str]:
-            return list(dict.fromkeys((*st.forward_params, *st.backward_params)))
-
-        # balance compute where the model counts it per stage, else parameters
-        if hasattr(model, "stage_flops"):
-            costs = list(model.stage_flops())
-        else:
-            costs = [sum(numel[n] for n in names(st)) for st in stages]
-        self.ranges = split_stages(costs, P)
-        self.stage_names = [[stages[k].name for k in range(a, b)] for a, b in self.ranges]
-        owner: dict[str, int] = {}
-        self.reads: list[list[str]] = []
-        for s, (a, b) in enumerate(self.ranges):
-            read = list(dict.fromkeys(n for k in range(a, b) for n in names(stages[k])))
-            self.reads.append(read)
-            for n in read:
-                owner.setdefault(n, s)
-        self.owner = owner
-        # tied: (name, owner stage, reading stage) for each copy a later stage keeps
-        self.tied = [
-            (n, owner[n], s) for s, read in enumerate(self.reads) for n in read if owner[n] != s
-        ]
-        for name, own, user in self.tied:
-            if user != P - 1 or own != 0:
-                raise ConfigError(
-                    f"model {model.name!r}: parameter {name!r} is read by pipeline stages "
-                    f"{own} and {user}; only the first and last stage may share one (a tied "
-                    "embedding)",
-                    "runconfig.pipeline_parallel",
-                )
-        # flat ranges: the owned parameters of each stage must follow one another
-        self.flat: list[tuple[int, int]] = []
-        at = 0
-        for s in range(P):
-            mine = sorted((layout.offsets[n], n) for n in owner if owner[n] == s)
-            if not mine or mine[0][0] != at:
-                raise ConfigError(
-                    f"model {model.name!r}: the parameters of pipeline stage {s} are not the "
-                    "next range of its flat layout; it cannot be pipelined",
-                    "runconfig.pipeline_parallel",
-                )
-            for off, n in mine:
-                if off != at:
-                    raise ConfigError(
-                        f"model {model.name!r}: parameter {n!r} breaks stage {s}'s flat range",
-                        "runconfig.pipeline_parallel",
-                    )
-                at += numel[n]
-            self.flat.append((mine[0][0], at))
-        self.flat[-1] = (self.flat[-1][0], layout.padded)  # the padding goes with the last
-        self.params = [sum(numel[n] for n in owner if owner[n] == s) for s in range(P)]
-
-    def describe(self) -> str:
-        return "; ".join(
-            f"stage {s}: {' '.join(self.stage_names[s])} ({self.params[s]:,} parameters)"
-            for s in range(len(self.ranges))
-        )
 
 
 def measured_bubble(ranks: list[dict[str, Any]], P: int) -> dict[str, Any]:
@@ -370,7 +223,7 @@ class Pipeline(Schedule):
         d = self.replica
         plo, phi = a + int(self.bounds[d]), a + int(self.bounds[d + 1])
         self.own = (plo, phi)  # the reduced gradients this rank counts in the norm
-        self.update = (plo, phi) if self.zero_level == 1 else (a, b)
+        self.update = (plo, phi) if self.zero_level >= 1 else (a, b)
         self.params_flat = alloc("parameters", "params", b - a)
         specs = {sp.name: sp for sp in layout.specs}
 
@@ -386,9 +239,20 @@ class Pipeline(Schedule):
         # tied copies (last stage) and the owner's receive buffers (first stage)
         self.tied_users = [(n, u) for n, own, u in plan.tied if own == s]
         self.tied_copies = [(n, own) for n, own, u in plan.tied if u == s]
-        self.grads = alloc("gradients", "grads", b - a)
-        self.micro_grads = alloc("gradients", "micro_grads", b - a) if self.m > 1 else None
-        self.gviews = GradientViews(views(self.micro_grads if self.m > 1 else self.grads))
+        if self.zero_level == 2:
+            # the step's gradients: this rank's slice; each micro-batch's gradients go to a
+            # bucket over the stage's range, reduce-scattered into the slice after its
+            # backward (as data parallelism's ZeRO-2 does per gradient group)
+            self.grads = alloc("gradients", "grad_slice", phi - plo)
+            self.micro_grads = alloc("buckets", "grad_bucket", b - a)
+            self.goff = plo  # the flat index of self.grads[0]
+        else:
+            self.grads = alloc("gradients", "grads", b - a)
+            self.micro_grads = alloc("gradients", "micro_grads", b - a) if self.m > 1 else None
+            self.goff = a
+        self.gviews = GradientViews(
+            views(self.grads if self.micro_grads is None else self.micro_grads)
+        )
         self._tied_send: dict[str, list[np.ndarray]] = {}
         for n, _ in self.tied_copies:
             shape = specs[n].shape
@@ -494,12 +358,12 @@ class Pipeline(Schedule):
         ulo, uhi = self.update
         self.optimizer.step(
             self.params_flat[ulo - self.lo : uhi - self.lo],
-            grads[ulo - self.lo : uhi - self.lo],
+            grads[ulo - self.goff : uhi - self.goff],
             n,
             run.learning_rate(step),
         )
         guard.enter("gather_parameters", n)
-        if self.zero_level == 1:
+        if self.zero_level >= 1:
             self.dcoll.allgather(self.params_flat, bounds=self.bounds, algorithm=self.algorithm)
         self._send_tied()
         return StepResult(loss, norm, stop, mean_loss=total_loss / self.replicas)
@@ -569,17 +433,34 @@ class Pipeline(Schedule):
             self._pending[slot].append(self._send(model.stage_input_grad(self.k0), s - 1, TAG_GRAD))
         for n, _ in self.tied_copies:
             self._tied_send_reqs[j % 2].append(self._send(g[n], 0, TAG_TIED_GRAD))
-        if self.micro_grads is not None:
+        if self.zero_level == 2:
+            self._reduce_micro(j)
+        elif self.micro_grads is not None:
             if j == 0:
                 np.copyto(self.grads, self.micro_grads)
             else:
                 np.add(self.grads, self.micro_grads, out=self.grads)
 
+    def _reduce_micro(self, j: int) -> None:
+        """ZeRO-2: micro-batch j's gradients reduce-scattered (averaged) over the stage's
+        slice boundaries and added to this rank's slice in micro-batch order."""
+        if self.replicas == 1:
+            mine = self.micro_grads
+        else:
+            mine = self.dcoll.reduce_scatter(
+                self.micro_grads, bounds=self.bounds, average=True, algorithm=self.algorithm
+            )
+        if j == 0:
+            np.copyto(self.grads, mine)
+        else:
+            np.add(self.grads, mine, out=self.grads)
+
     def _reduce(self) -> np.ndarray:
         """Average the stage's gradients over its D replicas, as data parallelism does for
         the whole buffer: reduce-scatter over the slice boundaries (+ all-gather, ZeRO-0);
-        returns the stage's gradient buffer (ZeRO-1: valid in this rank's slice)."""
-        if self.replicas > 1:
+        returns the stage's gradient buffer (ZeRO-1: valid in this rank's slice; ZeRO-2:
+        the slice alone, which starts at flat index ``self.goff``)."""
+        if self.replicas > 1 and self.zero_level < 2:  # ZeRO-2 reduced every micro-batch
             g = self.grads
             self.dcoll.reduce_scatter(g, bounds=self.bounds, average=True, algorithm=self.algorithm)
             if self.zero_level == 0:
@@ -596,7 +477,7 @@ class Pipeline(Schedule):
         plo, phi = self.own
         if phi > plo:
             slice_lo = int(self.layout.bounds[self.replica])
-            lane_sum_of_squares(grads[plo - self.lo : phi - self.lo], (plo - slice_lo) % 4, acc)
+            lane_sum_of_squares(grads[plo - self.goff : phi - self.goff], (plo - slice_lo) % 4, acc)
         if self.stage < self.P - 1:
             self.pipe.Send(acc, dest=self.stage + 1, tag=TAG_SUMSQ)
             return 0.0
@@ -610,7 +491,7 @@ class Pipeline(Schedule):
         coef = max_norm / (norm + 1e-6)  # as torch.nn.utils.clip_grad_norm_
         if coef < 1.0:
             ulo, uhi = self.update
-            part = grads[ulo - self.lo : uhi - self.lo]
+            part = grads[ulo - self.goff : uhi - self.goff]
             np.multiply(part, np.float32(coef), out=part)
         return norm
 
@@ -667,29 +548,59 @@ class Pipeline(Schedule):
         meta = (n, self.data.targets_per_sample) if self.rank == 0 else (0, 0)
         return np.array([loss_sum, correct, *meta], np.float64)
 
-    def _simulate(self, run) -> dict[str, Any]:
-        """Rank 0: the forward/backward phase of a step on the simulated device (the
-        profile's cost model per model stage, ``simdist.sim.streaming_step``, summed over
-        each pipeline stage; sends over the profile's intra- or inter-node link)."""
-        from simdist.sim.streaming_step import device_compute
+    def _simulate(self, run, steps: int) -> dict[str, Any]:
+        """Rank 0: a step on the simulated device (``simdist.sim.pp_schedule``, the function
+        plan mode calls for the same configuration) and its Chrome trace
+        (``model_dir/timeline.json``, the first ``runconfig.trace_steps`` steps)."""
+        from simdist.device import write_chrome_trace
+        from simdist.sim.pp_schedule import pipeline_step, pipeline_trace
 
-        prof = run.profile
-        f, b, note = device_compute(self.model, self.model.stages(), prof, self.micro_batch)
-        fwd = [sum(f[k0:k1]) for k0, k1 in self.plan.ranges]
-        bwd = [sum(b[k0:k1]) for k0, k1 in self.plan.ranges]
-        link = prof.link("intra" if self.coll.placement.num_nodes == 1 else "inter")
-        send = []
-        for k0, _ in self.plan.ranges[1:]:  # what crosses each boundary
-            nbytes = sum(a.nbytes for a in self.model.stage_input(k0))
-            send.append(link.latency + nbytes * link.beta_at(nbytes) if link.known else 0.0)
-        span, busy = simulate_pipeline(self.kind, fwd, bwd, self.m, send)
+        prof, r = run.profile, self.params.runconfig
+        link = "intra" if self.coll.placement.num_nodes == 1 else "inter"
+        est = pipeline_step(
+            self.model,
+            prof,
+            self.plan,
+            kind=self.kind,
+            micro=self.m,
+            micro_batch=self.micro_batch,
+            replicas=self.replicas,
+            zero=self.zero_level,
+            optimizer_type=self.params.optimizer.optimizer_type,
+            algorithm=self.algorithm,
+            link_class=link,
+        )
+        traced = min(r.trace_steps, steps)
+        if traced:
+            write_chrome_trace(
+                run.model_dir / TIMELINE,
+                pipeline_trace(est, self.P, self.T, self.ranks, traced),
+                rank_labels=[
+                    f"rank {q}: stage {(q // self.T) % self.P}, replica "
+                    f"{(q // (self.P * self.T)) * self.T + q % self.T} ({prof.name})"
+                    for q in range(self.ranks)
+                ],
+                metadata={
+                    "profile": prof.name,
+                    "profile_sha256": prof.sha256,
+                    "steps_traced": traced,
+                    "note": "simulated pipeline steps (simdist.sim.pp_schedule): every "
+                    "replica's stage runs the same ops at the same simulated times",
+                },
+            )
         return {
-            "est_forward_backward_s": span,
-            "est_bubble_fraction": 1.0 - sum(busy) / (self.P * span) if span > 0 else 0.0,
-            "est_stage_compute_s": [x + y for x, y in zip(fwd, bwd, strict=True)],
-            "est_send_s": send,
-            "est_note": f"{note}; sends over the {link.name} link; step time beyond the "
-            "forward/backward phase (gradient sync, optimizer) not simulated",
+            "est_step_time_s": est.step_s,
+            "est_step_time_breakdown_s": est.breakdown(),
+            "est_forward_backward_s": est.forward_backward_s,
+            "est_bubble_fraction": est.bubble_fraction,
+            "est_stage_compute_s": est.stage_compute_s,
+            "est_send_s": est.send_s,
+            "est_send_back_s": est.send_back_s,
+            "est_gradient_sync_s": est.sync_s,
+            "est_optimizer_s": est.optimizer_s,
+            "est_note": f"{'; '.join(est.notes)}; sends and collectives over the {link} link; "
+            "input, host time, gradient accumulation and the norm relay not simulated",
+            "timeline": TIMELINE if traced else None,
         }
 
     def performance(self, run, common: dict[str, Any]) -> dict[str, Any] | None:
@@ -710,7 +621,7 @@ class Pipeline(Schedule):
         ranks = self.comm.gather(mine, root=0)
         if ranks is None:
             return None
-        simulated = self._simulate(run) if steps else {}  # the boundaries' views: a step ran
+        simulated = self._simulate(run, steps) if steps else {}  # a step ran: views are set
         return {
             **common,
             "execution_mode": "pipelined",
@@ -748,3 +659,15 @@ class Pipeline(Schedule):
             "pipeline_bytes_sent_per_step": [x["p2p_bytes_per_step"] for x in ranks],
             "host": socket.gethostname(),
         }
+
+
+__all__ = [
+    "Pipeline",
+    "StagePlan",
+    "measured_bubble",
+    "predicted_bubble",
+    "schedule_ops",
+    "simulate_pipeline",
+    "slots_needed",
+    "split_stages",
+]
