@@ -109,6 +109,18 @@ def measured_bubble(ranks: list[dict[str, Any]], P: int) -> dict[str, Any]:
     }
 
 
+def measured_steps(ranks: list[dict[str, Any]]) -> dict[str, float]:
+    """Each step's wall time from its first input fetch to the tied parameters' send (the
+    slowest rank's; summaries and checkpoints, which step_time_s includes, left out), as
+    data parallelism's ``measured_step_time_*`` fields."""
+    walls = np.max([x["walls"] for x in ranks], axis=0) if ranks[0]["walls"] else np.zeros(1)
+    return {
+        "measured_step_time_s": float(walls.mean()),
+        "measured_step_time_median_s": float(np.median(walls)),
+        "measured_step_time_min_s": float(walls.min()),
+    }
+
+
 class Pipeline(Schedule):
     name = "pipelined"
 
@@ -326,6 +338,7 @@ class Pipeline(Schedule):
         self.p2p_bytes = 0
         self.wait_s = 0.0
         self.fb_steps = []
+        self.walls: list[float] = []
 
     # ----------------------------------------------------------------- the step
     def step(self, run, step: int, guard) -> StepResult:
@@ -366,6 +379,7 @@ class Pipeline(Schedule):
         if self.zero_level >= 1:
             self.dcoll.allgather(self.params_flat, bounds=self.bounds, algorithm=self.algorithm)
         self._send_tied()
+        self.walls.append(time.perf_counter() - t0)  # the step as DP measures it: fetch to gather
         return StepResult(loss, norm, stop, mean_loss=total_loss / self.replicas)
 
     def _wait(self, reqs: list[Any]) -> None:
@@ -612,6 +626,7 @@ class Pipeline(Schedule):
             "stage": self.stage,
             "replica": self.replica,
             "fb_steps": self.fb_steps,
+            "walls": self.walls,
             "receive_wait_fraction": self.wait_s / fb if fb > 0 else 0.0,
             "p2p_bytes_per_step": self.p2p_bytes / per,
             "comm_bytes_sent_per_step": sent / per,
@@ -648,6 +663,7 @@ class Pipeline(Schedule):
             "parameters": self.layout.numel,
             "parameters_padded": self.layout.padded,
             "step_time_s": t.train_time / per,
+            **measured_steps(ranks),
             **measured_bubble(ranks, self.P),
             "predicted_bubble_fraction": predicted_bubble(self.P, self.m),
             **simulated,
