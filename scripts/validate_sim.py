@@ -26,7 +26,8 @@ measured one (first input fetch to the end of the parameter gather, slowest rank
   predicted from the same replay (``est_compute_s``), measured over the same calls
   (``measured_compute_s``);
 * ``parallel step``: the same for the TP and PP runs, target <= 15 %; a pipeline's
-  simulated step (``simdist.sim.pp_schedule``) holds no measured host time;
+  simulated step is ``simdist.sim.pp_schedule``'s plus its forward/backward phase's
+  measured host time (input fetch, copies, Python between the kernels);
 * ``collective``: all-reduce, reduce-scatter and all-gather of 1, 4 and 16 MiB, ring, rhd
   and shm (on registered buffers, as training runs it), simdist's own collectives timed
   here as the loop runs them (``--collectives-worker`` under mpiexec: buffer just written,
@@ -230,8 +231,8 @@ def measured_parallel(
 ) -> list[dict]:
     """Step rows of tensor-parallel (batch mode) and pipeline runs on the host profile,
     target 15 %, as the data-parallel ``step`` rows: the run's simulated step
-    (``est_step_time_s``; tensor parallelism: the data-parallel replay with its measured
-    host time; pipelines: ``simdist.sim.pp_schedule``, no measured part) against the best
+    (``est_step_time_s``; tensor parallelism: the data-parallel replay; pipelines:
+    ``simdist.sim.pp_schedule``; both with their measured host time) against the best
     measured step (``measured_step_time_min_s``) over the runs."""
     cores = os.cpu_count() or 1
     cases = PARALLEL_MEASURED if cases is None else cases

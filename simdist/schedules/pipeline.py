@@ -339,12 +339,14 @@ class Pipeline(Schedule):
         self.wait_s = 0.0
         self.fb_steps = []
         self.walls: list[float] = []
+        self.busy_s = 0.0  # forward/backward phase: kernels, send waits, ZeRO-2's syncs
+        self.host_steps: list[float] = []  # per step: the phase's rest (fetch, Python, copies)
 
     # ----------------------------------------------------------------- the step
     def step(self, run, step: int, guard) -> StepResult:
         n = step + 1
         guard.enter("forward_backward", n)
-        t0, wait0 = time.perf_counter(), self.wait_s
+        t0, wait0, busy0 = time.perf_counter(), self.wait_s, self.busy_s
         self._loss = 0.0
         self._pending: list[list[Any]] = [[] for _ in self.slots]
         self._tied_reqs: dict[int, list[Any]] = {}
@@ -356,11 +358,17 @@ class Pipeline(Schedule):
                 self._forward(j, batches[j])
             else:
                 self._backward(j)
+        t = time.perf_counter()
         for reqs in self._pending:
             self._wait(reqs)
         for reqs in self._tied_send_reqs:
             self._wait(reqs)
-        self.fb_steps.append((time.perf_counter() - t0, self.wait_s - wait0))
+        fb = time.perf_counter() - t0
+        self.busy_s += t0 + fb - t
+        self.fb_steps.append((fb, self.wait_s - wait0))
+        # what the simulated device does not replay: host time, measured (as data
+        # parallelism's "other"); its kernels, waits and syncs are simulated instead
+        self.host_steps.append(fb - (self.busy_s - busy0) - (self.wait_s - wait0))
         guard.enter("reduce_gradients", n)
         grads = self._reduce()
         own_sumsq = self._sumsq(grads)
@@ -399,7 +407,9 @@ class Pipeline(Schedule):
     def _forward(self, j: int, indices: np.ndarray) -> None:
         s, slot = self.stage, j % len(self.slots)
         model = self.slots[slot]
+        t = time.perf_counter()
         self._wait(self._pending[slot])  # the slot's previous micro-batch has left
+        self.busy_s += time.perf_counter() - t
         x, y = self.data.train_batch(indices)
         if self._hook:
             self._hook[1].at_batch(self._hook[0], j, x)
@@ -413,8 +423,10 @@ class Pipeline(Schedule):
             for buf in model.stage_input(self.k0):
                 self._recv(buf, s - 1, TAG_ACT)
         out = None
+        t = time.perf_counter()
         for k in range(self.k0, self.k1):
             out = model.forward_stage(k, self.pviews)
+        self.busy_s += time.perf_counter() - t
         if s < self.P - 1:
             model.hold_for_backward()
             for buf in model.stage_input(self.k1):
@@ -441,14 +453,18 @@ class Pipeline(Schedule):
             self.wait_s += time.perf_counter() - t
             for n, _ in self.tied_users:
                 np.copyto(g[n], self._tied_recv[n][slot])
+        t = time.perf_counter()
         for k in range(self.k1 - 1, self.k0 - 1, -1):
             model.backward_stage(k, self.pviews, g, dloss)
+        self.busy_s += time.perf_counter() - t
         if s > 0:
             self._pending[slot].append(self._send(model.stage_input_grad(self.k0), s - 1, TAG_GRAD))
         for n, _ in self.tied_copies:
             self._tied_send_reqs[j % 2].append(self._send(g[n], 0, TAG_TIED_GRAD))
         if self.zero_level == 2:
+            t = time.perf_counter()
             self._reduce_micro(j)
+            self.busy_s += time.perf_counter() - t
         elif self.micro_grads is not None:
             if j == 0:
                 np.copyto(self.grads, self.micro_grads)
@@ -562,10 +578,13 @@ class Pipeline(Schedule):
         meta = (n, self.data.targets_per_sample) if self.rank == 0 else (0, 0)
         return np.array([loss_sum, correct, *meta], np.float64)
 
-    def _simulate(self, run, steps: int) -> dict[str, Any]:
+    def _simulate(self, run, steps: int, host_s: float) -> dict[str, Any]:
         """Rank 0: a step on the simulated device (``simdist.sim.pp_schedule``, the function
         plan mode calls for the same configuration) and its Chrome trace
-        (``model_dir/timeline.json``, the first ``runconfig.trace_steps`` steps)."""
+        (``model_dir/timeline.json``, the first ``runconfig.trace_steps`` steps).
+        ``est_step_time_s`` adds ``host_s`` (the measured host time of the
+        forward/backward phase, the largest rank's mean per step: what a plan cannot
+        know), as data parallelism's estimate adds its measured "other" time."""
         from simdist.device import write_chrome_trace
         from simdist.sim.pp_schedule import pipeline_step, pipeline_trace
 
@@ -603,8 +622,9 @@ class Pipeline(Schedule):
                 },
             )
         return {
-            "est_step_time_s": est.step_s,
-            "est_step_time_breakdown_s": est.breakdown(),
+            "est_step_time_s": est.step_s + host_s,
+            "est_device_step_time_s": est.step_s,
+            "est_step_time_breakdown_s": {**est.breakdown(), "other": host_s},
             "est_forward_backward_s": est.forward_backward_s,
             "est_bubble_fraction": est.bubble_fraction,
             "est_stage_compute_s": est.stage_compute_s,
@@ -627,6 +647,7 @@ class Pipeline(Schedule):
             "replica": self.replica,
             "fb_steps": self.fb_steps,
             "walls": self.walls,
+            "host_s": float(np.mean(self.host_steps)) if self.host_steps else 0.0,
             "receive_wait_fraction": self.wait_s / fb if fb > 0 else 0.0,
             "p2p_bytes_per_step": self.p2p_bytes / per,
             "comm_bytes_sent_per_step": sent / per,
@@ -636,7 +657,8 @@ class Pipeline(Schedule):
         ranks = self.comm.gather(mine, root=0)
         if ranks is None:
             return None
-        simulated = self._simulate(run, steps) if steps else {}  # a step ran: views are set
+        host = max(x["host_s"] for x in ranks)
+        simulated = self._simulate(run, steps, host) if steps else {}  # views are set
         return {
             **common,
             "execution_mode": "pipelined",
