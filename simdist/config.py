@@ -609,8 +609,11 @@ def _check_pipeline_parallel(r: RunConfig) -> None:
     why = None
     if r.execution_mode != "pipelined" or r.input_workers_per_replica:
         why = "applies to pipelined execution without input workers"
-    elif canonical(r.precision) != "fp32":
-        why = f"runs in fp32 only, not runconfig.precision={r.precision} (set it to fp32)"
+    elif canonical(r.precision) not in ("fp32", "bf16"):
+        why = (
+            f"runs in fp32 or bf16, not runconfig.precision={r.precision} (fp16's loss "
+            "scaling is not pipelined; set it to fp32 or bf16)"
+        )
     elif r.zero_opt_level > 2:
         why = (
             f"runs ZeRO 0, 1 or 2 on the data-parallel axis, not zero_opt_level="

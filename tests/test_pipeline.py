@@ -267,6 +267,33 @@ def test_dp2_x_tp2_x_pp2_at_8_ranks_equals_data_parallel_at_4(tmp_path):
     assert_same_run(ref, run_record(out, d), "DP2 x TP2 x PP2 at np 8")
 
 
+def test_bf16_pipeline_equals_one_rank_and_data_parallel_in_bf16(tmp_path):
+    """Mixed precision (bf16) as data parallelism runs it: fp32 master weights in the
+    optimizer state, half weights (the tied copy too), activations and gradients, stored
+    half after accumulation and reduced in half. gpt2-mini at P = 2 (tied embedding): the
+    bits of one rank in bf16; FC-MNIST DP 2 x PP 2 (ZeRO-1): the bits of 2 data-parallel
+    ranks in bf16. Weights and gradients are accounted at 2 bytes, the master at 4."""
+    bf16 = ["--runconfig.precision=bf16"]
+    steps = ["--runconfig.max_steps=2"]
+    ref = run_record(train(1, tmp_path / "np1", GPT2, *steps, *bf16), tmp_path / "np1")
+    d = tmp_path / "pp2"
+    out = train(2, d, GPT2, *steps, *bf16, "--pipeline-parallel=2")
+    assert_same_run(ref, run_record(out, d), "gpt2 PP2 bf16")
+    steps = ["--runconfig.max_steps=4"]
+    ref = run_record(train(2, tmp_path / "dp2", FC, *steps, *bf16), tmp_path / "dp2")
+    d = tmp_path / "dp2pp2"
+    out = train(4, d, FC, *steps, *bf16, "--pipeline-parallel=2", "--zero_opt_level=1")
+    assert_same_run(ref, run_record(out, d), "DP2 x PP2 ZeRO-1 bf16")
+    perf = json.loads((d / "performance.json").read_text())
+    assert perf["precision"] == "bf16"
+    for rank, mem in enumerate(perf["memory_bytes_per_rank"]):
+        lo, hi = perf["pipeline_split"][rank % 2]["flat_range"]
+        assert mem["parameters"] == 2 * (hi - lo)
+        assert mem["gradients"] == 2 * 2 * (hi - lo)  # the step's and a micro-batch's
+        own = mem.get("optimizer_state", 0) // 12  # AdamW's moments and the master
+        assert 0 <= own <= hi - lo and mem.get("optimizer_state", 0) == 12 * own
+
+
 def test_resume_is_bit_identical_and_loads_at_another_p(tmp_path):
     """6 steps straight vs 3 + 3 resumed at P = 2; the step-3 checkpoint (full parameters,
     optimizer state in per-stage flat ranges) continues at P = 4 and on one rank alike."""
@@ -315,7 +342,7 @@ def test_non_finite_input_stops_every_stage_at_the_same_step(tmp_path):
             "pipeline_parallel=2 x runconfig.tensor_parallel=2 must divide the 2 ranks",
         ),
         (2, ["--pipeline-parallel=2", "--params=bert_mini"], "cannot be pipelined"),
-        (2, ["--pipeline-parallel=2", "--runconfig.precision=bf16"], "runs in fp32 only"),
+        (2, ["--pipeline-parallel=2", "--runconfig.precision=fp16"], "runs in fp32 or bf16"),
         (
             4,
             ["--pipeline-parallel=2", "--runconfig.collective_algorithm=shm"],

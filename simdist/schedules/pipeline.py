@@ -59,6 +59,7 @@ from simdist.memplan import DeviceAllocator
 from simdist.models import build_model
 from simdist.models.base import GradientViews
 from simdist.optim import Optimizer
+from simdist.precision import Precision, canonical
 from simdist.schedules.base import Schedule, StateShard, StepResult
 from simdist.schedules.data_parallel import tensor_parallel_groups
 from simdist.sim.pp_schedule import (
@@ -190,6 +191,14 @@ class Pipeline(Schedule):
         self.algorithm = algorithm
         self.data = build_dataset(p, self.micro_batch)
         self.memory = DeviceAllocator(DeviceMemory.from_profile(run.profile))
+        # mixed precision (bf16), as data parallelism runs it: fp32 master weights in the
+        # optimizer state, half weights, activations and gradients, gradients reduced in half
+        self.precision = Precision(canonical(r.precision) or "fp32")
+        half = self.precision.half is not None
+        self.grad_wire = self.precision.fmt if half and not r.fp32_allreduce else 0
+        self.param_wire = self.precision.fmt if half else 0
+        if hasattr(self.model, "set_precision"):
+            self.model.set_precision(self.precision)
         run.log(
             f"simdist: pipeline parallel, {self.replicas} replica(s) x {self.P} stages "
             f"({self.where()}), schedule {self.kind}, "
@@ -227,7 +236,12 @@ class Pipeline(Schedule):
     def _allocate(self, run) -> None:
         p, r = self.params, self.params.runconfig
         s, P, layout, plan = self.stage, self.P, self.layout, self.plan
-        alloc = self.memory.alloc
+        half = self.precision.half is not None
+        wbytes = self.precision.weight_bytes  # device bytes of weights, gradients, activations
+
+        def alloc(category: str, name: str, n: int) -> np.ndarray:
+            return self.memory.alloc(category, name, n, elem=wbytes)
+
         a, b = plan.flat[s]
         self.lo, self.hi = a, b
         # the stage's slice boundaries at D ranks, relative to its range
@@ -278,8 +292,12 @@ class Pipeline(Schedule):
         self.slots = []
         for i in range(nslots):
             model = self.model if i == 0 else build_model(p.model)
+            if i and hasattr(model, "set_precision"):
+                model.set_precision(self.precision)
             self.memory.reserve(
-                "activations", f"model.arena.{i}", model.activation_bytes(self.micro_batch)
+                "activations",
+                f"model.arena.{i}",
+                model.activation_bytes(self.micro_batch) * wbytes // 4,
             )
             model.allocate(self.micro_batch)
             if hasattr(model, "bind_step"):
@@ -292,7 +310,7 @@ class Pipeline(Schedule):
             ]
             for n, _ in self.tied_users
         }
-        self.optimizer = Optimizer(p.optimizer, layout, *self.update, alloc)
+        self.optimizer = Optimizer(p.optimizer, layout, *self.update, self.memory.alloc, half)
         self.sampler = DistributedSampler(
             self.data.num_train,
             run.global_batch,
@@ -310,6 +328,8 @@ class Pipeline(Schedule):
         for n, _ in self.tied_copies:
             self.pviews[n][...] = layout.views(full)[n]
         del full
+        if half:  # fp32 master of the range it updates; the weights are its half rounding
+            self._master_from_weights()
         self.state_shard = StateShard(
             self.comm,
             self.rank,
@@ -370,22 +390,27 @@ class Pipeline(Schedule):
         # parallelism's "other"); its kernels, waits and syncs are simulated instead
         self.host_steps.append(fb - (self.busy_s - busy0) - (self.wait_s - wait0))
         guard.enter("reduce_gradients", n)
-        grads = self._reduce()
+        if self.zero_level < 2:  # mixed precision: stored half (ZeRO-2: per micro-batch)
+            self.precision.store(self.grads)
+        with self.dcoll.half_wire(self.grad_wire):
+            grads = self._reduce()
         own_sumsq = self._sumsq(grads)
         loss = self._loss if self.stage == self.P - 1 else 0.0
         sumsq, total_loss, stop = guard.check(n, own_sumsq, loss, lambda: nonfinite_text(n))
         norm = self._clip(grads, sumsq)
         guard.enter("update", n)
         ulo, uhi = self.update
-        self.optimizer.step(
-            self.params_flat[ulo - self.lo : uhi - self.lo],
-            grads[ulo - self.goff : uhi - self.goff],
-            n,
-            run.learning_rate(step),
-        )
+        owned = self.params_flat[ulo - self.lo : uhi - self.lo]
+        g, lr = grads[ulo - self.goff : uhi - self.goff], run.learning_rate(step)
+        if self.precision.half is None:
+            self.optimizer.step(owned, g, n, lr)
+        else:
+            self.optimizer.step(self.optimizer.state["master"], g, n, lr)
+            self.precision.store_into(owned, self.optimizer.state["master"])
         guard.enter("gather_parameters", n)
         if self.zero_level >= 1:
-            self.dcoll.allgather(self.params_flat, bounds=self.bounds, algorithm=self.algorithm)
+            with self.dcoll.half_wire(self.param_wire):  # half values: exact in half words
+                self.dcoll.allgather(self.params_flat, bounds=self.bounds, algorithm=self.algorithm)
         self._send_tied()
         self.walls.append(time.perf_counter() - t0)  # the step as DP measures it: fetch to gather
         return StepResult(loss, norm, stop, mean_loss=total_loss / self.replicas)
@@ -474,12 +499,14 @@ class Pipeline(Schedule):
     def _reduce_micro(self, j: int) -> None:
         """ZeRO-2: micro-batch j's gradients reduce-scattered (averaged) over the stage's
         slice boundaries and added to this rank's slice in micro-batch order."""
+        self.precision.store(self.micro_grads)  # mixed precision: reduced half
         if self.replicas == 1:
             mine = self.micro_grads
         else:
-            mine = self.dcoll.reduce_scatter(
-                self.micro_grads, bounds=self.bounds, average=True, algorithm=self.algorithm
-            )
+            with self.dcoll.half_wire(self.grad_wire):
+                mine = self.dcoll.reduce_scatter(
+                    self.micro_grads, bounds=self.bounds, average=True, algorithm=self.algorithm
+                )
         if j == 0:
             np.copyto(self.grads, mine)
         else:
@@ -552,8 +579,29 @@ class Pipeline(Schedule):
         full = self._gather_full()
         return None if full is None else self.layout.views(full)
 
+    def _master_from_weights(self) -> None:
+        """Mixed precision: the fp32 weights of the range this rank updates become its
+        master, and every weight it holds (its range, its tied copies) their half rounding
+        (all ranks round the same values)."""
+        ulo, uhi = self.update
+        np.copyto(self.optimizer.state["master"], self.params_flat[ulo - self.lo : uhi - self.lo])
+        self.precision.store(self.params_flat)
+        for n, _ in self.tied_copies:
+            self.precision.store(self.pviews[n].reshape(-1))
+
+    def restore(self, run, path, attrs: dict[str, Any], loaded: set[str]) -> None:
+        """After ``Run`` read a checkpoint: a checkpoint written in fp32 has no master, its
+        parameters become the master weights of this mixed-precision run."""
+        if self.precision.half is not None and "master" not in loaded:
+            self._master_from_weights()
+            run.log(
+                f"{path} was written in {attrs.get('precision', 'fp32')}: its parameters "
+                f"become the fp32 master weights of this {self.precision.name} run"
+            )
+
     def checkpoint_attrs(self) -> dict[str, Any]:
         return {
+            "precision": self.precision.name,
             "tensor_parallel": self.T,
             "tensor_parallel_mode": "batch",
             "pipeline_parallel": self.P,
@@ -666,6 +714,7 @@ class Pipeline(Schedule):
             "replicas": self.replicas,
             "pipeline_parallel": self.P,
             "pipeline_schedule": self.kind,
+            "precision": self.precision.name,
             "tensor_parallel": self.T,
             "pipeline_split": [
                 {
