@@ -681,7 +681,8 @@ class Pipeline(Schedule):
             "est_gradient_sync_s": est.sync_s,
             "est_optimizer_s": est.optimizer_s,
             "est_note": f"{'; '.join(est.notes)}; sends and collectives over the {link} link; "
-            "input, host time, gradient accumulation and the norm relay not simulated",
+            + (f"{self.precision.name} timed as fp32; " if self.precision.half else "")
+            + "input, host time, gradient accumulation and the norm relay not simulated",
             "timeline": TIMELINE if traced else None,
         }
 
