@@ -14,7 +14,7 @@ The split. The model's stages (``simdist.models.stages``: gpt2's embedding, bloc
 head; fc_mnist's layers) are cut into P contiguous ranges balancing their FLOPs (the
 model's ``stage_flops``; else their parameter counts); a rank owns the parameters its
 range reads first, one contiguous range of the model's flat layout, so the optimizer,
-ZeRO-1 slices on the DP axis and checkpoint shards are flat ranges as in
+ZeRO-1/2 slices on the DP axis and checkpoint shards are flat ranges as in
 ``data_parallel``. A parameter read again by a later stage (gpt2's
 tied ``wte``, read by the LM head) is *tied*: that rank keeps a copy.
 
@@ -23,8 +23,15 @@ A step on stage s: the micro-batches' forward and backward in the schedule's ord
 arena (a *slot*: P - s of them for 1F1B, m for GPipe); receives block (the bubble is the
 time spent there), sends are non-blocking and finished before their slot is reused. Then
 the stage's DP group reduce-scatters (and, ZeRO-0, all-gathers) the stage's gradients over
-the flat layout's slice boundaries at D ranks, the ranks agree on the norm and loss, clip,
-update their range, and the owner of a tied parameter sends its new value to the copies.
+the flat layout's slice boundaries at D ranks (ZeRO-2: each micro-batch's, right after its
+backward, into the rank's slice), the ranks agree on the norm and loss, clip, update their
+range (ZeRO-1/2: their slice, then all-gather the stage's parameters), and the owner of a
+tied parameter sends its new value to the copies. In bf16 (``simdist.precision``) the
+update runs on the optimizer's fp32 master, the weights are its half rounding, and the
+gradients are stored half before their reduction, as in ``data_parallel``.
+
+The simulated step (``simdist.sim.pp_schedule``, also plan mode's) is written by rank 0 to
+performance.json and, as a Chrome trace, to ``model_dir/timeline.json``.
 
 Bitwise equality with one rank accumulating the same micro-batches (and with data
 parallelism at D ranks; D > 2 where both pick the same collective algorithm):
