@@ -465,7 +465,7 @@ NOTES: dict[str, str] = {
     "runconfig.tensor_parallel": "ranks per group, on one node; divides the ranks",
     "runconfig.tensor_parallel_mode": "batch: batch_size per group, split over it; weight: not yet",
     "runconfig.pipeline_parallel": (
-        "stages per replica; ranks: TP innermost, then PP, then DP; ZeRO 0-1, fp32"
+        "stages per replica; ranks: TP innermost, then PP, then DP; ZeRO 0-2, fp32 or bf16"
     ),
     "runconfig.pipeline_schedule": "micro-batches: optimizer.grad_accum_steps",
     "runconfig.precision": "half: fc_mnist, gpt2, bert; pipelined; model.mixed_precision: fp16",
