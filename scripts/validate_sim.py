@@ -12,7 +12,9 @@ its source. Targets: |rel_error| <= 15 % for each row, <= 10 % on average.
 Part 2, measured: real training runs on this machine with ``runconfig.device_profile=host``
 (the profile ``python -m simdist.calibrate`` wrote for it), FC-MNIST (default params) and
 gpt2-mini (``--params gpt2_mini``) at np 1, 2, 4, each with the per-replica batch of its
-preset. Every run's performance.json carries the simulated step (``est_step_time_s``: the
+preset; and both at 2 ranks in tensor-parallel batch mode (``--tensor-parallel 2``) and as a
+2-stage 1F1B pipeline of 4 micro-batches (``--pipeline-parallel 2``; ``--no-parallel``
+leaves these out). Every run's performance.json carries the simulated step (``est_step_time_s``: the
 critical path of the per-step replay of the kernels and collectives that ran) and the
 measured one (first input fetch to the end of the parameter gather, slowest rank). Rows:
 
@@ -23,6 +25,9 @@ measured one (first input fetch to the end of the parameter gather, slowest rank
 * ``compute``: forward + backward + optimizer at np 1 (no collectives), target <= 10 %,
   predicted from the same replay (``est_compute_s``), measured over the same calls
   (``measured_compute_s``);
+* ``parallel step``: the same for the TP and PP runs, target <= 15 %; a pipeline's
+  simulated step is ``simdist.sim.pp_schedule``'s plus its forward/backward phase's
+  measured host time (input fetch, copies, Python between the kernels);
 * ``collective``: all-reduce, reduce-scatter and all-gather of 1, 4 and 16 MiB, ring, rhd
   and shm (on registered buffers, as training runs it), simdist's own collectives timed
   here as the loop runs them (``--collectives-worker`` under mpiexec: buffer just written,
@@ -87,6 +92,17 @@ MODELS_MEASURED = {  # case label -> (params preset, steps per run)
     "FC-MNIST": ("fc_mnist", 150),
     "gpt2-mini": ("gpt2_mini", 12),
 }
+# tensor (SambaFlow's batch mode) and pipeline parallelism at 2 ranks: case label ->
+# (params preset, steps per run, ranks, train arguments); each keeps its preset's batch
+# (TP: the group's batch divided over its 2 ranks; PP: 4 micro-batches of a quarter)
+PARALLEL_MEASURED = {
+    "TP2 (batch) FC-MNIST": ("fc_mnist", 150, 2, ["--tensor-parallel=2"]),
+    "TP2 (batch) gpt2-mini": ("gpt2_mini", 12, 2, ["--tensor-parallel=2"]),
+    "PP2 1f1b FC-MNIST": ("fc_mnist", 150, 2, ["--pipeline-parallel=2",
+                          "--optimizer.grad_accum_steps=4", "--train_input.batch_size=8"]),
+    "PP2 1f1b gpt2-mini": ("gpt2_mini", 12, 2, ["--pipeline-parallel=2",
+                           "--optimizer.grad_accum_steps=4", "--train_input.batch_size=2"]),
+}  # fmt: skip
 COMPUTE_PHASES = ("forward", "backward", "optimizer")
 HOST_PROFILE = "host"  # --profile / --calibrate: the profile the measured part predicts with
 PROBE_LINKS = False  # --calibrate: probe the link on each collective's buffer, between calls
@@ -110,7 +126,9 @@ def _launch(np_: int, args: list[str], timeout: float) -> subprocess.CompletedPr
     return out
 
 
-def _train(preset: str, np_: int, steps: int, model_dir: Path) -> dict:
+def _train(
+    preset: str, np_: int, steps: int, model_dir: Path, extra: list[str] | None = None
+) -> dict:
     args = [
         "-m",
         "simdist.train",
@@ -124,6 +142,7 @@ def _train(preset: str, np_: int, steps: int, model_dir: Path) -> dict:
         "--runconfig.trace_steps=0",
         "--runconfig.progress_bar=false",
         f"--runconfig.model_dir={model_dir}",
+        *(extra or []),
     ]
     shutil.rmtree(model_dir, ignore_errors=True)
     _launch(np_, args, timeout=1800)
@@ -204,6 +223,51 @@ def measured_training(nps: list[int], repeats: int, work: Path) -> list[dict]:
                     **flag,
                 )
             )
+    return rows
+
+
+def measured_parallel(
+    repeats: int, work: Path, cases: dict[str, tuple] | None = None
+) -> list[dict]:
+    """Step rows of tensor-parallel (batch mode) and pipeline runs on the host profile,
+    target 15 %, as the data-parallel ``step`` rows: the run's simulated step
+    (``est_step_time_s``; tensor parallelism: the data-parallel replay; pipelines:
+    ``simdist.sim.pp_schedule``; both with their measured host time) against the best
+    measured step (``measured_step_time_min_s``) over the runs."""
+    cores = os.cpu_count() or 1
+    cases = PARALLEL_MEASURED if cases is None else cases
+    runs: dict[str, list[dict]] = {}
+    for rep in range(repeats):
+        for label, (preset, steps, np_, extra) in cases.items():
+            slug = label.replace(" ", "_").replace("(", "").replace(")", "")
+            perf = _train(preset, np_, steps, work / slug, extra)
+            runs.setdefault(label, []).append(perf)
+            print(
+                f"  [{rep + 1}/{repeats}] {label}: measured "
+                f"{1e3 * perf['measured_step_time_min_s']:.3f} ms best; simulated "
+                f"{1e3 * perf['est_step_time_s']:.3f} ms per step",
+                flush=True,
+            )
+    rows = []
+    for label, perfs in runs.items():
+        np_ = cases[label][2]
+        parts = perfs[0]["est_step_time_breakdown_s"]
+        rows.append(
+            _row(
+                f"step {label} np {np_}",
+                "parallel step",
+                1e3 * min(p["est_step_time_s"] for p in perfs),
+                1e3 * min(p["measured_step_time_min_s"] for p in perfs),
+                1e3 * min(p["measured_step_time_median_s"] for p in perfs),
+                "ms",
+                target=0.15,
+                breakdown_ms={k: 1e3 * v for k, v in parts.items()},
+                measured_share=parts.get("other", 0.0) / perfs[0]["est_step_time_s"],
+                oversubscribed=np_ > cores,
+                cores=cores,
+                np=np_,
+            )
+        )
     return rows
 
 
@@ -534,6 +598,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--no-collectives", action="store_true", help="skip the collective rows")
     ap.add_argument(
+        "--no-parallel",
+        action="store_true",
+        help="skip the tensor-parallel and pipeline rows (2 ranks, after the np <= cores cases)",
+    )
+    ap.add_argument(
         "--profile",
         metavar="NAME|YAML",
         help="profile of the measured part (default: host, the shipped calibration)",
@@ -583,11 +652,15 @@ def main(argv: list[str] | None = None) -> int:
             # Scored cases first: the oversubscribed ones keep the machine loaded for a while
             # after they end and must not run in between.
             cores = os.cpu_count() or 1
-            for group in ([n for n in nps if n <= cores], [n for n in nps if n > cores]):
+            for k, group in enumerate(
+                ([n for n in nps if n <= cores], [n for n in nps if n > cores])
+            ):
                 if group:
                     rows += measured_training(group, args.repeats, work)
                     if not args.no_collectives:
                         rows += measured_collectives(group, args.repeats, work)
+                if k == 0 and not args.no_parallel:  # 2 ranks: scored where 2 cores exist
+                    rows += measured_parallel(args.repeats, work)
         print(
             f"# measured part took {time.time() - t0:.0f} s; load average "
             f"{os.getloadavg()[0]:.2f} at the end",

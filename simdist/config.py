@@ -465,7 +465,7 @@ NOTES: dict[str, str] = {
     "runconfig.tensor_parallel": "ranks per group, on one node; divides the ranks",
     "runconfig.tensor_parallel_mode": "batch: batch_size per group, split over it; weight: not yet",
     "runconfig.pipeline_parallel": (
-        "stages per replica; ranks: TP innermost, then PP, then DP; ZeRO 0-1, fp32"
+        "stages per replica; ranks: TP innermost, then PP, then DP; ZeRO 0-2, fp32 or bf16"
     ),
     "runconfig.pipeline_schedule": "micro-batches: optimizer.grad_accum_steps",
     "runconfig.precision": "half: pipelined, data/tensor(batch)-parallel; model.mixed_precision: fp16",
@@ -609,12 +609,15 @@ def _check_pipeline_parallel(r: RunConfig) -> None:
     why = None
     if r.execution_mode != "pipelined" or r.input_workers_per_replica:
         why = "applies to pipelined execution without input workers"
-    elif canonical(r.precision) != "fp32":
-        why = f"runs in fp32 only, not runconfig.precision={r.precision} (set it to fp32)"
-    elif r.zero_opt_level > 1:
+    elif canonical(r.precision) not in ("fp32", "bf16"):
         why = (
-            f"runs ZeRO 0 or 1 on the data-parallel axis, not zero_opt_level="
-            f"{r.zero_opt_level} (set runconfig.zero_opt_level to 0 or 1)"
+            f"runs in fp32 or bf16, not runconfig.precision={r.precision} (fp16's loss "
+            "scaling is not pipelined; set it to fp32 or bf16)"
+        )
+    elif r.zero_opt_level > 2:
+        why = (
+            f"runs ZeRO 0, 1 or 2 on the data-parallel axis, not zero_opt_level="
+            f"{r.zero_opt_level} (set runconfig.zero_opt_level to 0, 1 or 2)"
         )
     if why:
         raise ConfigError(

@@ -101,6 +101,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prefetch-depth", type=int, default=1, help="weight streaming (default 1)")
     p.add_argument("--tp", type=int, default=None, help="tensor-parallel degree (default 1)")
     p.add_argument("--pp", type=int, default=None, help="pipeline stages (default 1)")
+    p.add_argument(
+        "--pipeline-schedule", default="1f1b", choices=("1f1b", "gpipe"),
+        help="--pp > 1 on a configuration simdist.train runs: its schedule (default 1f1b)",
+    )  # fmt: skip
     p.add_argument("--interleave", type=int, default=None, help="virtual stages per device")
     p.add_argument("--recompute", default=None, choices=("none", "selective", "full"))
     p.add_argument("--sequence-parallel", action="store_true", default=None)
@@ -183,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
             devices_per_node=args.devices_per_node,
             execution=args.execution,
             prefetch_depth=args.prefetch_depth,
+            pipeline_schedule=args.pipeline_schedule,
             tp=args.tp or 1,
             pp=args.pp or 1,
             interleave=args.interleave or 1,

@@ -812,6 +812,31 @@ def _validate_sim_module(monkeypatch):
     return mod
 
 
+def test_validate_sim_parallel_rows_on_a_tiny_config(tmp_path, monkeypatch, capsys):
+    """validate_sim's tensor-parallel and pipeline rows (``measured_parallel``) on FC-MNIST,
+    3 steps: one ``parallel step`` row per case with the run's simulated and measured step
+    (the pipeline's prediction holds no measured part), printed with the summary line the
+    other kinds get; both predictions include their measured host time, as DP's do."""
+    mod = _validate_sim_module(monkeypatch)
+    cases = {
+        "TP2 (batch) tiny": ("fc_mnist", 3, 2, ["--tensor-parallel=2"]),
+        "PP2 1f1b tiny": ("fc_mnist", 3, 2, ["--pipeline-parallel=2",
+                          "--optimizer.grad_accum_steps=2", "--train_input.batch_size=8"]),
+    }  # fmt: skip
+    rows = mod.measured_parallel(1, tmp_path, cases)
+    assert [r["case"] for r in rows] == ["step TP2 (batch) tiny np 2", "step PP2 1f1b tiny np 2"]
+    for r in rows:
+        assert r["kind"] == "parallel step" and r["target"] == 0.15 and r["np"] == 2
+        assert r["predicted"] > 0 and 0 < r["measured"] <= r["measured_median"]
+        assert r["rel_error"] == pytest.approx((r["predicted"] - r["measured"]) / r["measured"])
+    tp, pp = rows
+    assert tp["measured_share"] > 0 and "other" in tp["breakdown_ms"]
+    assert pp["measured_share"] > 0 and "forward_backward" in pp["breakdown_ms"]
+    mod._print(rows)
+    out = capsys.readouterr().out
+    assert "step PP2 1f1b tiny np 2" in out and "parallel step" in out
+
+
 def test_validate_sim_collectives_worker_probes_each_cases_buffer(tmp_path, monkeypatch):
     """validate_sim's collectives worker at 2 ranks with --worker-probe: every case has its
     calls timed and the link probed on its own buffer in every round (MPI exchanges for

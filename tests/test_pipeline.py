@@ -170,6 +170,130 @@ def test_tp2_batch_mode_x_pp2_equals_data_parallel(tmp_path):
     assert_same_run(ref, run_record(out, d), "TP2 x PP2")
 
 
+def test_dp2_x_pp2_zero2_equals_zero0_and_data_parallel_zero2(tmp_path):
+    """ZeRO-2 on the data-parallel axis: each micro-batch's stage gradients reduce-scattered
+    into the rank's slice after its backward. One micro-batch: the bits of ZeRO-0 (the same
+    sums); four: the bits of data parallelism's ZeRO-2 at 2 ranks, which also reduces every
+    micro-batch (so neither equals ZeRO-0 with accumulation: (a1 + b1) + (a2 + b2) is not
+    (a1 + a2) + (b1 + b2) in floating point). Gradient memory: the slice, plus the stage
+    range's micro-batch bucket."""
+    steps = ["--runconfig.max_steps=4"]
+    one = ["--optimizer.grad_accum_steps=1", "--train_input.batch_size=16"]
+    runs = {}
+    for zero in (0, 2):
+        d = tmp_path / f"m1z{zero}"
+        out = train(4, d, FC, *steps, *one, "--pipeline-parallel=2", f"--zero_opt_level={zero}")
+        runs[zero] = run_record(out, d)
+    assert_same_run(runs[0], runs[2], "DP2 x PP2 ZeRO-2 vs ZeRO-0, one micro-batch")
+    ref = run_record(train(2, tmp_path / "dp2", FC, *steps, "--zero_opt_level=2"), tmp_path / "dp2")
+    d = tmp_path / "z2"
+    out = train(4, d, FC, *steps, "--pipeline-parallel=2", "--zero_opt_level=2")
+    assert "ZeRO-2 on the" in out.stdout
+    assert_same_run(ref, run_record(out, d), "DP2 x PP2 ZeRO-2 vs DP2 ZeRO-2")
+    perf = json.loads((d / "performance.json").read_text())
+    owned = [0, 0]
+    for rank, mem in enumerate(perf["memory_bytes_per_rank"]):
+        lo, hi = perf["pipeline_split"][rank % 2]["flat_range"]
+        own = mem.get("optimizer_state", 0) // 8  # AdamW's two moments over the slice
+        assert mem.get("gradients", 0) == 4 * own
+        assert mem["buckets"] == 4 * (hi - lo)
+        owned[rank % 2] += own
+    # each stage's two replicas hold disjoint slices covering its range
+    assert owned == [hi - lo for lo, hi in (x["flat_range"] for x in perf["pipeline_split"])]
+
+
+def test_timeline_has_every_micro_batch_on_each_stage_in_1f1b_order(tmp_path):
+    """timeline.json of a pipeline run: one process per rank; its forward and backward of
+    every micro-batch on the simulated compute track in the schedule's order, each
+    activation (gradient) send and receive on the communication track, arriving before the
+    op that reads it starts; the bytes the estimate sends per boundary are the run's."""
+    from simdist.device import validate_chrome_trace
+    from simdist.sim.pp_schedule import boundary_bytes
+
+    d = tmp_path / "run"
+    P, m = 3, 5
+    out = train(3, d, FC, "--runconfig.max_steps=2", "--runconfig.trace_steps=2",
+                f"--pipeline-parallel={P}", f"--optimizer.grad_accum_steps={m}")  # fmt: skip
+    perf = json.loads((d / "performance.json").read_text())
+    assert perf["timeline"] == "timeline.json" and perf["est_step_time_s"] > 0, out.stdout
+    trace = json.loads((d / "timeline.json").read_text())
+    validate_chrome_trace(trace)
+    events = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert {e["pid"] for e in events} == set(range(P))
+    for s in range(P):
+        mine = [e for e in events if e["pid"] == s and e["args"]["step"] == 1]
+        ops = sorted(
+            (e for e in mine if e["cat"] in ("forward", "backward")), key=lambda e: e["ts"]
+        )
+        assert [(e["name"][0], e["args"]["micro_batch"]) for e in ops] == schedule_ops(
+            "1f1b", P, s, m
+        )
+        assert all(e["args"]["stage"] == s for e in ops)
+        recvs = {e["name"].split(" <-")[0]: e for e in mine if e["cat"] == "recv"}
+        sends = [e for e in mine if e["cat"] == "send"]
+        assert len(recvs) == m * ((s > 0) + (s < P - 1))
+        assert len(sends) == m * ((s > 0) + (s < P - 1))
+        for e in ops:  # what an op reads arrived before it started
+            j, fwd = e["args"]["micro_batch"], e["name"][0] == "F"
+            if (fwd and s > 0) or (not fwd and s < P - 1):
+                what = "activations" if fwd else "activation gradients"
+                r = recvs[f"recv {what} {j}"]
+                assert r["ts"] + r["dur"] <= e["ts"] + 1e-6
+        assert any(e["name"] == "optimizer" for e in mine)
+    # the estimate's message sizes are what the run sent
+    model_sizes = [784, 64, 32, 32, 10]  # FC's layers; stage s is layer s (P = 3: see split)
+    split = [x["model_stages"] for x in perf["pipeline_split"]]
+    assert split == [["fc1"], ["fc2"], ["fc3", "fc4"]]
+
+    class Shapes:
+        sizes = model_sizes
+
+    sent = perf["pipeline_bytes_sent_per_step"]
+    fwd = [boundary_bytes(Shapes, k, 8)[0] for k in (1, 2)]
+    bwd = [boundary_bytes(Shapes, k, 8)[1] for k in (1, 2)]
+    assert sent == [m * fwd[0], m * (fwd[1] + bwd[0]), m * bwd[1]]
+
+
+def test_dp2_x_tp2_x_pp2_at_8_ranks_equals_data_parallel_at_4(tmp_path):
+    """World 8 = DP 2 x TP 2 (batch mode) x PP 2, oversubscribed: its 4 replicas per stage
+    (2 groups x 2 batch shares) train to the bits of 4 data-parallel ranks with the shares'
+    batch (the same samples on the same replicas, one collective algorithm for both)."""
+    steps = ["--runconfig.max_steps=3", "--runconfig.collective_algorithm=ring"]
+    ref = run_record(train(4, tmp_path / "dp4", FC, *steps, "-b", "4"), tmp_path / "dp4")
+    d = tmp_path / "np8"
+    out = train(8, d, FC, *steps, "-b", "8", "--pipeline-parallel=2", "--tensor-parallel=2")
+    assert "4 replica(s) x 2 stages" in out.stdout, out.stdout
+    assert "[0, 1] [2, 3] [4, 5] [6, 7]" in out.stdout
+    assert_same_run(ref, run_record(out, d), "DP2 x TP2 x PP2 at np 8")
+
+
+def test_bf16_pipeline_equals_one_rank_and_data_parallel_in_bf16(tmp_path):
+    """Mixed precision (bf16) as data parallelism runs it: fp32 master weights in the
+    optimizer state, half weights (the tied copy too), activations and gradients, stored
+    half after accumulation and reduced in half. gpt2-mini at P = 2 (tied embedding): the
+    bits of one rank in bf16; FC-MNIST DP 2 x PP 2 (ZeRO-1): the bits of 2 data-parallel
+    ranks in bf16. Weights and gradients are accounted at 2 bytes, the master at 4."""
+    bf16 = ["--runconfig.precision=bf16"]
+    steps = ["--runconfig.max_steps=2", "--runconfig.mode=train"]  # eval: the FC runs below
+    one = train(1, tmp_path / "np1", GPT2, *steps, *bf16)
+    pp2 = train(2, tmp_path / "pp2", GPT2, *steps, *bf16, "--pipeline-parallel=2")
+    assert losses(one.stdout) and losses(one.stdout) == losses(pp2.stdout)
+    assert_same_state(final_state(tmp_path / "np1"), final_state(tmp_path / "pp2"), "gpt2 bf16")
+    steps = ["--runconfig.max_steps=4"]
+    ref = run_record(train(2, tmp_path / "dp2", FC, *steps, *bf16), tmp_path / "dp2")
+    d = tmp_path / "dp2pp2"
+    out = train(4, d, FC, *steps, *bf16, "--pipeline-parallel=2", "--zero_opt_level=1")
+    assert_same_run(ref, run_record(out, d), "DP2 x PP2 ZeRO-1 bf16")
+    perf = json.loads((d / "performance.json").read_text())
+    assert perf["precision"] == "bf16"
+    for rank, mem in enumerate(perf["memory_bytes_per_rank"]):
+        lo, hi = perf["pipeline_split"][rank % 2]["flat_range"]
+        assert mem["parameters"] == 2 * (hi - lo)
+        assert mem["gradients"] == 2 * 2 * (hi - lo)  # the step's and a micro-batch's
+        own = mem.get("optimizer_state", 0) // 12  # AdamW's moments and the master
+        assert 0 <= own <= hi - lo and mem.get("optimizer_state", 0) == 12 * own
+
+
 def test_resume_is_bit_identical_and_loads_at_another_p(tmp_path):
     """6 steps straight vs 3 + 3 resumed at P = 2; the step-3 checkpoint (full parameters,
     optimizer state in per-stage flat ranges) continues at P = 4 and on one rank alike."""
@@ -211,14 +335,14 @@ def test_non_finite_input_stops_every_stage_at_the_same_step(tmp_path):
     [
         (3, ["--pipeline-parallel=2"], "pipeline_parallel=2 must divide the 3 ranks"),
         (4, ["--pipeline-parallel=4", "--model.hidden_sizes=[64]"], "exceeds the 2 stages"),
-        (2, ["--pipeline-parallel=2", "--zero_opt_level=2"], "ZeRO 0 or 1 on the data-parallel"),
+        (2, ["--pipeline-parallel=2", "--zero_opt_level=3"], "ZeRO 0, 1 or 2 on the data-par"),
         (
             2,
             ["--pipeline-parallel=2", "--tensor-parallel=2", "-b", "8"],
             "pipeline_parallel=2 x runconfig.tensor_parallel=2 must divide the 2 ranks",
         ),
         (2, ["--pipeline-parallel=2", "--params=bert_mini"], "cannot be pipelined"),
-        (2, ["--pipeline-parallel=2", "--runconfig.precision=bf16"], "runs in fp32 only"),
+        (2, ["--pipeline-parallel=2", "--runconfig.precision=fp16"], "runs in fp32 or bf16"),
         (
             4,
             ["--pipeline-parallel=2", "--runconfig.collective_algorithm=shm"],

@@ -464,6 +464,58 @@ def test_plan_predicts_the_runs_simulated_step_time(tmp_path, model, args, zero,
         )
 
 
+# pipelines: (plan model, run args, ranks, pipeline schedule, zero level, micro-batches)
+PLAN_VS_RUN_PP = [
+    ("gpt2-mini", ["--params=gpt2_mini", "--train_input.batch_size=1"], 2, "1f1b", 0, 4),
+    ("gpt2-mini", ["--params=gpt2_mini", "--train_input.batch_size=1"], 2, "gpipe", 0, 2),
+    ("fc-mnist", ["--params=fc_mnist", "--train_input.batch_size=8"], 4, "1f1b", 2, 4),
+    ("fc-mnist", ["--params=fc_mnist", "--train_input.batch_size=8"], 4, "gpipe", 1, 4),
+]
+
+
+@pytest.mark.parametrize(("model", "args", "n", "kind", "zero", "accum"), PLAN_VS_RUN_PP)
+def test_plan_predicts_the_pipeline_runs_step_and_memory(
+    tmp_path, model, args, n, kind, zero, accum
+):
+    """``python -m simdist.plan --pp 2`` and a pipeline run (P 2, with DP 2 at 4 ranks) of
+    the same configuration: the run's simulated step (``est_device_step_time_s``:
+    ``est_step_time_s`` less the measured host time a plan cannot know) and its phases
+    equal the plan's (both call ``simdist.sim.pp_schedule.pipeline_step`` with the run's
+    stage split, the run on its live model, the plan on one built from the shapes: rel
+    1e-9), and the plan's memory is the run's largest rank's accounting, byte for byte."""
+    from simdist.plan import plan
+
+    d = tmp_path / "run"
+    cmd = [
+        "-m", "simdist.train", *args, "--profile=a100-80gb", "--pipeline-parallel=2",
+        f"--pipeline-schedule={kind}", f"--zero_opt_level={zero}",
+        f"--optimizer.grad_accum_steps={accum}", "--runconfig.collective_algorithm=ring",
+        "--runconfig.mode=train", "--runconfig.max_steps=2",
+        "--runconfig.save_checkpoints_steps=0", "--runconfig.progress_bar=false",
+        f"--runconfig.model_dir={d}",
+    ]  # fmt: skip
+    out = run_mpi(n, cmd, timeout=300)
+    assert out.returncode == 0, out.stdout
+    p = perf(d)
+    batch = int(args[1].split("=")[1])
+    r = plan(
+        model=model, devices=n, profile="a100-80gb", zero=zero, pp=2, pipeline_schedule=kind,
+        batch=batch * accum, micro_batch=batch, precision="fp32", optimizer="adam",
+        algorithm="ring",
+    )  # fmt: skip
+    assert any("simdist's own pipeline step" in x for x in r.notes), r.notes
+    parts = p["est_step_time_breakdown_s"]  # "other": the run's measured host time
+    assert p["est_step_time_s"] == p["est_device_step_time_s"] + parts.pop("other")
+    assert p["est_device_step_time_s"] > p["est_forward_backward_s"] > 0
+    assert r.step_s == pytest.approx(p["est_device_step_time_s"], rel=1e-9)
+    for key, value in parts.items():
+        assert r.breakdown_s[key] == pytest.approx(value, rel=1e-9, abs=1e-15), key
+    if n == 4:  # the stage groups' gradient collectives are in both
+        assert p["est_step_time_breakdown_s"]["gradient_sync_exposed"] > 0
+    largest = max(p["memory_bytes_per_rank"], key=lambda x: sum(x.values()))
+    assert {k: v for k, v in r.memory_bytes.items() if v} == largest
+
+
 # -- the simulator takes what it needs from a run as arguments ------------------------------
 
 SIMULATOR = ("simdist.sim", "simdist.simulate", "simdist.memplan", "simdist.plan",

@@ -14,7 +14,7 @@ The split. The model's stages (``simdist.models.stages``: gpt2's embedding, bloc
 head; fc_mnist's layers) are cut into P contiguous ranges balancing their FLOPs (the
 model's ``stage_flops``; else their parameter counts); a rank owns the parameters its
 range reads first, one contiguous range of the model's flat layout, so the optimizer,
-ZeRO-1 slices on the DP axis and checkpoint shards are flat ranges as in
+ZeRO-1/2 slices on the DP axis and checkpoint shards are flat ranges as in
 ``data_parallel``. A parameter read again by a later stage (gpt2's
 tied ``wte``, read by the LM head) is *tied*: that rank keeps a copy.
 
@@ -23,8 +23,15 @@ A step on stage s: the micro-batches' forward and backward in the schedule's ord
 arena (a *slot*: P - s of them for 1F1B, m for GPipe); receives block (the bubble is the
 time spent there), sends are non-blocking and finished before their slot is reused. Then
 the stage's DP group reduce-scatters (and, ZeRO-0, all-gathers) the stage's gradients over
-the flat layout's slice boundaries at D ranks, the ranks agree on the norm and loss, clip,
-update their range, and the owner of a tied parameter sends its new value to the copies.
+the flat layout's slice boundaries at D ranks (ZeRO-2: each micro-batch's, right after its
+backward, into the rank's slice), the ranks agree on the norm and loss, clip, update their
+range (ZeRO-1/2: their slice, then all-gather the stage's parameters), and the owner of a
+tied parameter sends its new value to the copies. In bf16 (``simdist.precision``) the
+update runs on the optimizer's fp32 master, the weights are its half rounding, and the
+gradients are stored half before their reduction, as in ``data_parallel``.
+
+The simulated step (``simdist.sim.pp_schedule``, also plan mode's) is written by rank 0 to
+performance.json and, as a Chrome trace, to ``model_dir/timeline.json``.
 
 Bitwise equality with one rank accumulating the same micro-batches (and with data
 parallelism at D ranks; D > 2 where both pick the same collective algorithm):
@@ -59,173 +66,27 @@ from simdist.memplan import DeviceAllocator
 from simdist.models import build_model
 from simdist.models.base import GradientViews
 from simdist.optim import Optimizer
+from simdist.precision import Precision, canonical
 from simdist.schedules.base import Schedule, StateShard, StepResult
 from simdist.schedules.data_parallel import tensor_parallel_groups
+from simdist.sim.pp_schedule import (
+    StagePlan,
+    schedule_ops,
+    simulate_pipeline,
+    slots_needed,
+    split_stages,
+)
 from simdist.streaming import lane_sum_of_squares, warm_kernels
 
 F32 = np.float32
 # point-to-point tags on a pipeline's communicator (MPI keeps each (source, tag) in order)
 TAG_ACT, TAG_GRAD, TAG_TIED_GRAD, TAG_TIED, TAG_SUMSQ, TAG_GATHER = 11, 12, 13, 14, 15, 16
-
-
-def schedule_ops(kind: str, stages: int, stage: int, micro: int) -> list[tuple[str, int]]:
-    """("F" | "B", micro-batch) in the order stage ``stage`` of ``stages`` runs them.
-
-    GPipe: every forward, then every backward. 1F1B (PipeDream-Flush, Megatron's default):
-    ``stages - stage - 1`` warm-up forwards, then one forward and one backward alternately,
-    then the remaining backwards; at most ``stages - stage`` micro-batches are in flight.
-    Backwards run in micro-batch order on every stage in both."""
-    if kind == "gpipe":
-        return [("F", j) for j in range(micro)] + [("B", j) for j in range(micro)]
-    warm = min(stages - stage - 1, micro)
-    ops = [("F", j) for j in range(warm)]
-    for i in range(micro - warm):
-        ops += [("F", warm + i), ("B", i)]
-    return ops + [("B", j) for j in range(micro - warm, micro)]
-
-
-def slots_needed(kind: str, stages: int, stage: int, micro: int) -> int:
-    """Micro-batches in flight at once on ``stage``: one activation arena each."""
-    return micro if kind == "gpipe" else min(stages - stage, micro)
+TIMELINE = "timeline.json"
 
 
 def predicted_bubble(stages: int, micro: int) -> float:
     """The idle share of a synchronous pipeline with equal stages: (P - 1) / (m + P - 1)."""
     return (stages - 1) / (micro + stages - 1)
-
-
-def simulate_pipeline(
-    kind: str, fwd: list[float], bwd: list[float], micro: int, send: list[float]
-) -> tuple[float, list[float]]:
-    """The schedule on the simulated device: stage s takes ``fwd[s]`` / ``bwd[s]`` seconds
-    per micro-batch, a message across boundary s -> s + 1 (either way) ``send[s]``; each
-    op starts when its stage is free and its input has arrived. Returns (makespan, busy
-    seconds per stage); with equal stages and free sends the idle share is exactly
-    (P - 1) / (m + P - 1)."""
-    P = len(fwd)
-    ops = [schedule_ops(kind, P, s, micro) for s in range(P)]
-    done: dict[tuple[str, int, int], float] = {}
-    pos, free = [0] * P, [0.0] * P
-    left = sum(len(o) for o in ops)
-    while left:
-        moved = False
-        for s in range(P):
-            while pos[s] < len(ops[s]):
-                op, j = ops[s][pos[s]]
-                if op == "F":
-                    dep = None if s == 0 else ("F", s - 1, j)
-                    wire, cost = (send[s - 1] if s else 0.0), fwd[s]
-                else:
-                    dep = None if s == P - 1 else ("B", s + 1, j)
-                    wire, cost = (send[s] if s < P - 1 else 0.0), bwd[s]
-                if dep is not None and dep not in done:
-                    break
-                ready = 0.0 if dep is None else done[dep] + wire
-                free[s] = done[(op, s, j)] = max(free[s], ready) + cost
-                pos[s] += 1
-                left -= 1
-                moved = True
-        if not moved:
-            raise RuntimeError(f"{kind} schedule cannot proceed: {pos}")
-    return max(free), [micro * (fwd[s] + bwd[s]) for s in range(P)]
-
-
-def split_stages(costs: list[int], parts: int) -> list[tuple[int, int]]:
-    """Contiguous [lo, hi) ranges of ``costs`` into ``parts`` non-empty pieces minimising
-    the largest piece's sum (ties: the earliest cut)."""
-    n = len(costs)
-    prefix = np.concatenate([[0], np.cumsum(costs, dtype=np.int64)])
-    inf = np.iinfo(np.int64).max
-    best = np.full((parts + 1, n + 1), inf, np.int64)  # best[p][i]: first i into p parts
-    cut = np.zeros((parts + 1, n + 1), np.int64)
-    best[0][0] = 0
-    for p in range(1, parts + 1):
-        for i in range(p, n + 1):
-            for j in range(p - 1, i):
-                if best[p - 1][j] == inf:
-                    continue
-                v = max(best[p - 1][j], prefix[i] - prefix[j])
-                if v < best[p][i]:
-                    best[p][i], cut[p][i] = v, j
-    out, i = [], n
-    for p in range(parts, 0, -1):
-        j = int(cut[p][i])
-        out.append((j, i))
-        i = j
-    return out[::-1]
-
-
-class StagePlan:
-    """Which model stages, parameters and flat range each pipeline stage owns."""
-
-    def __init__(self, model, layout: Layout, P: int):
-        stages = model.stages()
-        numel = {s.name: s.numel for s in layout.specs}
-        if P > len(stages):
-            raise ConfigError(
-                f"runconfig.pipeline_parallel={P} exceeds the {len(stages)} stages of model "
-                f"{model.name!r} ({', '.join(s.name for s in stages)}): give at most "
-                f"{len(stages)}",
-                "runconfig.pipeline_parallel",
-            )
-
-        def names(st) -> list[str]:
-            return list(dict.fromkeys((*st.forward_params, *st.backward_params)))
-
-        # balance compute where the model counts it per stage, else parameters
-        if hasattr(model, "stage_flops"):
-            costs = list(model.stage_flops())
-        else:
-            costs = [sum(numel[n] for n in names(st)) for st in stages]
-        self.ranges = split_stages(costs, P)
-        self.stage_names = [[stages[k].name for k in range(a, b)] for a, b in self.ranges]
-        owner: dict[str, int] = {}
-        self.reads: list[list[str]] = []
-        for s, (a, b) in enumerate(self.ranges):
-            read = list(dict.fromkeys(n for k in range(a, b) for n in names(stages[k])))
-            self.reads.append(read)
-            for n in read:
-                owner.setdefault(n, s)
-        self.owner = owner
-        # tied: (name, owner stage, reading stage) for each copy a later stage keeps
-        self.tied = [
-            (n, owner[n], s) for s, read in enumerate(self.reads) for n in read if owner[n] != s
-        ]
-        for name, own, user in self.tied:
-            if user != P - 1 or own != 0:
-                raise ConfigError(
-                    f"model {model.name!r}: parameter {name!r} is read by pipeline stages "
-                    f"{own} and {user}; only the first and last stage may share one (a tied "
-                    "embedding)",
-                    "runconfig.pipeline_parallel",
-                )
-        # flat ranges: the owned parameters of each stage must follow one another
-        self.flat: list[tuple[int, int]] = []
-        at = 0
-        for s in range(P):
-            mine = sorted((layout.offsets[n], n) for n in owner if owner[n] == s)
-            if not mine or mine[0][0] != at:
-                raise ConfigError(
-                    f"model {model.name!r}: the parameters of pipeline stage {s} are not the "
-                    "next range of its flat layout; it cannot be pipelined",
-                    "runconfig.pipeline_parallel",
-                )
-            for off, n in mine:
-                if off != at:
-                    raise ConfigError(
-                        f"model {model.name!r}: parameter {n!r} breaks stage {s}'s flat range",
-                        "runconfig.pipeline_parallel",
-                    )
-                at += numel[n]
-            self.flat.append((mine[0][0], at))
-        self.flat[-1] = (self.flat[-1][0], layout.padded)  # the padding goes with the last
-        self.params = [sum(numel[n] for n in owner if owner[n] == s) for s in range(P)]
-
-    def describe(self) -> str:
-        return "; ".join(
-            f"stage {s}: {' '.join(self.stage_names[s])} ({self.params[s]:,} parameters)"
-            for s in range(len(self.ranges))
-        )
 
 
 def measured_bubble(ranks: list[dict[str, Any]], P: int) -> dict[str, Any]:
@@ -253,6 +114,18 @@ def measured_bubble(ranks: list[dict[str, Any]], P: int) -> dict[str, Any]:
             float(np.mean([x["receive_wait_fraction"] for x in ranks if x["stage"] == s]))
             for s in range(P)
         ],
+    }
+
+
+def measured_steps(ranks: list[dict[str, Any]]) -> dict[str, float]:
+    """Each step's wall time from its first input fetch to the tied parameters' send (the
+    slowest rank's; summaries and checkpoints, which step_time_s includes, left out), as
+    data parallelism's ``measured_step_time_*`` fields."""
+    walls = np.max([x["walls"] for x in ranks], axis=0) if ranks[0]["walls"] else np.zeros(1)
+    return {
+        "measured_step_time_s": float(walls.mean()),
+        "measured_step_time_median_s": float(np.median(walls)),
+        "measured_step_time_min_s": float(walls.min()),
     }
 
 
@@ -325,6 +198,14 @@ class Pipeline(Schedule):
         self.algorithm = algorithm
         self.data = build_dataset(p, self.micro_batch)
         self.memory = DeviceAllocator(DeviceMemory.from_profile(run.profile))
+        # mixed precision (bf16), as data parallelism runs it: fp32 master weights in the
+        # optimizer state, half weights, activations and gradients, gradients reduced in half
+        self.precision = Precision(canonical(r.precision) or "fp32")
+        half = self.precision.half is not None
+        self.grad_wire = self.precision.fmt if half and not r.fp32_allreduce else 0
+        self.param_wire = self.precision.fmt if half else 0
+        if hasattr(self.model, "set_precision"):
+            self.model.set_precision(self.precision)
         run.log(
             f"simdist: pipeline parallel, {self.replicas} replica(s) x {self.P} stages "
             f"({self.where()}), schedule {self.kind}, "
@@ -362,7 +243,12 @@ class Pipeline(Schedule):
     def _allocate(self, run) -> None:
         p, r = self.params, self.params.runconfig
         s, P, layout, plan = self.stage, self.P, self.layout, self.plan
-        alloc = self.memory.alloc
+        half = self.precision.half is not None
+        wbytes = self.precision.weight_bytes  # device bytes of weights, gradients, activations
+
+        def alloc(category: str, name: str, n: int) -> np.ndarray:
+            return self.memory.alloc(category, name, n, elem=wbytes)
+
         a, b = plan.flat[s]
         self.lo, self.hi = a, b
         # the stage's slice boundaries at D ranks, relative to its range
@@ -370,7 +256,7 @@ class Pipeline(Schedule):
         d = self.replica
         plo, phi = a + int(self.bounds[d]), a + int(self.bounds[d + 1])
         self.own = (plo, phi)  # the reduced gradients this rank counts in the norm
-        self.update = (plo, phi) if self.zero_level == 1 else (a, b)
+        self.update = (plo, phi) if self.zero_level >= 1 else (a, b)
         self.params_flat = alloc("parameters", "params", b - a)
         specs = {sp.name: sp for sp in layout.specs}
 
@@ -386,9 +272,20 @@ class Pipeline(Schedule):
         # tied copies (last stage) and the owner's receive buffers (first stage)
         self.tied_users = [(n, u) for n, own, u in plan.tied if own == s]
         self.tied_copies = [(n, own) for n, own, u in plan.tied if u == s]
-        self.grads = alloc("gradients", "grads", b - a)
-        self.micro_grads = alloc("gradients", "micro_grads", b - a) if self.m > 1 else None
-        self.gviews = GradientViews(views(self.micro_grads if self.m > 1 else self.grads))
+        if self.zero_level == 2:
+            # the step's gradients: this rank's slice; each micro-batch's gradients go to a
+            # bucket over the stage's range, reduce-scattered into the slice after its
+            # backward (as data parallelism's ZeRO-2 does per gradient group)
+            self.grads = alloc("gradients", "grad_slice", phi - plo)
+            self.micro_grads = alloc("buckets", "grad_bucket", b - a)
+            self.goff = plo  # the flat index of self.grads[0]
+        else:
+            self.grads = alloc("gradients", "grads", b - a)
+            self.micro_grads = alloc("gradients", "micro_grads", b - a) if self.m > 1 else None
+            self.goff = a
+        self.gviews = GradientViews(
+            views(self.grads if self.micro_grads is None else self.micro_grads)
+        )
         self._tied_send: dict[str, list[np.ndarray]] = {}
         for n, _ in self.tied_copies:
             shape = specs[n].shape
@@ -402,8 +299,12 @@ class Pipeline(Schedule):
         self.slots = []
         for i in range(nslots):
             model = self.model if i == 0 else build_model(p.model)
+            if i and hasattr(model, "set_precision"):
+                model.set_precision(self.precision)
             self.memory.reserve(
-                "activations", f"model.arena.{i}", model.activation_bytes(self.micro_batch)
+                "activations",
+                f"model.arena.{i}",
+                model.activation_bytes(self.micro_batch) * wbytes // 4,
             )
             model.allocate(self.micro_batch)
             if hasattr(model, "bind_step"):
@@ -416,7 +317,7 @@ class Pipeline(Schedule):
             ]
             for n, _ in self.tied_users
         }
-        self.optimizer = Optimizer(p.optimizer, layout, *self.update, alloc)
+        self.optimizer = Optimizer(p.optimizer, layout, *self.update, self.memory.alloc, half)
         self.sampler = DistributedSampler(
             self.data.num_train,
             run.global_batch,
@@ -434,6 +335,8 @@ class Pipeline(Schedule):
         for n, _ in self.tied_copies:
             self.pviews[n][...] = layout.views(full)[n]
         del full
+        if half:  # fp32 master of the range it updates; the weights are its half rounding
+            self._master_from_weights()
         self.state_shard = StateShard(
             self.comm,
             self.rank,
@@ -462,12 +365,15 @@ class Pipeline(Schedule):
         self.p2p_bytes = 0
         self.wait_s = 0.0
         self.fb_steps = []
+        self.walls: list[float] = []
+        self.busy_s = 0.0  # forward/backward phase: kernels, send waits, ZeRO-2's syncs
+        self.host_steps: list[float] = []  # per step: the phase's rest (fetch, Python, copies)
 
     # ----------------------------------------------------------------- the step
     def step(self, run, step: int, guard) -> StepResult:
         n = step + 1
         guard.enter("forward_backward", n)
-        t0, wait0 = time.perf_counter(), self.wait_s
+        t0, wait0, busy0 = time.perf_counter(), self.wait_s, self.busy_s
         self._loss = 0.0
         self._pending: list[list[Any]] = [[] for _ in self.slots]
         self._tied_reqs: dict[int, list[Any]] = {}
@@ -479,29 +385,41 @@ class Pipeline(Schedule):
                 self._forward(j, batches[j])
             else:
                 self._backward(j)
+        t = time.perf_counter()
         for reqs in self._pending:
             self._wait(reqs)
         for reqs in self._tied_send_reqs:
             self._wait(reqs)
-        self.fb_steps.append((time.perf_counter() - t0, self.wait_s - wait0))
+        fb = time.perf_counter() - t0
+        self.busy_s += t0 + fb - t
+        self.fb_steps.append((fb, self.wait_s - wait0))
+        # what the simulated device does not replay: host time, measured (as data
+        # parallelism's "other"); its kernels, waits and syncs are simulated instead
+        self.host_steps.append(fb - (self.busy_s - busy0) - (self.wait_s - wait0))
         guard.enter("reduce_gradients", n)
-        grads = self._reduce()
+        if self.zero_level < 2:  # mixed precision: stored half (ZeRO-2: per micro-batch)
+            self.precision.store(self.grads)
+        with self.dcoll.half_wire(self.grad_wire):
+            grads = self._reduce()
         own_sumsq = self._sumsq(grads)
         loss = self._loss if self.stage == self.P - 1 else 0.0
         sumsq, total_loss, stop = guard.check(n, own_sumsq, loss, lambda: nonfinite_text(n))
         norm = self._clip(grads, sumsq)
         guard.enter("update", n)
         ulo, uhi = self.update
-        self.optimizer.step(
-            self.params_flat[ulo - self.lo : uhi - self.lo],
-            grads[ulo - self.lo : uhi - self.lo],
-            n,
-            run.learning_rate(step),
-        )
+        owned = self.params_flat[ulo - self.lo : uhi - self.lo]
+        g, lr = grads[ulo - self.goff : uhi - self.goff], run.learning_rate(step)
+        if self.precision.half is None:
+            self.optimizer.step(owned, g, n, lr)
+        else:
+            self.optimizer.step(self.optimizer.state["master"], g, n, lr)
+            self.precision.store_into(owned, self.optimizer.state["master"])
         guard.enter("gather_parameters", n)
-        if self.zero_level == 1:
-            self.dcoll.allgather(self.params_flat, bounds=self.bounds, algorithm=self.algorithm)
+        if self.zero_level >= 1:
+            with self.dcoll.half_wire(self.param_wire):  # half values: exact in half words
+                self.dcoll.allgather(self.params_flat, bounds=self.bounds, algorithm=self.algorithm)
         self._send_tied()
+        self.walls.append(time.perf_counter() - t0)  # the step as DP measures it: fetch to gather
         return StepResult(loss, norm, stop, mean_loss=total_loss / self.replicas)
 
     def _wait(self, reqs: list[Any]) -> None:
@@ -521,7 +439,9 @@ class Pipeline(Schedule):
     def _forward(self, j: int, indices: np.ndarray) -> None:
         s, slot = self.stage, j % len(self.slots)
         model = self.slots[slot]
+        t = time.perf_counter()
         self._wait(self._pending[slot])  # the slot's previous micro-batch has left
+        self.busy_s += time.perf_counter() - t
         x, y = self.data.train_batch(indices)
         if self._hook:
             self._hook[1].at_batch(self._hook[0], j, x)
@@ -535,8 +455,10 @@ class Pipeline(Schedule):
             for buf in model.stage_input(self.k0):
                 self._recv(buf, s - 1, TAG_ACT)
         out = None
+        t = time.perf_counter()
         for k in range(self.k0, self.k1):
             out = model.forward_stage(k, self.pviews)
+        self.busy_s += time.perf_counter() - t
         if s < self.P - 1:
             model.hold_for_backward()
             for buf in model.stage_input(self.k1):
@@ -563,23 +485,46 @@ class Pipeline(Schedule):
             self.wait_s += time.perf_counter() - t
             for n, _ in self.tied_users:
                 np.copyto(g[n], self._tied_recv[n][slot])
+        t = time.perf_counter()
         for k in range(self.k1 - 1, self.k0 - 1, -1):
             model.backward_stage(k, self.pviews, g, dloss)
+        self.busy_s += time.perf_counter() - t
         if s > 0:
             self._pending[slot].append(self._send(model.stage_input_grad(self.k0), s - 1, TAG_GRAD))
         for n, _ in self.tied_copies:
             self._tied_send_reqs[j % 2].append(self._send(g[n], 0, TAG_TIED_GRAD))
-        if self.micro_grads is not None:
+        if self.zero_level == 2:
+            t = time.perf_counter()
+            self._reduce_micro(j)
+            self.busy_s += time.perf_counter() - t
+        elif self.micro_grads is not None:
             if j == 0:
                 np.copyto(self.grads, self.micro_grads)
             else:
                 np.add(self.grads, self.micro_grads, out=self.grads)
 
+    def _reduce_micro(self, j: int) -> None:
+        """ZeRO-2: micro-batch j's gradients reduce-scattered (averaged) over the stage's
+        slice boundaries and added to this rank's slice in micro-batch order."""
+        self.precision.store(self.micro_grads)  # mixed precision: reduced half
+        if self.replicas == 1:
+            mine = self.micro_grads
+        else:
+            with self.dcoll.half_wire(self.grad_wire):
+                mine = self.dcoll.reduce_scatter(
+                    self.micro_grads, bounds=self.bounds, average=True, algorithm=self.algorithm
+                )
+        if j == 0:
+            np.copyto(self.grads, mine)
+        else:
+            np.add(self.grads, mine, out=self.grads)
+
     def _reduce(self) -> np.ndarray:
         """Average the stage's gradients over its D replicas, as data parallelism does for
         the whole buffer: reduce-scatter over the slice boundaries (+ all-gather, ZeRO-0);
-        returns the stage's gradient buffer (ZeRO-1: valid in this rank's slice)."""
-        if self.replicas > 1:
+        returns the stage's gradient buffer (ZeRO-1: valid in this rank's slice; ZeRO-2:
+        the slice alone, which starts at flat index ``self.goff``)."""
+        if self.replicas > 1 and self.zero_level < 2:  # ZeRO-2 reduced every micro-batch
             g = self.grads
             self.dcoll.reduce_scatter(g, bounds=self.bounds, average=True, algorithm=self.algorithm)
             if self.zero_level == 0:
@@ -596,7 +541,7 @@ class Pipeline(Schedule):
         plo, phi = self.own
         if phi > plo:
             slice_lo = int(self.layout.bounds[self.replica])
-            lane_sum_of_squares(grads[plo - self.lo : phi - self.lo], (plo - slice_lo) % 4, acc)
+            lane_sum_of_squares(grads[plo - self.goff : phi - self.goff], (plo - slice_lo) % 4, acc)
         if self.stage < self.P - 1:
             self.pipe.Send(acc, dest=self.stage + 1, tag=TAG_SUMSQ)
             return 0.0
@@ -610,7 +555,7 @@ class Pipeline(Schedule):
         coef = max_norm / (norm + 1e-6)  # as torch.nn.utils.clip_grad_norm_
         if coef < 1.0:
             ulo, uhi = self.update
-            part = grads[ulo - self.lo : uhi - self.lo]
+            part = grads[ulo - self.goff : uhi - self.goff]
             np.multiply(part, np.float32(coef), out=part)
         return norm
 
@@ -641,8 +586,29 @@ class Pipeline(Schedule):
         full = self._gather_full()
         return None if full is None else self.layout.views(full)
 
+    def _master_from_weights(self) -> None:
+        """Mixed precision: the fp32 weights of the range this rank updates become its
+        master, and every weight it holds (its range, its tied copies) their half rounding
+        (all ranks round the same values)."""
+        ulo, uhi = self.update
+        np.copyto(self.optimizer.state["master"], self.params_flat[ulo - self.lo : uhi - self.lo])
+        self.precision.store(self.params_flat)
+        for n, _ in self.tied_copies:
+            self.precision.store(self.pviews[n].reshape(-1))
+
+    def restore(self, run, path, attrs: dict[str, Any], loaded: set[str]) -> None:
+        """After ``Run`` read a checkpoint: a checkpoint written in fp32 has no master, its
+        parameters become the master weights of this mixed-precision run."""
+        if self.precision.half is not None and "master" not in loaded:
+            self._master_from_weights()
+            run.log(
+                f"{path} was written in {attrs.get('precision', 'fp32')}: its parameters "
+                f"become the fp32 master weights of this {self.precision.name} run"
+            )
+
     def checkpoint_attrs(self) -> dict[str, Any]:
         return {
+            "precision": self.precision.name,
             "tensor_parallel": self.T,
             "tensor_parallel_mode": "batch",
             "pipeline_parallel": self.P,
@@ -667,29 +633,64 @@ class Pipeline(Schedule):
         meta = (n, self.data.targets_per_sample) if self.rank == 0 else (0, 0)
         return np.array([loss_sum, correct, *meta], np.float64)
 
-    def _simulate(self, run) -> dict[str, Any]:
-        """Rank 0: the forward/backward phase of a step on the simulated device (the
-        profile's cost model per model stage, ``simdist.sim.streaming_step``, summed over
-        each pipeline stage; sends over the profile's intra- or inter-node link)."""
-        from simdist.sim.streaming_step import device_compute
+    def _simulate(self, run, steps: int, host_s: float) -> dict[str, Any]:
+        """Rank 0: a step on the simulated device (``simdist.sim.pp_schedule``, the function
+        plan mode calls for the same configuration) and its Chrome trace
+        (``model_dir/timeline.json``, the first ``runconfig.trace_steps`` steps).
+        ``est_step_time_s`` adds ``host_s`` (the measured host time of the
+        forward/backward phase, the largest rank's mean per step: what a plan cannot
+        know), as data parallelism's estimate adds its measured "other" time."""
+        from simdist.device import write_chrome_trace
+        from simdist.sim.pp_schedule import pipeline_step, pipeline_trace
 
-        prof = run.profile
-        f, b, note = device_compute(self.model, self.model.stages(), prof, self.micro_batch)
-        fwd = [sum(f[k0:k1]) for k0, k1 in self.plan.ranges]
-        bwd = [sum(b[k0:k1]) for k0, k1 in self.plan.ranges]
-        link = prof.link("intra" if self.coll.placement.num_nodes == 1 else "inter")
-        send = []
-        for k0, _ in self.plan.ranges[1:]:  # what crosses each boundary
-            nbytes = sum(a.nbytes for a in self.model.stage_input(k0))
-            send.append(link.latency + nbytes * link.beta_at(nbytes) if link.known else 0.0)
-        span, busy = simulate_pipeline(self.kind, fwd, bwd, self.m, send)
+        prof, r = run.profile, self.params.runconfig
+        link = "intra" if self.coll.placement.num_nodes == 1 else "inter"
+        est = pipeline_step(
+            self.model,
+            prof,
+            self.plan,
+            kind=self.kind,
+            micro=self.m,
+            micro_batch=self.micro_batch,
+            replicas=self.replicas,
+            zero=self.zero_level,
+            optimizer_type=self.params.optimizer.optimizer_type,
+            algorithm=self.algorithm,
+            link_class=link,
+        )
+        traced = min(r.trace_steps, steps)
+        if traced:
+            write_chrome_trace(
+                run.model_dir / TIMELINE,
+                pipeline_trace(est, self.P, self.T, self.ranks, traced),
+                rank_labels=[
+                    f"rank {q}: stage {(q // self.T) % self.P}, replica "
+                    f"{(q // (self.P * self.T)) * self.T + q % self.T} ({prof.name})"
+                    for q in range(self.ranks)
+                ],
+                metadata={
+                    "profile": prof.name,
+                    "profile_sha256": prof.sha256,
+                    "steps_traced": traced,
+                    "note": "simulated pipeline steps (simdist.sim.pp_schedule): every "
+                    "replica's stage runs the same ops at the same simulated times",
+                },
+            )
         return {
-            "est_forward_backward_s": span,
-            "est_bubble_fraction": 1.0 - sum(busy) / (self.P * span) if span > 0 else 0.0,
-            "est_stage_compute_s": [x + y for x, y in zip(fwd, bwd, strict=True)],
-            "est_send_s": send,
-            "est_note": f"{note}; sends over the {link.name} link; step time beyond the "
-            "forward/backward phase (gradient sync, optimizer) not simulated",
+            "est_step_time_s": est.step_s + host_s,
+            "est_device_step_time_s": est.step_s,
+            "est_step_time_breakdown_s": {**est.breakdown(), "other": host_s},
+            "est_forward_backward_s": est.forward_backward_s,
+            "est_bubble_fraction": est.bubble_fraction,
+            "est_stage_compute_s": est.stage_compute_s,
+            "est_send_s": est.send_s,
+            "est_send_back_s": est.send_back_s,
+            "est_gradient_sync_s": est.sync_s,
+            "est_optimizer_s": est.optimizer_s,
+            "est_note": f"{'; '.join(est.notes)}; sends and collectives over the {link} link; "
+            + (f"{self.precision.name} timed as fp32; " if self.precision.half else "")
+            + "input, host time, gradient accumulation and the norm relay not simulated",
+            "timeline": TIMELINE if traced else None,
         }
 
     def performance(self, run, common: dict[str, Any]) -> dict[str, Any] | None:
@@ -701,6 +702,8 @@ class Pipeline(Schedule):
             "stage": self.stage,
             "replica": self.replica,
             "fb_steps": self.fb_steps,
+            "walls": self.walls,
+            "host_s": float(np.mean(self.host_steps)) if self.host_steps else 0.0,
             "receive_wait_fraction": self.wait_s / fb if fb > 0 else 0.0,
             "p2p_bytes_per_step": self.p2p_bytes / per,
             "comm_bytes_sent_per_step": sent / per,
@@ -710,7 +713,8 @@ class Pipeline(Schedule):
         ranks = self.comm.gather(mine, root=0)
         if ranks is None:
             return None
-        simulated = self._simulate(run) if steps else {}  # the boundaries' views: a step ran
+        host = max(x["host_s"] for x in ranks)
+        simulated = self._simulate(run, steps, host) if steps else {}  # views are set
         return {
             **common,
             "execution_mode": "pipelined",
@@ -718,6 +722,7 @@ class Pipeline(Schedule):
             "replicas": self.replicas,
             "pipeline_parallel": self.P,
             "pipeline_schedule": self.kind,
+            "precision": self.precision.name,
             "tensor_parallel": self.T,
             "pipeline_split": [
                 {
@@ -737,6 +742,7 @@ class Pipeline(Schedule):
             "parameters": self.layout.numel,
             "parameters_padded": self.layout.padded,
             "step_time_s": t.train_time / per,
+            **measured_steps(ranks),
             **measured_bubble(ranks, self.P),
             "predicted_bubble_fraction": predicted_bubble(self.P, self.m),
             **simulated,
@@ -748,3 +754,15 @@ class Pipeline(Schedule):
             "pipeline_bytes_sent_per_step": [x["p2p_bytes_per_step"] for x in ranks],
             "host": socket.gethostname(),
         }
+
+
+__all__ = [
+    "Pipeline",
+    "StagePlan",
+    "measured_bubble",
+    "predicted_bubble",
+    "schedule_ops",
+    "simulate_pipeline",
+    "slots_needed",
+    "split_stages",
+]

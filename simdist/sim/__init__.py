@@ -9,6 +9,8 @@ module                   holds
                          clock and ``python -m simdist.plan`` both call it
 ``dp_schedule``          the step events data parallelism / ZeRO 0-2 implies for a model's
                          shapes (what the run records, predicted), for plan mode
+``pp_schedule``          a pipeline's step (schedule, stage syncs, update) and memory per
+                         rank: the pipeline run's estimate and trace, and plan mode's
 ``rank``                 the run side: the device of a rank, the recording hooks, the
                          per-run report (critical path, performance.json, timeline)
 ``plan``                 plan mode (``python -m simdist.plan``): memory and step time from

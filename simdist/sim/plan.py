@@ -113,6 +113,7 @@ class PlanConfig:
     bucket_bytes: int = DDP_BUCKET_BYTES
     execution: str | None = None  # pipelined (resident) | weight_streaming; default: profile's
     prefetch_depth: int = 1  # weight streaming: stages in flight ahead of the computed one
+    pipeline_schedule: str = "1f1b"  # 1f1b | gpipe (pp > 1)
     model_overrides: dict[str, Any] = field(default_factory=dict)  # --model.KEY=VALUE
 
 
@@ -209,6 +210,8 @@ class Planner(AnalyticStep):
 
         if self._simdist_runs(spec):  # the run's own step, from the shapes
             step, model_flops = self._simdist_step(spec, mem, dp, m, micro, seq, breakdown)
+        elif self._simdist_pipelines(spec):  # the run's own pipeline step, from the shapes
+            step, model_flops = self._pipelined_step(spec, mem, dp, m, micro, seq, breakdown)
         elif self.execution == "weight_streaming" and self._simdist_streams(spec):
             step, model_flops = self._streamed_step(spec, mem, dp, m, micro, seq, breakdown)
         elif self.execution == "weight_streaming":
@@ -405,6 +408,89 @@ class Planner(AnalyticStep):
             per_token = nl * (8 * h * h + 4 * h * f + 4 * seq * h) + 2 * h * spec.vocab
             return 3.0 * self.cfg.batch * dp * seq * per_token
         return float(6 * spec.param_count() * micro * m * dp)
+
+    # ---- pipelines simdist runs: the run's pipeline step on the shapes
+    def _simdist_pipelines(self, spec: Any) -> bool:
+        """Would ``simdist.train --pipeline-parallel P`` run this (fp32, a model simdist
+        pipelines, ZeRO 0-2 on the data-parallel axis, no tensor split)? Then the plan is
+        the run's own simulated step (``simdist.sim.pp_schedule``)."""
+        c = self.cfg
+        model_ok = isinstance(spec, MLPSpec) or (
+            isinstance(spec, TransformerSpec) and is_gpt2_layout(spec)
+        )
+        return (
+            model_ok
+            and c.pp > 1
+            and c.precision == "fp32"
+            and c.zero <= 2
+            and c.tp == c.interleave == 1
+            and c.recompute == "none"
+            and not c.sequence_parallel
+            and self.execution != "weight_streaming"
+        )
+
+    def _pipelined_step(
+        self, spec: Any, mem: dict, dp: int, m: int, micro: int, seq: int, out: dict
+    ) -> tuple[float, float]:
+        """What a pipeline run of this configuration estimates on its rank 0
+        (``pipeline_step``: the same function, on a model built from the shapes, split by
+        the run's ``StagePlan``); memory: the run's accounting of its largest rank
+        (``stage_memory``)."""
+        from simdist.arena import Layout
+        from simdist.comm.cost import choose_algorithm
+        from simdist.config import ConfigError
+
+        from .pp_schedule import StagePlan, pipeline_step, stage_memory
+
+        c, prof = self.cfg, self.profile
+        if c.pipeline_schedule not in ("1f1b", "gpipe"):
+            raise ValueError(f"pipeline schedule must be 1f1b or gpipe, got {c.pipeline_schedule}")
+        model = self._simdist_model(spec)
+        if isinstance(spec, TransformerSpec) and seq != spec.seq_len:
+            raise ValueError(f"a pipeline runs at {spec.name}'s context ({spec.seq_len})")
+        layout = Layout(model.parameter_specs(), dp)
+        try:
+            split = StagePlan(model, layout, c.pp)
+        except ConfigError as err:
+            raise ValueError(str(err)) from None
+        algorithm = c.algorithm
+        if algorithm == "auto":  # what the run's stage groups resolve it to
+            algorithm = choose_algorithm("reduce_scatter", 4 * layout.padded, dp)
+        elif algorithm == "hierarchical":
+            raise ValueError("a pipeline's stage groups sync with ring, rhd or auto")
+        nodes = -(-c.devices // prof.devices_per_node)
+        opt = "adamw" if c.optimizer == "adam" else "sgd"
+        est = pipeline_step(
+            model, prof, split, kind=c.pipeline_schedule, micro=m, micro_batch=micro,
+            replicas=dp, zero=c.zero, optimizer_type=opt, algorithm=algorithm,
+            link_class="intra" if nodes == 1 else "inter",
+        )  # fmt: skip
+        per_rank = [
+            stage_memory(
+                model,
+                layout,
+                split,
+                s,
+                kind=c.pipeline_schedule,
+                micro=m,
+                micro_batch=micro,
+                zero=c.zero,
+                replica=d,
+                optimizer_type=opt,
+            )  # fmt: skip
+            for d in range(dp)
+            for s in range(c.pp)
+        ]
+        mem.update(max(per_rank, key=lambda x: sum(x.values())))
+        out.update(est.breakdown())
+        self.notes += est.notes
+        self.notes.append(
+            f"schedule: simdist's own pipeline step ({c.pipeline_schedule}, {m} micro-batches, "
+            f"simulated bubble {est.bubble_fraction:.3f}; "
+            "simdist.sim.pp_schedule, as a run estimates it); memory: the run's largest rank; "
+            "stages: " + split.describe()
+        )
+        return est.step_s, self._model_flops(spec, dp, m, micro, seq)
 
     # ---- weight streaming simdist runs: the run's streaming step on the shapes
     def _simdist_streams(self, spec: Any) -> bool:
