@@ -607,12 +607,12 @@ def _check_weight_mode(p: Params) -> None:
     from simdist.precision import canonical
 
     r = p.runconfig
-    where = f"runconfig.tensor_parallel_mode=weight (tensor_parallel={r.tensor_parallel})"
+    where = "runconfig.tensor_parallel_mode=weight"
     why, key = None, "runconfig.tensor_parallel_mode"
     if p.model.name != "gpt2":
         why = (
-            f"(layers split Megatron-style) is implemented for model.name gpt2, not "
-            f"{p.model.name}; use tensor_parallel_mode batch for it"
+            f"(layers split Megatron-style) runs model.name gpt2 only, not {p.model.name}; "
+            "use tensor_parallel_mode batch for it"
         )
     elif canonical(r.precision) != "fp32":
         why, key = (

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from simdist.config import ConfigError
+from simdist.kernels._jit import kernel
 from simdist.kernels.attention import attention_backward, attention_forward
 from simdist.kernels.gelu import gelu_backward, gelu_forward
 from simdist.kernels.layernorm import (
@@ -44,12 +45,52 @@ from simdist.kernels.layernorm import (
 )
 from simdist.kernels.linear import linear_backward, linear_forward
 from simdist.kernels.matmul import lm_head_backward, lm_head_forward
+from simdist.kernels.rowops import exp_f32, row_sum
 
 from . import gpt2_costs
 from .base import KernelCost, ParamSpec, gemm, vector
 from .gpt2 import GPT2, GPT2Config, parameter_specs
 
 F32 = np.float32
+
+
+# ------------------------------------------------------------------ vocab-parallel softmax
+# The two halves of ``kernels/loss.py``'s softmax_cross_entropy_forward around the group's
+# sums, with its exp_f32 and row_sum: given the same maximum a shard's exponentials are
+# the one-rank kernel's bits; only the sum over the shards is grouped differently.
+@kernel
+def vocab_softmax_partial(probs, sums, logits, maxv):
+    """probs[b, v] = exp(logits[b, v] - maxv[b]) over this shard's vocabulary; sums[b]
+    their sum."""
+    B, V = logits.shape
+    for b in range(B):
+        row = logits[b]
+        p = probs[b]
+        m = maxv[b]
+        for v in range(V):
+            p[v] = exp_f32(row[v] - m)
+        sums[b] = row_sum(p, V)
+
+
+@kernel
+def vocab_softmax_finish(losses, probs, total, target_logit, maxv):
+    """probs /= the group's sum (a true division, as the kernel); losses[b] = log(total)
+    - (the target's logit - maxv), the kernel's formula."""
+    B, V = probs.shape
+    for b in range(B):
+        t = total[b]
+        p = probs[b]
+        for v in range(V):
+            p[v] /= t
+        losses[b] = np.log(t) - (target_logit[b] - maxv[b])
+
+
+def _warm() -> None:
+    """Compile (or load from the cache) with the dtypes the model uses."""
+    logits = np.array([[1.0, 2.0], [0.5, -1.0]], F32)
+    probs, sums, m = np.empty_like(logits), np.empty(2, F32), logits.max(axis=1)
+    vocab_softmax_partial(probs, sums, logits, m)
+    vocab_softmax_finish(np.empty(2, F32), probs, sums, logits[:, 0].copy(), m)
 
 
 def check_split(cfg: GPT2Config, tp: int, key: str = "runconfig.tensor_parallel") -> None:
@@ -312,19 +353,13 @@ class GPT2TP(GPT2):
         maxima = self._scratch["max"][: tp * N].reshape(tp, N)
         np.max(v.logits, axis=1, out=maxima[r])
         self.coll.allgather(maxima.reshape(-1))
-        row_max = maxima.max(axis=0)
-        np.subtract(v.logits, row_max[:, None], out=v.probs)
-        np.exp(v.probs, out=v.probs)
+        row_max = maxima.max(axis=0)  # a maximum is exact: the whole row's
         sums = self._scratch["sums"][: 2 * N].reshape(2, N)
-        np.sum(v.probs, axis=1, out=sums[0])
+        vocab_softmax_partial(v.probs, sums[0], v.logits, row_max)
         local, mask = self._local_tokens(v.targets)
         sums[1] = np.where(mask, v.logits[np.arange(N), local], F32(0.0))
-        self._allreduce(sums)
-        np.divide(v.probs, sums[0][:, None], out=v.probs)
-        # loss = log(sum exp(x - max)) + max - x_target
-        np.log(sums[0], out=v.losses)
-        v.losses += row_max
-        v.losses -= sums[1]
+        self._allreduce(sums)  # sums of exponentials; the target's logit from its owner
+        vocab_softmax_finish(v.losses, v.probs, sums[0], sums[1], row_max)
 
     def eval_stats(self) -> tuple[float, int]:
         """(sum of the token losses, correct argmax predictions): the argmax over every

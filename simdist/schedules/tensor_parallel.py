@@ -49,6 +49,7 @@ from simdist.device.collective import Network
 from simdist.faults import nonfinite_text
 from simdist.kernels.optim import sum_of_squares
 from simdist.memplan import DeviceAllocator, check_device_memory
+from simdist.models import gpt2_tp
 from simdist.models.gpt2 import build_gpt2, parameter_specs
 from simdist.models.gpt2_tp import GPT2TP, extract, insert, shard_index
 from simdist.precision import Precision
@@ -156,6 +157,9 @@ class TensorParallelWeight(DataParallel):
             f"data: {self.data.source}"
         )
 
+    def warm(self) -> None:
+        gpt2_tp._warm()  # the vocab-parallel softmax (rank 0 first, as every kernel)
+
     def allocate(self, run) -> None:
         super().allocate(run)
         sim = self.sim
@@ -179,6 +183,7 @@ class TensorParallelWeight(DataParallel):
         self._replicated = [n for n, s in split.items() if s is None]
         # checkpoints: whole tensors in the one-rank layout (``Run`` reads and writes it)
         self.checkpoint_layout = Layout(parameter_specs(self.model.config), 1)
+        self.state_shard = None  # data parallelism's (the shard's range) is not Run's
         self._staging(run)
 
     def _staging(self, run) -> None:
@@ -187,9 +192,12 @@ class TensorParallelWeight(DataParallel):
         them for each save."""
         n = self.checkpoint_layout.padded
         state = {k: np.zeros(n, F32) for k in self.optimizer.state}
-        self.state_shard = StateShard(
-            self.comm, 0, 1, 0, n, state, sharded=False, params=np.zeros(n, F32)
-        )
+        if self.state_shard is None:
+            self.state_shard = StateShard(
+                self.comm, 0, 1, 0, n, state, sharded=False, params=np.zeros(n, F32)
+            )
+        else:  # the object ``Run`` holds: refilled in place
+            self.state_shard.state, self.state_shard.params = state, np.zeros(n, F32)
 
     def restore(self, run, path, attrs: dict[str, Any], loaded: set[str]) -> None:
         """This rank's slice of the whole tensors ``Run`` read: parameters, and the
