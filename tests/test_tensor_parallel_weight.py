@@ -142,9 +142,8 @@ def test_resume_and_reshard(tmp_path):
     assert_resume_identical(train, tmp_path, *args)
     ckpt = tmp_path / "res" / "checkpoint_6.h5"
     more = ["--runconfig.max_steps=9", "--train_input.batch_size=2"]
-    refused = run_mpi(
-        4, [*GPT2, f"--runconfig.model_dir={tmp_path / 'res'}", *more, *tp(4)], timeout=240
-    )
+    res = f"--runconfig.model_dir={tmp_path / 'res'}"
+    refused = run_mpi(4, ["-m", "simdist.train", *GPT2, res, *more, *tp(4)], timeout=240)
     assert refused.returncode == 2, refused.stdout
     assert "written with runconfig.tensor_parallel=2, this run has 4" in refused.stdout
     assert "python -m simdist.checkpoint reshard" in refused.stdout
@@ -176,9 +175,8 @@ def test_resume_and_reshard(tmp_path):
 def test_bad_weight_mode_input_exits_2_and_writes_nothing(tmp_path, np_, args, message):
     d = tmp_path / "run"
     base = GPT2[1:] if "--params=fc_mnist" in args else GPT2  # another model's params
-    out = run_mpi(
-        np_, [*base, f"--runconfig.model_dir={d}", "--runconfig.max_steps=2", *args], timeout=240
-    )
+    cmd = ["-m", "simdist.train", *base, f"--runconfig.model_dir={d}", "--runconfig.max_steps=2"]
+    out = run_mpi(np_, [*cmd, *args], timeout=240)
     assert out.returncode == 2, out.stdout
     assert message in out.stdout
     assert not d.exists()
