@@ -28,6 +28,7 @@ GPT2 = [
 ]
 WEIGHT = ["--runconfig.tensor_parallel_mode=weight"]
 train = runner(GPT2)
+train_and_eval = runner(GPT2[:-1])  # + eval.json
 STEPS = 50
 
 
@@ -75,14 +76,14 @@ def runs(tmp_path_factory):
         "--optimizer.learning_rate=3e-4",
     ]
     out = {}
-    for key, n, args in (
-        ("one", 1, ["--train_input.batch_size=4"]),
-        ("tp2", 2, ["--train_input.batch_size=4", *tp(2)]),
-        ("tp4", 4, ["--train_input.batch_size=4", *tp(4)]),
-        ("dp2tp2", 4, ["--train_input.batch_size=2", *tp(2)]),
+    for key, n, args, launch in (
+        ("one", 1, ["--train_input.batch_size=4"], train_and_eval),
+        ("tp2", 2, ["--train_input.batch_size=4", *tp(2)], train),
+        ("tp4", 4, ["--train_input.batch_size=4", *tp(4)], train),
+        ("dp2tp2", 4, ["--train_input.batch_size=2", *tp(2)], train_and_eval),
     ):
         d = root / key
-        res = train(n, d, *steps, *args)
+        res = launch(n, d, *steps, *args)
         out[key] = (d, res.stdout)
     return out
 
@@ -95,6 +96,15 @@ def test_weight_mode_tracks_one_rank_per_step(runs, key):
     rel = np.abs(np.array(got) - np.array(want)) / np.abs(np.array(want))
     assert rel.max() <= 1e-5, (key, int(rel.argmax()) + 1, float(rel.max()))
     assert "tensor parallel (weight mode)" in runs[key][1]
+
+
+def test_eval_matches_one_rank(runs):
+    """The vocab-parallel loss and argmax over the held-out set, split over the replicas."""
+    one = json.loads((runs["one"][0] / "eval.json").read_text())
+    tp = json.loads((runs["dp2tp2"][0] / "eval.json").read_text())
+    assert tp["eval_samples"] == one["eval_samples"]
+    assert abs(tp["loss"] - one["loss"]) <= 1e-5 * one["loss"], (tp, one)
+    assert abs(tp["accuracy"] - one["accuracy"]) <= 1e-4, (tp, one)  # argmax near-ties
 
 
 def shard_numel(T: int) -> int:
