@@ -465,7 +465,7 @@ NOTES: dict[str, str] = {
     "runconfig.tensor_parallel": "ranks per group, on one node; divides the ranks",
     "runconfig.tensor_parallel_mode": (
         "batch: batch_size per group, split over it; weight: gpt2's layers split "
-        "(Megatron), fp32, ZeRO 0-1, no pipeline"
+        "(Megatron), fp32, ZeRO 0-2, no pipeline"
     ),
     "runconfig.pipeline_parallel": (
         "stages per replica; ranks: TP innermost, then PP, then DP; ZeRO 0-1, fp32"
@@ -622,8 +622,8 @@ def _check_weight_mode(p: Params) -> None:
     elif r.pipeline_parallel > 1:
         why = "does not combine with runconfig.pipeline_parallel (set it to 1)"
         key = "runconfig.pipeline_parallel"
-    elif r.zero_opt_level > 1:
-        why = f"runs ZeRO 0 or 1 on the data-parallel axis, not zero_opt_level={r.zero_opt_level}"
+    elif r.zero_opt_level > 2:
+        why = f"runs ZeRO 0-2 on the data-parallel axis, not zero_opt_level={r.zero_opt_level}"
         key = "runconfig.zero_opt_level"
     if why:
         raise ConfigError(f"{where} {why}", key)

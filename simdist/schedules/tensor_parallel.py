@@ -1,6 +1,6 @@
 """Tensor parallelism in weight mode (``runconfig.tensor_parallel: T``,
 ``tensor_parallel_mode: weight``): GPT-2's layers split Megatron-style over T ranks of one
-node (``simdist.models.gpt2_tp``), composed with data parallelism (ZeRO 0 or 1) on the
+node (``simdist.models.gpt2_tp``), composed with data parallelism (ZeRO 0-2) on the
 outer axis.
 
 Placement, as ``pipeline`` places it without stages: world = D x T, tensor-parallel ranks
@@ -29,7 +29,9 @@ The simulated device: each rank's memory holds its shard (parameters, gradients,
 optimizer state) and its shard's activation arena; its kernels are the shard's
 (``gpt2_tp.kernel_costs``); the group's all-reduces are recorded during forward and
 backward like any collective and placed on the virtual clock after that phase's kernels,
-exposed (Megatron's are blocking), and in the Chrome trace.
+exposed (Megatron's are blocking), and in the Chrome trace. (With ZeRO-2 the backward's
+reduce-scatters are then placed after the backward too, not overlapped, and the
+simulation notes it.)
 """
 
 from __future__ import annotations
