@@ -235,8 +235,9 @@ class Run:
         """The one checkpoint writer. Sharded optimizer state: every holder writes its range
         as a shard, then rank 0 commits the main file (parameters, attributes, index)."""
         s = self.schedule
+        if hasattr(s, "before_checkpoint"):  # tensor parallel: gather the shards (collective)
+            s.before_checkpoint(self)
         own = s.state_shard
-        params = s.checkpoint_parameters(self)  # collective among the holders
         whole = getattr(s, "checkpoint_layout", s.layout)  # tensor parallel: whole tensors
         layout = whole.describe() if own is not None or self.is_main else None
         shards, full_state = [], None
@@ -250,6 +251,7 @@ class Run:
                 key: {k: v.copy() for k, v in whole.views(buf).items()}
                 for key, buf in own.state.items()
             }
+        params = s.checkpoint_parameters(self)  # collective among the holders
         if self.is_main:
             attrs = {
                 "model": s.model.name,

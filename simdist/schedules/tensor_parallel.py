@@ -273,9 +273,15 @@ class TensorParallelWeight(DataParallel):
         return {"tensor_parallel": self.T, "tensor_parallel_mode": "weight", "precision": "fp32"}
 
     def checkpoint_parameters(self, run) -> dict[str, np.ndarray] | None:
-        """Collective: rank 0 assembles whole tensors from every shard (parameters from
-        replica 0, optimizer state from each replica's range) into the staging buffers
-        ``Run`` saves; returns the whole parameters on rank 0."""
+        """Rank 0: the whole parameters ``before_checkpoint`` assembled."""
+        if self.world_rank != 0:
+            return None
+        return self.checkpoint_layout.views(self.state_shard.params)
+
+    def before_checkpoint(self, run) -> None:
+        """Collective, before ``Run`` saves: rank 0 assembles whole tensors from every
+        shard (parameters from replica 0, optimizer state from each replica's range) into
+        the staging buffers ``Run`` writes."""
         lo, hi = self.sync.update_range
         first = self.dp_rank == 0
         mine = (
@@ -287,7 +293,7 @@ class TensorParallelWeight(DataParallel):
         )
         parts = self.comm.gather(mine, root=0)
         if parts is None:
-            return None
+            return
         full = self.checkpoint_layout
         local_params = [np.zeros(self.layout.padded, F32) for _ in range(self.T)]
         local_state = {
@@ -311,7 +317,6 @@ class TensorParallelWeight(DataParallel):
                 insert(whole[name], views[name], split)
                 for k in whole_state:
                     insert(whole_state[k][name], state_views[k][name], split)
-        return whole
 
     def performance(self, run, common: dict[str, Any]) -> dict[str, Any] | None:
         tp_sent = self.tp_coll.bytes_sent - self._tp_bytes_at_start
