@@ -121,9 +121,12 @@ class TensorParallelWeight(DataParallel):
         self.coll = Collectives(
             self.dp_comm, r.collective_algorithm, r.check_collectives, placement=dp_place
         )
-        # the group sits on one node: shared memory or point-to-point, whatever auto picks;
-        # every algorithm here leaves the same sum on every rank of the group
-        tp_alg = "auto" if r.collective_algorithm == "hierarchical" else r.collective_algorithm
+        # the group sits on one node. simdist's ring, rhd and shm leave the same bits on
+        # every rank of the group, which the replicated parameters rely on; MPI's native
+        # all-reduce does not promise it (and hierarchical needs several nodes): auto there
+        tp_alg = (
+            r.collective_algorithm if r.collective_algorithm in ("ring", "rhd", "shm") else "auto"
+        )
         self.tp_coll = Collectives(
             self.tp_comm,
             tp_alg,
