@@ -471,7 +471,9 @@ NOTES: dict[str, str] = {
         "stages per replica; ranks: TP innermost, then PP, then DP; ZeRO 0-1, fp32"
     ),
     "runconfig.pipeline_schedule": "micro-batches: optimizer.grad_accum_steps",
-    "runconfig.precision": "half: pipelined, data/tensor(batch)-parallel; model.mixed_precision: fp16",
+    "runconfig.precision": (
+        "half: pipelined, data/tensor(batch)-parallel; model.mixed_precision: fp16"
+    ),
     "runconfig.loss_scale": "null: dynamic in fp16, none otherwise; a number: static",
     "model.n_head": "divides n_embd",
     "model.preset": "gpt2-mini, gpt2, gpt2-medium, gpt2-large, gpt2-xl; null: give all sizes",

@@ -49,6 +49,7 @@ from simdist.config import ConfigError
 from simdist.data.datasets import build_dataset
 from simdist.device.collective import Network
 from simdist.faults import nonfinite_text
+from simdist.kernels.blas import half_operands
 from simdist.kernels.optim import sum_of_squares
 from simdist.memplan import DeviceAllocator, check_device_memory
 from simdist.models import gpt2_tp
@@ -137,6 +138,7 @@ class TensorParallelWeight(DataParallel):
         self.scaler = None
         self.skipped_steps_at_start = 0
         self.grad_wire = self.param_wire = 0
+        self.gemm = half_operands(None)  # plain float32 products (performance.json: gemm)
         self.device = simulate.create_device(run.profile, self.comm, place, None)
         self.memory = DeviceAllocator(self.device.memory, self.coll)
         whole = build_gpt2(self.params.model).config
