@@ -294,17 +294,23 @@ def consolidate(path: Path, out: Path, **set_attrs: Any) -> Path:
     return out
 
 
-def reshard(path: Path, out: Path, tensor_parallel: int) -> Path:
-    """A checkpoint for another tensor-parallel degree. In batch mode every device of a
-    group holds the whole model, so the tensors stay as they are; the file records the new
-    degree (a run refuses a checkpoint of another degree, so the change is always explicit)."""
+def reshard(path: Path, out: Path, tensor_parallel: int, mode: str | None = None) -> Path:
+    """A checkpoint for another tensor-parallel degree (and, with ``mode``, mode). Both
+    modes save whole tensors: in batch mode every device of a group holds the whole model,
+    and in weight mode rank 0 gathers the shards (each rank takes its slice when it
+    resumes). So the tensors stay as they are; the file records the new degree (a run
+    refuses a checkpoint of another degree, so the change is always explicit)."""
     if tensor_parallel < 1:
         raise CheckpointError(f"--tensor-parallel must be >= 1, got {tensor_parallel}")
+    if mode is None:
+        mode = verify(path).get("tensor_parallel_mode", "batch")
+    if mode not in ("batch", "weight"):
+        raise CheckpointError(f"--tensor-parallel-mode must be batch or weight, got {mode!r}")
     return consolidate(
         path,
         out,
         tensor_parallel=tensor_parallel,
-        tensor_parallel_mode="batch",
+        tensor_parallel_mode=mode,
         resharded_from=str(Path(path)),
     )
 
@@ -321,12 +327,17 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("checkpoint")
     r.add_argument("out")
     r.add_argument("--tensor-parallel", type=int, required=True)
+    r.add_argument("--tensor-parallel-mode", default=None, help="default: the recorded mode")
     args = parser.parse_args(argv)
     try:
         if args.cmd == "consolidate":
             print(consolidate(Path(args.checkpoint), Path(args.out)))
         elif args.cmd == "reshard":
-            print(reshard(Path(args.checkpoint), Path(args.out), args.tensor_parallel))
+            out = reshard(
+                Path(args.checkpoint), Path(args.out), args.tensor_parallel,
+                args.tensor_parallel_mode,
+            )  # fmt: skip
+            print(out)
         else:
             print(json.dumps(verify(Path(args.checkpoint)), indent=1, default=str))
     except CheckpointError as e:

@@ -463,12 +463,17 @@ NOTES: dict[str, str] = {
     "runconfig.weight_servers": "weight_streaming only; fewer than the ranks",
     "runconfig.prefetch_depth": "weight_streaming only",
     "runconfig.tensor_parallel": "ranks per group, on one node; divides the ranks",
-    "runconfig.tensor_parallel_mode": "batch: batch_size per group, split over it; weight: not yet",
+    "runconfig.tensor_parallel_mode": (
+        "batch: batch_size per group, split over it; weight: gpt2's layers split "
+        "(Megatron), fp32, ZeRO 0-2, no pipeline"
+    ),
     "runconfig.pipeline_parallel": (
         "stages per replica; ranks: TP innermost, then PP, then DP; ZeRO 0-2, fp32 or bf16"
     ),
     "runconfig.pipeline_schedule": "micro-batches: optimizer.grad_accum_steps",
-    "runconfig.precision": "half: pipelined, data/tensor(batch)-parallel; model.mixed_precision: fp16",
+    "runconfig.precision": (
+        "half: pipelined, data/tensor(batch)-parallel; model.mixed_precision: fp16"
+    ),
     "runconfig.loss_scale": "null: dynamic in fp16, none otherwise; a number: static",
     "model.n_head": "divides n_embd",
     "model.preset": "gpt2-mini, gpt2, gpt2-medium, gpt2-large, gpt2-xl; null: give all sizes",
@@ -581,17 +586,14 @@ def _check_precision(p: Params) -> None:
 
 def _check_tensor_parallel(p: Params) -> None:
     r, t = p.runconfig, p.train_input
-    if r.tensor_parallel_mode == "weight":
-        raise ConfigError(
-            "runconfig.tensor_parallel_mode=weight (layers split Megatron-style) is not "
-            "implemented yet; batch mode is (runconfig.tensor_parallel_mode: batch)",
-            "runconfig.tensor_parallel_mode",
-        )
     if r.execution_mode != "pipelined" or r.input_workers_per_replica:
         raise ConfigError(
             "runconfig.tensor_parallel applies to pipelined execution without input workers",
             "runconfig.tensor_parallel",
         )
+    if r.tensor_parallel_mode == "weight":
+        _check_weight_mode(p)
+        return
     if t.batch_size is not None and t.batch_size % r.tensor_parallel:
         raise ConfigError(
             f"train_input.batch_size={t.batch_size} is the batch of one tensor-parallel group "
@@ -599,6 +601,38 @@ def _check_tensor_parallel(p: Params) -> None:
             f"{r.tensor_parallel}",
             "train_input.batch_size",
         )
+
+
+def _check_weight_mode(p: Params) -> None:
+    """What tensor parallelism in weight mode (``simdist.schedules.tensor_parallel``)
+    supports; the split itself is checked on the resolved model (heads, vocabulary)."""
+    from simdist.precision import canonical
+
+    r = p.runconfig
+    where = "runconfig.tensor_parallel_mode=weight"
+    why, key = None, "runconfig.tensor_parallel_mode"
+    if p.model.name != "gpt2":
+        why = (
+            f"(layers split Megatron-style) runs model.name gpt2 only, not {p.model.name}; "
+            "use tensor_parallel_mode batch for it"
+        )
+    elif canonical(r.precision) != "fp32":
+        why, key = (
+            f"trains in fp32 only, not runconfig.precision={r.precision}",
+            "runconfig.precision",
+        )
+    elif r.pipeline_parallel > 1:
+        why = "does not combine with runconfig.pipeline_parallel (set it to 1)"
+        key = "runconfig.pipeline_parallel"
+    elif r.zero_opt_level > 2:
+        why = f"runs ZeRO 0-2 on the data-parallel axis, not zero_opt_level={r.zero_opt_level}"
+        key = "runconfig.zero_opt_level"
+    if why:
+        raise ConfigError(f"{where} {why}", key)
+    from simdist.models.gpt2 import build_gpt2
+    from simdist.models.gpt2_tp import check_split
+
+    check_split(build_gpt2(p.model).config, r.tensor_parallel)
 
 
 def _check_pipeline_parallel(r: RunConfig) -> None:
@@ -670,7 +704,7 @@ def batch_sizes(p: Params, world: int) -> tuple[int, int]:
     t, accum = p.train_input, p.optimizer.grad_accum_steps
     replicas = world
     tp = p.runconfig.tensor_parallel  # batch mode: batch_size is per group of tp ranks
-    if t.global_batch_size is None and tp > 1:
+    if t.global_batch_size is None and tp > 1 and p.runconfig.tensor_parallel_mode == "batch":
         return t.batch_size // tp, t.batch_size // tp * replicas * accum
     if t.global_batch_size is not None:
         if t.global_batch_size % (replicas * accum):

@@ -31,6 +31,7 @@ from simdist.kernels.registry import warm_all
 from simdist.lr_schedule import parse_schedule
 from simdist.schedules import DataParallel, InputWorkers, Schedule, StepResult, WeightStreaming
 from simdist.schedules.pipeline import Pipeline
+from simdist.schedules.tensor_parallel import TensorParallelWeight
 from simdist.streaming import options_from
 
 
@@ -143,7 +144,8 @@ class Run:
             path = checkpoint.latest_checkpoint(self.model_dir)
         if path is None:
             return
-        layout = self.schedule.layout
+        # a schedule whose ranks hold slices (tensor parallel) reads whole tensors
+        layout = getattr(self.schedule, "checkpoint_layout", self.schedule.layout)
         shapes = {s.name: s.shape for s in layout.specs}
         step, tensors, attrs = checkpoint.load(path, shapes, self.schedule.model.name)
         tp_was, tp = int(attrs.get("tensor_parallel", 1)), r.tensor_parallel
@@ -233,8 +235,11 @@ class Run:
         """The one checkpoint writer. Sharded optimizer state: every holder writes its range
         as a shard, then rank 0 commits the main file (parameters, attributes, index)."""
         s = self.schedule
+        if hasattr(s, "before_checkpoint"):  # tensor parallel: gather the shards (collective)
+            s.before_checkpoint(self)
         own = s.state_shard
-        layout = s.layout.describe() if own is not None or self.is_main else None
+        whole = getattr(s, "checkpoint_layout", s.layout)  # tensor parallel: whole tensors
+        layout = whole.describe() if own is not None or self.is_main else None
         shards, full_state = [], None
         if own is not None and own.sharded:
             shard = checkpoint.save_optimizer_shard(
@@ -243,7 +248,7 @@ class Run:
             shards = own.comm.gather(shard, root=0)
         elif own is not None and self.is_main:
             full_state = {
-                key: {k: v.copy() for k, v in s.layout.views(buf).items()}
+                key: {k: v.copy() for k, v in whole.views(buf).items()}
                 for key, buf in own.state.items()
             }
         params = s.checkpoint_parameters(self)  # collective among the holders
@@ -410,6 +415,8 @@ def schedule_for(params: Params, comm) -> Schedule:
                 f"runconfig.enable_data_parallel is false but {comm.Get_size()} ranks were "
                 "started; enable data parallelism or run one rank"
             )
+        if r.tensor_parallel > 1 and r.tensor_parallel_mode == "weight":
+            return TensorParallelWeight(comm, r.tensor_parallel)
         if r.pipeline_parallel > 1:
             return Pipeline(comm, r.pipeline_parallel, r.tensor_parallel)
         return DataParallel(comm)

@@ -89,7 +89,7 @@ def test_the_degree_changes_only_through_an_explicit_reshard(tmp_path):
          "ranks [0, 1] span nodes [0, 1]"),
         (2, ["--tensor-parallel", "2", "-b", "7"], "train_input.batch_size=7 is the batch of one"),
         (2, ["--tensor-parallel", "2", "--runconfig.tensor_parallel_mode=weight"],
-         "tensor_parallel_mode=weight (layers split Megatron-style) is not implemented"),
+         "tensor_parallel_mode=weight (layers split Megatron-style) runs model.name gpt2 only"),
     ],
 )  # fmt: skip
 def test_bad_tensor_parallel_input_exits_2_and_writes_nothing(tmp_path, np_, args, message):

@@ -153,9 +153,13 @@ def num_parameters(cfg: GPT2Config) -> int:
     return cfg.vocab_size * C + cfg.block_size * C + L * (12 * C * C + 13 * C) + 2 * C
 
 
-def activation_shapes(cfg: GPT2Config, B: int, T: int) -> dict[str, tuple[int, ...]]:
-    """Every tensor of the arena for micro-batch B and sequence length T, in arena order."""
-    C, L, NH, V = cfg.n_embd, cfg.n_layer, cfg.n_head, cfg.vocab_size
+def activation_shapes(cfg: GPT2Config, B: int, T: int, tp: int = 1) -> dict[str, tuple[int, ...]]:
+    """Every tensor of the arena for micro-batch B and sequence length T, in arena order.
+
+    ``tp``: the shard of one tensor-parallel rank (``gpt2_tp``): its heads, MLP columns and
+    vocabulary rows are 1/tp of the model's; the residual stream stays whole."""
+    C, L, NH, V = cfg.n_embd, cfg.n_layer, cfg.n_head // tp, cfg.vocab_size // tp
+    Cs = C // tp  # the shard's attention width (its heads x head size)
     N = B * T
     return {
         # int32, stored in the float32 arena (same element size)
@@ -166,15 +170,15 @@ def activation_shapes(cfg: GPT2Config, B: int, T: int) -> dict[str, tuple[int, .
         "ln1": (L, N, C),
         "ln1_mean": (L, N),
         "ln1_rstd": (L, N),
-        "qkv": (L, B, T, 3 * C),
-        "atty": (L, B, T, C),  # attention output before c_proj
+        "qkv": (L, B, T, 3 * Cs),
+        "atty": (L, B, T, Cs),  # attention output before c_proj
         "att": (L, B, NH, T, T),  # softmax probabilities
         "res2": (L, N, C),  # residual stream after the attention block
         "ln2": (L, N, C),
         "ln2_mean": (L, N),
         "ln2_rstd": (L, N),
-        "fch": (L, N, 4 * C),  # c_fc output, GELU input
-        "fch_gelu": (L, N, 4 * C),
+        "fch": (L, N, 4 * Cs),  # c_fc output, GELU input
+        "fch_gelu": (L, N, 4 * Cs),
         "res3": (L, N, C),  # residual stream after the MLP block (= the layer's output)
         "lnf": (N, C),
         "lnf_mean": (N,),
@@ -185,12 +189,12 @@ def activation_shapes(cfg: GPT2Config, B: int, T: int) -> dict[str, tuple[int, .
         # gradients of activations, reused by every layer in turn
         "dres": (N, C),  # gradient of the residual stream
         "dln": (N, C),  # gradient of a layernorm output
-        "datty": (B, T, C),
-        "dqkv": (B, T, 3 * C),
-        "dfch_gelu": (N, 4 * C),
+        "datty": (B, T, Cs),
+        "dqkv": (B, T, 3 * Cs),
+        "dfch_gelu": (N, 4 * Cs),
         # d fch: a buffer of its own because GELU's backward writing over its dout in place
         # stops LLVM's vectoriser (the overlap check fails) and ran 16x slower (measured)
-        "dfch": (N, 4 * C),
+        "dfch": (N, 4 * Cs),
         # attention backward's d scores of one (sequence, head)
         "att_dscores": (T, T),
     }
@@ -199,18 +203,18 @@ def activation_shapes(cfg: GPT2Config, B: int, T: int) -> dict[str, tuple[int, .
 ARENA_ALIGN = 16  # elements (64 bytes): every tensor starts on its own cache line
 
 
-def arena_layout(cfg: GPT2Config, batch_size: int) -> tuple[dict[str, int], int]:
+def arena_layout(cfg: GPT2Config, batch_size: int, tp: int = 1) -> tuple[dict[str, int], int]:
     """(offset of each tensor, total elements) of the arena for micro-batches of batch_size."""
     offsets, total = {}, 0
-    for name, shape in activation_shapes(cfg, batch_size, cfg.block_size).items():
+    for name, shape in activation_shapes(cfg, batch_size, cfg.block_size, tp).items():
         offsets[name] = total
         total += -(-math.prod(shape) // ARENA_ALIGN) * ARENA_ALIGN
     return offsets, total
 
 
-def activation_bytes(cfg: GPT2Config, batch_size: int) -> int:
+def activation_bytes(cfg: GPT2Config, batch_size: int, tp: int = 1) -> int:
     """Bytes of the arena ``GPT2(cfg).allocate(batch_size)`` creates (nothing allocated)."""
-    return 4 * arena_layout(cfg, batch_size)[1]
+    return 4 * arena_layout(cfg, batch_size, tp)[1]
 
 
 def flops_per_sample(cfg: GPT2Config) -> int:
@@ -232,11 +236,13 @@ def flops_per_sample(cfg: GPT2Config) -> int:
 class _Views:
     """Named views of the arena for one (B, T), per layer where the tensor is per layer."""
 
-    def __init__(self, arena: np.ndarray, cfg: GPT2Config, B: int, T: int, offsets: dict):
+    def __init__(
+        self, arena: np.ndarray, cfg: GPT2Config, B: int, T: int, offsets: dict, tp: int = 1
+    ):
         self.B, self.T = B, T
         N = B * T
-        C = cfg.n_embd
-        shapes = activation_shapes(cfg, B, T)
+        C, Cs = cfg.n_embd, cfg.n_embd // tp  # Cs: a tensor-parallel shard's attention width
+        shapes = activation_shapes(cfg, B, T, tp)
         v = {}
         for name, shape in shapes.items():
             lo = offsets[name]
@@ -263,9 +269,9 @@ class _Views:
         self.att, self.res2, self.res3 = list(v["att"]), list(v["res2"]), list(v["res3"])
         self.fch, self.fch_gelu = list(v["fch"]), list(v["fch_gelu"])
         self.qkv = list(v["qkv"])  # (B, T, 3C) for attention
-        self.qkv2 = [a.reshape(N, 3 * C) for a in self.qkv]  # (N, 3C) for the linear layers
+        self.qkv2 = [a.reshape(N, 3 * Cs) for a in self.qkv]  # (N, 3C) for the linear layers
         self.atty = list(v["atty"])
-        self.atty2 = [a.reshape(N, C) for a in self.atty]
+        self.atty2 = [a.reshape(N, Cs) for a in self.atty]
         self.fch1 = [a.reshape(-1) for a in self.fch]  # flat, for GELU
         self.fch_gelu1 = [a.reshape(-1) for a in self.fch_gelu]
         # the residual stream entering each layer
@@ -275,9 +281,9 @@ class _Views:
         self.dres, self.dln = v["dres"], v["dln"]
         self.dres3 = self.dres.reshape(B, T, C)
         self.datty = v["datty"]
-        self.datty2 = self.datty.reshape(N, C)
+        self.datty2 = self.datty.reshape(N, Cs)
         self.dqkv = v["dqkv"]
-        self.dqkv2 = self.dqkv.reshape(N, 3 * C)
+        self.dqkv2 = self.dqkv.reshape(N, 3 * Cs)
         self.dfch_gelu, self.dfch = v["dfch_gelu"], v["dfch"]
         self.dfch_gelu1, self.dfch1 = self.dfch_gelu.reshape(-1), self.dfch.reshape(-1)
         self.att_dscores = v["att_dscores"]
@@ -303,6 +309,7 @@ class GPT2:
         self._stages += [Stage(f"h.{i}", n, n) for i, n in enumerate(self._layer_names)]
         self._stages.append(Stage("head", head, head))
         self._store = no_store  # set_precision: round what the kernels store
+        self._tp = 1  # tensor-parallel shards of the arena (``gpt2_tp``); 1: the whole model
 
     def set_precision(self, precision) -> None:
         """Train in ``precision`` (``simdist.precision.Precision``): every activation and
@@ -317,7 +324,7 @@ class GPT2:
         return num_parameters(self.config)
 
     def activation_bytes(self, batch_size: int) -> int:
-        return activation_bytes(self.config, batch_size)
+        return activation_bytes(self.config, batch_size, self._tp)
 
     def flops_per_sample(self) -> int:
         return flops_per_sample(self.config)
@@ -347,7 +354,7 @@ class GPT2:
     def allocate(self, batch_size: int) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
-        offsets, total = arena_layout(self.config, batch_size)
+        offsets, total = arena_layout(self.config, batch_size, self._tp)
         self._arena = np.zeros(total, dtype=np.float32)
         self._offsets = offsets
         self._batch = batch_size
@@ -366,7 +373,7 @@ class GPT2:
             )
         key = (B, T)
         if key not in self._views:
-            self._views[key] = _Views(self._arena, self.config, B, T, self._offsets)
+            self._views[key] = _Views(self._arena, self.config, B, T, self._offsets, self._tp)
         return self._views[key]
 
     # -------------------------------------------------------------- protocol: compute

@@ -1,0 +1,358 @@
+"""Tensor parallelism in weight mode (``runconfig.tensor_parallel: T``,
+``tensor_parallel_mode: weight``): GPT-2's layers split Megatron-style over T ranks of one
+node (``simdist.models.gpt2_tp``), composed with data parallelism (ZeRO 0-2) on the
+outer axis.
+
+Placement, as ``pipeline`` places it without stages: world = D x T, tensor-parallel ranks
+innermost, so rank d T + t is shard t of replica d. Two sub-communicators: the group's T
+ranks (the model's all-reduces, through simdist's collectives) and the D ranks holding the
+same shard t (the data-parallel gradient sync). Everything else is ``DataParallel``'s, run
+on shard-sized buffers: each rank's flat layout is its shard's parameters
+(``GPT2TP.parameter_specs``), reduced, ZeRO-partitioned, updated and checked over its D
+replicas exactly as data parallelism does over the whole model.
+
+Replicated parameters (LayerNorms, ``wpe``, the row-parallel biases) get bit-identical
+gradients on the T ranks (the model computes them from all-reduced, hence identical,
+inputs), every shard-t data-parallel group reduces them with the same algorithm over the
+same flat offsets, and the optimizer updates them identically: the copies never drift, and
+``check_replicas`` compares their hash across the group at every summary. The clipping norm
+counts them once: each rank's share is its sharded elements plus, on shard 0 only, its
+replicated ones, summed over the group and then over the replicas.
+
+Checkpoints hold whole tensors (Hugging Face shapes, the one-rank flat layout): rank 0
+gathers every shard's parameters and optimizer state and writes them as a one-rank run
+would, with ``tensor_parallel`` and ``tensor_parallel_mode`` recorded. A run refuses a
+checkpoint of another degree; ``python -m simdist.checkpoint reshard`` only rewrites the
+recorded degree, since each rank takes its slice of the whole tensors when it resumes.
+
+The simulated device: each rank's memory holds its shard (parameters, gradients,
+optimizer state) and its shard's activation arena; its kernels are the shard's
+(``gpt2_tp.kernel_costs``); the group's all-reduces are recorded during forward and
+backward like any collective and placed on the virtual clock after that phase's kernels,
+exposed (Megatron's are blocking), and in the Chrome trace. (With ZeRO-2 the backward's
+reduce-scatters are then placed after the backward too, not overlapped, and the
+simulation notes it.)
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import Any
+
+import numpy as np
+
+from simdist import simulate
+from simdist.arena import Layout
+from simdist.comm import Collectives
+from simdist.comm.topology import Placement, placement
+from simdist.config import ConfigError
+from simdist.data.datasets import build_dataset
+from simdist.device.collective import Network
+from simdist.faults import nonfinite_text
+from simdist.kernels.blas import half_operands
+from simdist.kernels.optim import sum_of_squares
+from simdist.memplan import DeviceAllocator, check_device_memory
+from simdist.models import gpt2_tp
+from simdist.models.gpt2 import build_gpt2, parameter_specs
+from simdist.models.gpt2_tp import GPT2TP, extract, insert, shard_index
+from simdist.precision import Precision
+from simdist.schedules.base import StateShard, StepResult
+from simdist.schedules.data_parallel import DataParallel, tensor_parallel_groups
+
+F32 = np.float32
+
+
+def sub_placement(place: Placement, members: list[int], index: int) -> Placement:
+    """The placement of the sub-communicator of world ranks ``members`` (this rank is
+    ``members[index]``), nodes renumbered in order of first member."""
+    nodes: dict[int, int] = {}
+    return Placement(index, tuple(nodes.setdefault(place.node_of[m], len(nodes)) for m in members))
+
+
+class TensorParallelWeight(DataParallel):
+    name = "pipelined"
+
+    def __init__(self, comm, tp: int):
+        world = comm.Get_size()
+        if world % tp:
+            raise ConfigError(
+                f"runconfig.tensor_parallel={tp} must divide the {world} ranks (groups of {tp} "
+                "consecutive ranks); start a multiple of it",
+                "runconfig.tensor_parallel",
+            )
+        r = comm.Get_rank()
+        self.T, self.D = tp, world // tp
+        self.tp_rank, self.dp_rank = r % tp, r // tp
+        self.tp_comm = comm.Split(self.dp_rank, self.tp_rank)  # this replica's T shards
+        self.dp_comm = comm.Split(self.tp_rank, self.dp_rank)  # shard t of every replica
+        super().__init__(comm)
+        self.replicas, self.ranks = self.D, world
+        self.world_rank, self.world_size = r, world
+        # the data-parallel axis: sampler, flat-layout slices, memory plan, gradient sync
+        self.rank, self.world = self.dp_rank, self.D
+
+    # ----------------------------------------------------------------- set-up
+    def prepare(self, run) -> None:
+        self.params, r = run.params, run.params.runconfig
+        self.zero_level = r.zero_opt_level
+        self.micro_batch = run.micro_batch
+        self.tensor_parallel = self.T
+        place = (
+            placement(self.comm)
+            if r.ranks_per_node is None
+            else Placement.blocks(self.world_rank, self.world_size, r.ranks_per_node)
+        )
+        self.tp_groups = tensor_parallel_groups(place, self.T)  # one node each, else exit 2
+        self.world_placement = place
+        dp_members = [d * self.T + self.tp_rank for d in range(self.D)]
+        tp_members = [self.dp_rank * self.T + t for t in range(self.T)]
+        dp_place = sub_placement(place, dp_members, self.dp_rank)
+        if r.collective_algorithm == "hierarchical" and not dp_place.uniform:
+            raise ConfigError(
+                "runconfig.collective_algorithm=hierarchical needs the same number of "
+                "data-parallel ranks on every node",
+                "runconfig.collective_algorithm",
+            )
+        if r.collective_algorithm == "shm" and dp_place.num_nodes > 1:
+            raise ConfigError(
+                "runconfig.collective_algorithm=shm needs every rank on one node",
+                "runconfig.collective_algorithm",
+            )
+        self.placement = dp_place
+        self.coll = Collectives(
+            self.dp_comm, r.collective_algorithm, r.check_collectives, placement=dp_place
+        )
+        # the group sits on one node. simdist's ring, rhd and shm leave the same bits on
+        # every rank of the group, which the replicated parameters rely on; MPI's native
+        # all-reduce does not promise it (and hierarchical needs several nodes): auto there
+        tp_alg = (
+            r.collective_algorithm if r.collective_algorithm in ("ring", "rhd", "shm") else "auto"
+        )
+        self.tp_coll = Collectives(
+            self.tp_comm,
+            tp_alg,
+            r.check_collectives,
+            placement=sub_placement(place, tp_members, self.tp_rank),
+        )
+        self.precision = Precision("fp32")  # config: weight mode trains in fp32
+        self.scaler = None
+        self.skipped_steps_at_start = 0
+        self.grad_wire = self.param_wire = 0
+        self.gemm = half_operands(None)  # plain float32 products (performance.json: gemm)
+        self.device = simulate.create_device(run.profile, self.comm, place, None)
+        self.memory = DeviceAllocator(self.device.memory, self.coll)
+        whole = build_gpt2(self.params.model).config
+        self.model = GPT2TP(whole, self.T, self.tp_rank)
+        self.data = build_dataset(self.params, self.micro_batch)
+        self._choose_shared_buffers(run)
+        check_device_memory(self)  # the shard's tensors, before any buffer exists
+        t = self.params.train_input
+        origin = "global given" if t.global_batch_size is not None else "per replica given"
+        groups = " ".join(f"{list(g)}" for g in self.tp_groups)
+        C, H, V = whole.n_embd, whole.n_head, whole.vocab_size
+        run.log(
+            f"simdist: tensor parallel (weight mode), {self.D} replica(s) x {self.T} shards "
+            f"(rank r: shard r % {self.T}, replica r // {self.T}); groups on one node: "
+            f"{groups}; each shard holds {H // self.T} of {H} heads, {4 * C // self.T} of "
+            f"{4 * C} MLP columns, {V // self.T} of {V} vocabulary rows"
+        )
+        run.log(
+            f"simdist: {self.D} replica(s), model {self.model.name}, micro-batch "
+            f"{self.micro_batch} x {self.params.optimizer.grad_accum_steps} accumulation, "
+            f"global batch {run.global_batch} ({origin}), ZeRO-{self.zero_level} on the "
+            f"data-parallel axis, collectives {r.collective_algorithm}, precision fp32; "
+            f"data: {self.data.source}"
+        )
+
+    def warm(self) -> None:
+        gpt2_tp._warm()  # the vocab-parallel softmax (rank 0 first, as every kernel)
+
+    def allocate(self, run) -> None:
+        super().allocate(run)
+        sim = self.sim
+        # the group's all-reduces on this rank's clock and trace, costed over the group
+        tp_rec = simulate.RecordingCollectives(self.tp_coll, sim, False, 0)
+        self.model.bind(tp_rec)
+        self.tp_rec = tp_rec
+        place = self.world_placement
+        nodes = tuple(tuple(place.members(m)) for m in range(place.num_nodes))
+        # collectives are costed on their own blocks; the network names every rank
+        sim.model.net = Network(self.world_size, self.world_rank, place.link_class(), nodes)
+        sim.world, sim.rank = self.world_size, self.world_rank  # trace: one track per rank
+        # the replicated and the split parts of this rank's flat range (for the norm)
+        lo, hi = self.sync.partition
+        split = self.model.index
+        self._norm_parts = [
+            (seg.lo - self.sync.update_range[0], seg.hi - self.sync.update_range[0])
+            for seg in self.layout.segments(lo, hi)
+            if split[seg.name] is not None or self.tp_rank == 0
+        ]
+        self._replicated = [n for n, s in split.items() if s is None]
+        # checkpoints: whole tensors in the one-rank layout (``Run`` reads and writes it)
+        self.checkpoint_layout = Layout(parameter_specs(self.model.config), 1)
+        self.state_shard = None  # data parallelism's (the shard's range) is not Run's
+        self._staging(run)
+
+    def _staging(self, run) -> None:
+        """Whole-model buffers for ``Run``'s checkpoint reader and writer (host memory,
+        not the device's): filled on resume, then released (``feed``); rank 0 refills
+        them for each save."""
+        n = self.checkpoint_layout.padded
+        state = {k: np.zeros(n, F32) for k in self.optimizer.state}
+        if self.state_shard is None:
+            self.state_shard = StateShard(
+                self.comm, 0, 1, 0, n, state, sharded=False, params=np.zeros(n, F32)
+            )
+        else:  # the object ``Run`` holds: refilled in place
+            self.state_shard.state, self.state_shard.params = state, np.zeros(n, F32)
+
+    def restore(self, run, path, attrs: dict[str, Any], loaded: set[str]) -> None:
+        """This rank's slice of the whole tensors ``Run`` read: parameters, and the
+        optimizer state of its update range."""
+        own, full = self.state_shard, self.checkpoint_layout
+        whole = full.views(own.params)
+        for name, split in self.model.index.items():
+            self.pviews[name][...] = extract(whole[name], split)
+        lo, hi = self.sync.update_range
+        local = np.zeros(self.layout.padded, F32)
+        views = self.layout.views(local)
+        for key in loaded:
+            src = full.views(own.state[key])
+            for name, split in self.model.index.items():
+                views[name][...] = extract(src[name], split)
+            self.optimizer.state[key][...] = local[lo:hi]
+
+    def feed(self, run) -> None:
+        super().feed(run)
+        own = self.state_shard  # release the resume staging
+        own.params = np.zeros(0, F32)
+        own.state = {k: np.zeros(0, F32) for k in own.state}
+
+    # ----------------------------------------------------------------- the step
+    def step(self, run, step: int, guard) -> StepResult:
+        p, model, sync = self.params, self.model, self.sync
+        n, accum = step + 1, p.optimizer.grad_accum_steps
+        dloss = 1.0 / (self.micro_batch * accum)  # mean over this replica's samples
+        hook = guard.hook
+        guard.enter("forward_backward", n)
+        loss = 0.0
+        for micro, indices in enumerate(self.sampler.indices(step)):
+            x, y = self.data.train_batch(indices)
+            if hook:
+                hook.at_batch(n, micro, x)
+            loss += model.forward(self.pviews, x, y) / accum
+            model.backward(self.pviews, self.gradients(micro), dloss)
+            self.accumulate_gradients(micro)
+        guard.enter("reduce_gradients", n)
+        grads, _ = sync.reduce_gradients(self.grads)  # averaged over the D replicas
+        # this replica slice's share of the norm: split elements of every shard, the
+        # replicated ones once (shard 0's); the same total on every rank of the group
+        split = sum(sum_of_squares(grads[a:b]) for a, b in self._norm_parts)
+        own_sumsq = float(self.tp_rec.allreduce_scalars(np.array([split]))[0])
+        # every shard holds the same loss: the agreement sums it over the D replicas
+        sumsq, _, stop = guard.check(n, own_sumsq, loss, lambda: nonfinite_text(n))
+        norm = self.clip(grads, sumsq)
+        guard.enter("update", n)
+        self.optimizer.step(self.owned_parameters(), grads, n, run.learning_rate(step))
+        guard.enter("gather_parameters", n)
+        sync.gather_parameters(self.params_flat)
+        return StepResult(loss, norm, stop)
+
+    def check_replicas(self, step: int) -> None:
+        """Shard t's D replicas hold the same bits, and the T shards the same replicated
+        parameters: hashes compared across each axis."""
+        digest = zlib.crc32(self.params_flat.view(np.uint8))
+        if len(set(self.dp_comm.allgather(digest))) != 1:
+            raise RuntimeError(f"replicas of shard {self.tp_rank} diverged at global_step {step}")
+        rep = 0
+        for name in self._replicated:
+            rep = zlib.crc32(np.ascontiguousarray(self.pviews[name]).view(np.uint8), rep)
+        if len(set(self.tp_comm.allgather(rep))) != 1:
+            raise RuntimeError(
+                f"the replicated parameters of replica {self.dp_rank}'s shards diverged at "
+                f"global_step {step}"
+            )
+
+    # ----------------------------------------------------------------- around the steps
+    def checkpoint_attrs(self) -> dict[str, Any]:
+        return {"tensor_parallel": self.T, "tensor_parallel_mode": "weight", "precision": "fp32"}
+
+    def checkpoint_parameters(self, run) -> dict[str, np.ndarray] | None:
+        """Rank 0: the whole parameters ``before_checkpoint`` assembled."""
+        if self.world_rank != 0:
+            return None
+        return self.checkpoint_layout.views(self.state_shard.params)
+
+    def before_checkpoint(self, run) -> None:
+        """Collective, before ``Run`` saves: rank 0 assembles whole tensors from every
+        shard (parameters from replica 0, optimizer state from each replica's range) into
+        the staging buffers ``Run`` writes."""
+        lo, hi = self.sync.update_range
+        first = self.dp_rank == 0
+        mine = (
+            self.tp_rank,
+            lo,
+            hi,
+            {k: v for k, v in self.optimizer.state.items()} if first or self.zero_level else {},
+            self.params_flat if first else None,
+        )
+        parts = self.comm.gather(mine, root=0)
+        if parts is None:
+            return
+        full = self.checkpoint_layout
+        local_params = [np.zeros(self.layout.padded, F32) for _ in range(self.T)]
+        local_state = {
+            k: [np.zeros(self.layout.padded, F32) for _ in range(self.T)]
+            for k in self.optimizer.state
+        }
+        for t, a, b, state, params in parts:
+            if params is not None:
+                local_params[t][...] = params
+            for k, v in state.items():
+                local_state[k][t][a:b] = v
+        self._staging(run)
+        own = self.state_shard
+        whole = full.views(own.params)
+        whole_state = {k: full.views(own.state[k]) for k in own.state}
+        for t in range(self.T):
+            index = shard_index(self.model.config, self.T, t)
+            views = self.layout.views(local_params[t])
+            state_views = {k: self.layout.views(local_state[k][t]) for k in local_state}
+            for name, split in index.items():
+                insert(whole[name], views[name], split)
+                for k in whole_state:
+                    insert(whole_state[k][name], state_views[k][name], split)
+
+    def performance(self, run, common: dict[str, Any]) -> dict[str, Any] | None:
+        tp_sent = self.tp_coll.bytes_sent - self._tp_bytes_at_start
+        out = super().performance(run, common)
+        steps = max(common["steps"], 1)
+        per_rank = self.comm.gather(
+            {
+                "memory_bytes": dict(self.memory.bytes),
+                "parameters": self.layout.numel,
+                "tp_bytes": tp_sent / steps,
+            },
+            root=0,
+        )
+        if out is None or per_rank is None:
+            return out
+        out.update(
+            {
+                "world_size": self.world_size,
+                "replicas": self.D,
+                "tensor_parallel": self.T,
+                "tensor_parallel_mode": "weight",
+                "parameters": self.checkpoint_layout.numel,  # the whole model
+                "parameters_per_rank": self.layout.numel,
+                "parameters_padded_per_rank": self.layout.padded,
+                "memory_bytes_per_rank": [x["memory_bytes"] for x in per_rank],
+                "tensor_parallel_bytes_sent_per_step": max(x["tp_bytes"] for x in per_rank),
+                "comm_bytes_sent_per_step": out["comm_bytes_sent_per_step"] + tp_sent / steps,
+            }
+        )
+        return out
+
+    def start(self, run) -> None:
+        super().start(run)
+        self._tp_bytes_at_start = self.tp_coll.bytes_sent
