@@ -228,6 +228,31 @@ def test_gelu_erf_and_tanh_match_float64():
     assert np.abs(dt - (1 - np.tanh(x64) ** 2)).max() < 1e-5
 
 
+def test_layernorm_eps_is_the_callers():
+    """BERT's LayerNorm eps (1e-12, Hugging Face's) reaches the kernel: on rows of tiny
+    variance (where eps matters) the output matches float64 at eps 1e-12, and the GPT-2
+    form (eps 1e-5) differs there."""
+    from simdist.kernels import layernorm
+
+    rng = np.random.default_rng(4)
+    x = (1.0 + 1e-4 * rng.standard_normal((6, 64))).astype(F32)  # variance ~1e-8
+    w = rng.standard_normal(64).astype(F32)
+    b = rng.standard_normal(64).astype(F32)
+    x64 = x.astype(np.float64)
+    ref = (x64 - x64.mean(1, keepdims=True)) / np.sqrt(x64.var(1, keepdims=True) + 1e-12) * w + b
+    out, mean, rstd = np.zeros_like(x), np.zeros(6, F32), np.zeros(6, F32)
+    layernorm.layernorm_forward_eps(out, mean, rstd, x, w, b, F32(1e-12))
+    assert np.abs(out - ref).max() / np.abs(ref).max() < 1e-3  # float32 mean's rounding
+    res, out2 = np.zeros_like(x), np.zeros_like(x)
+    half = (x * F32(0.5)).astype(F32)
+    layernorm.residual_layernorm_forward_eps(
+        res, out2, mean, rstd, half, x - half, w, b, F32(1e-12)
+    )
+    assert np.abs(out2 - ref).max() / np.abs(ref).max() < 1e-3
+    layernorm.layernorm_forward(out, mean, rstd, x, w, b)  # eps 1e-5: visibly different
+    assert np.abs(out - ref).max() / np.abs(ref).max() > 0.1
+
+
 # ---------------------------------------------------------------- model
 def _tiny(drop=0.1):
     return resolve_config(

@@ -36,7 +36,7 @@ def hf_bert(cfg, seed: int = 0, dropout: float = 0.0) -> transformers.BertForPre
         hidden_act="gelu",
         hidden_dropout_prob=dropout,
         attention_probs_dropout_prob=dropout,
-        layer_norm_eps=1e-5,  # simdist's LayerNorm eps
+        layer_norm_eps=cfg.layer_norm_eps,
         pad_token_id=bert_data.PAD,
     )
     hf_cfg._attn_implementation = "eager"
