@@ -1,7 +1,8 @@
 """Training throughput: simdist vs PyTorch eager and DDP (gloo), side by side in one run.
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python scripts/bench_train.py \
-        [--models fc_mnist,gpt2-mini,bert-mini,t5-mini] [--json FILE] [--no-torch] [--repeats 3]
+        [--models fc_mnist,gpt2-mini,bert-mini,t5-mini,transformer-mini] [--json FILE] \
+        [--no-torch] [--repeats 3]
 
 Every measurement is a fresh process (one thread per process): simdist through
 ``mpiexec -n {1,2} python -m simdist.train`` (samples/s from its performance.json, which
@@ -64,6 +65,13 @@ MODELS = {
     # the Hugging Face model (transformers) is the PyTorch side; tokens = input tokens
     "bert-mini": (["--params", "bert_mini", "--train_input.batch_size=8"], 8, 20, 128),
     "t5-mini": (["--params", "t5_mini", "--train_input.batch_size=8"], 8, 20, 128),
+    # torch.nn.Transformer plus embeddings (hf_reference.TorchTransformer); 32 input tokens
+    "transformer-mini": (
+        ["--params", "transformer_mini", "--train_input.batch_size=8"],
+        8,
+        100,
+        32,
+    ),  # fmt: skip
 }
 
 
@@ -261,7 +269,7 @@ def torch_worker(model: str, steps: int) -> None:
         def batch_at(i):
             idx = torch.from_numpy(rng.integers(0, len(x_all), batch))
             return x_all[idx], y_all[idx]
-    elif model in ("bert-mini", "t5-mini"):
+    elif model in ("bert-mini", "t5-mini", "transformer-mini"):
         net, batch_at = _hf_model_and_batches(model, rng)
         batch = MODELS[model][1]
     else:
@@ -302,7 +310,10 @@ def torch_worker(model: str, steps: int) -> None:
 
 def _hf_model_and_batches(model: str, rng: np.random.Generator):
     """The Hugging Face twin of simdist's preset (its dropout too) and a function giving
-    step i's batch as the model's keyword arguments, from simdist's own data pipeline."""
+    step i's batch as the model's keyword arguments, from simdist's own data pipeline
+    (the AIAYN Transformer: ``torch.nn.Transformer`` plus embeddings, positional (x, y))."""
+    import torch
+
     from simdist.config import load_params
     from simdist.data.text import load_corpus_bytes
     from simdist.testing import hf_reference as hf
@@ -317,6 +328,22 @@ def _hf_model_and_batches(model: str, rng: np.random.Generator):
         P = cfg.max_predictions_per_seq
         data = BertData(load_corpus_bytes(), cfg.max_seq_length, P, batch, "")
         to_inputs = lambda x, y: hf.bert_inputs(x, y, P)  # noqa: E731
+    elif model == "transformer-mini":
+        from simdist.data.transformer import build_transformer_data
+        from simdist.models.transformer import build_transformer
+
+        params = load_params(["--params", "transformer_mini"])
+        cfg = build_transformer(params.model).config
+        net = hf.TorchTransformer(cfg, dropout=cfg.dropout)
+        data = build_transformer_data(params, batch)
+
+        def to_inputs(x, y):  # positional (x, y): the net computes its own loss
+            return torch.from_numpy(x.copy()), torch.from_numpy(y.copy())
+
+        def batch_at(i):
+            return to_inputs(*data.train_batch(rng.integers(0, data.num_train, batch)))
+
+        return net, batch_at
     else:
         from simdist.data.t5 import T5Data
         from simdist.models.t5 import build_t5
