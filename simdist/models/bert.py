@@ -369,6 +369,7 @@ class Bert:
         v = self._views.get(B)
         if v is None:
             v = self._views[B] = _Views(self._arena, cfg, B, self._offsets)
+            v.row_base = (np.arange(B, dtype=np.int32) * T)[:, None]  # sample b's row 0
         tok, typ, pos, lab = inputs[:, 0], inputs[:, 1], targets[:, :P], targets[:, P : 2 * P]
         # the kernels index with these unchecked: a bad id would touch wild memory
         for what, a, hi in (
@@ -382,10 +383,10 @@ class Bert:
                 raise ValueError(f"BERT {what} must lie in [0, {hi})")
         np.copyto(v.tokens, tok, casting="same_kind")
         np.copyto(v.types, typ, casting="same_kind")
-        np.copyto(v.rows.reshape(B, P), pos + (np.arange(B, dtype=np.int32) * T)[:, None])
+        np.add(pos, v.row_base, out=v.rows.reshape(B, P), casting="same_kind")
+        np.copyto(v.cls_rows, v.row_base[:, 0])  # [CLS] rows (no per-step arange)
         np.copyto(v.labels.reshape(B, P), lab, casting="same_kind")
         np.copyto(v.nsp_labels, targets[:, 2 * P], casting="same_kind")
-        np.copyto(v.cls_rows, np.arange(B, dtype=np.int32) * T)
         np.not_equal(v.tokens, cfg.pad_token_id, out=v.keep, casting="unsafe")
         return v
 
