@@ -8,9 +8,12 @@ reference in tests/test_precision.py):
 - the **weights** the model computes with are the master rounded to the half format
   (round to nearest even), refreshed after every update;
 - every **activation** a layer stores, and every activation gradient, is rounded to the half
-  format where it is written, while each kernel computes in float32 internally: matrix
-  products therefore take half inputs and accumulate in float32 (the product of two halves
-  is exact in float32), as tensor cores do;
+  format where it is written, while each kernel computes in float32 internally;
+- every **matrix product** takes half operands and accumulates in float32 (the product of
+  two halves is exact in float32), as tensor cores do: ``kernels.blas.half_operands``
+  rounds what enters a GEMM (exact for the stored halves; attention's float32
+  probabilities and score gradients are rounded there, as FlashAttention does), and runs
+  bf16 products natively on oneMKL's AMX / AVX512_BF16 kernel where it can;
 - the **parameter gradients** are rounded to the half format (after accumulation over
   micro-batches in float32) and reduced in it: every message carries 16-bit words and
   every partial sum is rounded, unless ``runconfig.fp32_allreduce`` (then float32 on the
@@ -19,9 +22,10 @@ reference in tests/test_precision.py):
   gradients are divided by it before clipping and the update, and a step whose gradients
   overflow on any rank is skipped on every rank.
 
-On the host, weights and activations keep their half values in float32 words (the BLAS and
-the kernels read float32); messages hold 16-bit words. The simulated device accounts them
-at two bytes (``simdist.memplan``).
+On the host, weights and activations keep their half values in float32 words (the kernels
+read float32; the native bf16 GEMM packs its operands into 16-bit words as it goes);
+messages hold 16-bit words. The simulated device accounts them at two bytes
+(``simdist.memplan``).
 """
 
 from __future__ import annotations

@@ -22,6 +22,8 @@ from model_runs import assert_resume_identical, assert_zero_levels_identical, ru
 from mpi_launch import REPO, mpiexec, run_mpi
 from simdist.kernels.half import BF16, F16, round_half
 from test_bert import TINY_BERT
+from test_t5 import TINY_T5
+from test_transformer import TINY as TINY_TRANSFORMER
 from test_train import final_state
 
 from simdist.lr_schedule import parse_schedule
@@ -44,8 +46,22 @@ def representable(x: np.ndarray, fmt: int) -> bool:
 
 @pytest.mark.parametrize(
     "preset,precision,n",
-    [(FC, "fp16", 2), (FC, "bf16", 3), (GPT2, "bf16", 2), (TINY_BERT, "bf16", 2)],
-    ids=["fc_mnist-fp16-np2", "fc_mnist-bf16-np3", "gpt2_mini-bf16-np2", "bert-bf16-np2"],
+    [
+        (FC, "fp16", 2),
+        (FC, "bf16", 3),
+        (GPT2, "bf16", 2),
+        (TINY_BERT, "bf16", 2),
+        (TINY_T5, "bf16", 2),
+        (TINY_TRANSFORMER, "fp16", 2),
+    ],
+    ids=[
+        "fc_mnist-fp16-np2",
+        "fc_mnist-bf16-np3",
+        "gpt2_mini-bf16-np2",
+        "bert-bf16-np2",
+        "t5-bf16-np2",
+        "transformer-fp16-np2",
+    ],
 )
 def test_zero_levels_are_bit_identical_in_half_precision(tmp_path, preset, precision, n):
     train = runner([*preset, f"--runconfig.precision={precision}"])
@@ -181,7 +197,6 @@ def test_memory_follows_the_precision_16_psi_and_zero_partitions(tmp_path):
         (["--runconfig.loss_scale_backoff_factor=1.5"], "loss_scale_backoff_factor"),
         (["--model.mixed_precision=true", "--runconfig.precision=bf16"], "give one of the two"),
         (["--runconfig.precision=bf16", "--execution_mode=weight_streaming"], "pipelined"),
-        (["--params", "t5_mini", "--runconfig.precision=bf16"], "fc_mnist, gpt2 and bert"),
         (["--optimizer.learning_rate=[{scheduler: Linear, initial_learning_rate: .inf}]"], "fin"),
     ],
 )
@@ -262,3 +277,38 @@ def test_gpt2_mini_losses_match_a_pytorch_reference_with_the_same_casts(tmp_path
     if precision == "bf16":  # (fp16's 10-bit significand stays within 1e-4 of fp32 here)
         fp32 = train_gpt2(model.config, init, decay, batches, None, **hyper)
         assert max(abs(a - b) / abs(b) for a, b in zip(got, fp32, strict=True)) > 1e-3
+
+
+def test_native_bf16_products_train_as_the_float32_blas_path(tmp_path, monkeypatch):
+    """bf16 products on oneMKL's native kernel (AMX / AVX512_BF16) and on the float32 BLAS
+    (operands rounded to bf16 in float32 words) differ only in float32 summation order:
+    20 gpt2-mini steps give the same losses to 1e-4 relative, and performance.json says
+    which path ran."""
+    from simdist.kernels.blas import NATIVE_BF16_AVAILABLE
+
+    if not NATIVE_BF16_AVAILABLE:
+        pytest.skip(
+            "no native bf16 GEMM here (oneMKL's needs an Intel CPU with AMX or "
+            "AVX512_BF16 and `pip install mkl`; scripts/test.sh installs it there)"
+        )
+    steps = 20
+    losses, paths = {}, {}
+    for path in ("fp32", "mkl"):
+        monkeypatch.setenv("SIMDIST_HALF_GEMM", path)
+        out_dir = tmp_path / path
+        args = [
+            "-m", "simdist.train", *GPT2, "--runconfig.mode=train",
+            f"--runconfig.max_steps={steps}", "--runconfig.save_summary_steps=1",
+            "--runconfig.precision=bf16", "--optimizer.learning_rate=3e-4",
+            "--optimizer.warmup_steps=5", f"--runconfig.model_dir={out_dir}",
+        ]  # fmt: skip
+        out = run_mpi(1, args, 600)
+        assert out.returncode == 0, out.stdout
+        losses[path] = [
+            float(m[1]) for m in re.finditer(r"global_step = \d+, loss = (\S+?),", out.stdout)
+        ]
+        assert len(losses[path]) == steps, out.stdout
+        paths[path] = json.loads((out_dir / "performance.json").read_text())["gemm"]
+    assert "oneMKL" in paths["mkl"] and "sgemm on bf16-rounded" in paths["fp32"], paths
+    rel = [abs(a - b) / abs(b) for a, b in zip(losses["mkl"], losses["fp32"], strict=True)]
+    assert max(rel) < 1e-4, list(zip(losses["mkl"], losses["fp32"], strict=True))

@@ -33,6 +33,7 @@ from simdist.data.datasets import build_dataset
 from simdist.data.sampler import DistributedSampler
 from simdist.faults import describe_nonfinite
 from simdist.input_workers import device_input, input_report
+from simdist.kernels.blas import half_operands
 from simdist.kernels.optim import sum_of_squares
 from simdist.loss_scale import scaler_for
 from simdist.memplan import DeviceAllocator, bucket_elements, check_device_memory
@@ -122,6 +123,8 @@ class DataParallel(Schedule):
         self.model = build_model(self.params.model)
         if hasattr(self.model, "set_precision"):
             self.model.set_precision(self.precision)
+        # every matrix product from here on takes half operands (until close)
+        self.gemm = half_operands(self.precision.fmt if half else None)
         if self.zero_level == 3 and not hasattr(self.model, "stages"):
             raise ConfigError(
                 f"runconfig.zero_opt_level=3 gathers each stage's parameters before it runs, "
@@ -168,7 +171,7 @@ class DataParallel(Schedule):
                 if c.dynamic
                 else f"static loss scale {c.initial_scale:g}"
             )
-        return f" (fp32 master weights, gradients reduced in {wire}, {scale})"
+        return f" (fp32 master weights, gradients reduced in {wire}, {scale}; GEMMs {self.gemm})"
 
     def checkpoint_attrs(self) -> dict[str, Any]:
         attrs = {
@@ -480,6 +483,10 @@ class DataParallel(Schedule):
         meta = (n, self.data.targets_per_sample) if self.rank == 0 else (0, 0)
         return np.array([loss_sum, correct, *meta], np.float64)
 
+    def close(self) -> None:
+        half_operands(None)  # the process's products are plain float32 again
+        super().close()
+
     def performance(self, run, common: dict[str, Any]) -> dict[str, Any] | None:
         r, t, steps = self.params.runconfig, run.timers, common["steps"]
         # peak resident memory of the busiest rank (Linux reports ru_maxrss in KiB)
@@ -506,6 +513,7 @@ class DataParallel(Schedule):
             "grad_accum_steps": self.params.optimizer.grad_accum_steps,
             "zero_opt_level": self.zero_level,
             "precision": self.precision.name,
+            "gemm": self.gemm,  # how the matrix products ran (kernels.blas.half_operands)
             **self._scaler_report(),
             "collective_algorithm": r.collective_algorithm,
             "gradient_algorithm": self.sync.algorithm,  # what "auto" resolved to

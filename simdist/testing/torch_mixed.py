@@ -4,7 +4,8 @@ The same contract as ``simdist.precision``, written with PyTorch's own ops: the 
 the half rounding of an fp32 master; every activation and activation gradient is rounded to
 the half format where simdist's kernels store it (straight-through in autograd: the
 rounding of a value is exact, its gradient is rounded by a tensor hook); matrix products
-take those half values and accumulate in float32; the parameter gradients are rounded to
+take half operands (attention's float32 probabilities and score gradients rounded where
+they enter one) and accumulate in float32; the parameter gradients are rounded to
 the half format, clipped by their global norm and applied by AdamW to the fp32 master.
 ``half=None`` runs the same code in plain float32.
 """
@@ -84,9 +85,11 @@ def gpt2_loss(p: dict[str, torch.Tensor], tokens, targets, cfg, c: Casts) -> tor
         ln1 = c.store(_ln(s, x, p[h + "ln_1.weight"], p[h + "ln_1.bias"]))
         qkv = c.store(ln1 @ p[h + "attn.c_attn.weight"] + p[h + "attn.c_attn.bias"])
         q, k, v = (a.view(B, T, H, C // H).transpose(1, 2) for a in qkv.split(C, dim=2))
-        att = (q @ k.transpose(-1, -2)) / math.sqrt(C // H)
-        att = torch.softmax(att.masked_fill(~causal, float("-inf")), dim=-1)
-        y = c.store((att @ v).transpose(1, 2).reshape(B, T, C))
+        # every matrix product takes half operands (kernels.blas.half_operands): the
+        # float32 probabilities and score gradients are rounded where they enter one
+        scores = c.grad((q @ k.transpose(-1, -2)) / math.sqrt(C // H))
+        att = torch.softmax(scores.masked_fill(~causal, float("-inf")), dim=-1)
+        y = c.store((c.value(att) @ v).transpose(1, 2).reshape(B, T, C))
         branch = c.value(y @ p[h + "attn.c_proj.weight"] + p[h + "attn.c_proj.bias"])
         s = c.grad(x + branch)
         x = c.store(s)
