@@ -291,6 +291,17 @@ def _warm() -> None:
         q1.copy(), q3.copy(), q3.copy(), bias, q1, q1, q3, q3, att1, scratch,
         dscores[:1].copy(), NH, False, keys, 0, F32(0.1), F32(1.0), True,
     )  # fmt: skip
-    # the helper too, so its Python-visible dispatcher carries a signature (a caller loaded
-    # from the cache never compiles it)
+    # the helpers too, so their Python-visible dispatchers carry a signature (a caller
+    # loaded from the cache never compiles them)
     _drop_probs(dscores, dscores.copy(), np.uint64(1), 0, F32(0.1), F32(1.0 / 0.9))
+    x, d, pr = qkv[0], qkv[0].copy(), att[0, 0]
+    y, dy = out[0, :, :hs], out[0, :, :hs].copy()
+    q, k, v = x[:, :hs], x[:, C : C + hs], x[:, 2 * C : 2 * C + hs]
+    _head_forward(
+        y, pr, q, k, v, True, keep[0], True, pr, False, F32(1.0), dscores, np.uint64(1), 0,
+        F32(0.1),
+    )  # fmt: skip
+    _head_backward(
+        d[:, :hs], d[:, C : C + hs], d[:, 2 * C : 2 * C + hs], dy, q, k, v, pr, dscores, True,
+        dscores.copy(), False, F32(1.0), np.uint64(1), 0, F32(0.1),
+    )  # fmt: skip
