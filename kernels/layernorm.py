@@ -1,4 +1,5 @@
-"""Layer normalisation over the last axis (GPT-2's ln_1, ln_2, ln_f), eps = 1e-5.
+"""Layer normalisation over the last axis (GPT-2's ln_1, ln_2, ln_f, eps = 1e-5; BERT's, with
+its configured eps through the ``*_eps`` forms).
 
 Rows are flattened tokens: callers pass (N, C) views with N = B*T. Row reductions come
 from ``rowops`` (eight partial sums: the kernels compile without fastmath).
@@ -14,11 +15,17 @@ F32 = np.float32
 
 @kernel
 def layernorm_forward(out, mean, rstd, inp, weight, bias):
-    """out = (inp - mean) * rstd * weight + bias per row; saves mean and rstd for backward."""
+    """``layernorm_forward_eps`` with eps = 1e-5 (GPT-2, T5's and the Transformer's LNs)."""
+    layernorm_forward_eps(out, mean, rstd, inp, weight, bias, F32(1e-5))
+
+
+@kernel
+def layernorm_forward_eps(out, mean, rstd, inp, weight, bias, eps):
+    """out = (inp - mean) * rstd * weight + bias per row, rstd = 1 / sqrt(var + eps) (eps
+    float32); saves mean and rstd for backward (which needs no eps)."""
     # out, inp: (N, C); mean, rstd: (N,); weight, bias: (C,)
     N, C = inp.shape
     inv_c = F32(1.0) / F32(C)
-    eps = F32(1e-5)
     one = F32(1.0)
     for n in range(N):
         x = inp[n]
@@ -34,7 +41,14 @@ def layernorm_forward(out, mean, rstd, inp, weight, bias):
 
 @kernel
 def residual_layernorm_forward(res, out, mean, rstd, inp1, inp2, weight, bias):
-    """res = inp1 + inp2 (the residual add), then out = layernorm(res); one pass per row.
+    """``residual_layernorm_forward_eps`` with eps = 1e-5."""
+    residual_layernorm_forward_eps(res, out, mean, rstd, inp1, inp2, weight, bias, F32(1e-5))
+
+
+@kernel
+def residual_layernorm_forward_eps(res, out, mean, rstd, inp1, inp2, weight, bias, eps):
+    """res = inp1 + inp2 (the residual add), then out = layernorm(res) with ``eps``; one
+    pass per row.
 
     Every residual add in GPT-2 feeds a layernorm (ln_2, the next layer's ln_1, or ln_f), so
     fusing them reads the new row from L1 instead of making a second trip through memory.
@@ -43,7 +57,6 @@ def residual_layernorm_forward(res, out, mean, rstd, inp1, inp2, weight, bias):
     # res, out, inp1, inp2: (N, C); mean, rstd: (N,); weight, bias: (C,)
     N, C = res.shape
     inv_c = F32(1.0) / F32(C)
-    eps = F32(1e-5)
     one = F32(1.0)
     for n in range(N):
         x = res[n]
@@ -116,6 +129,8 @@ def _warm() -> None:
     s = np.zeros(2, dtype=np.float32)
     layernorm_forward(y, m, s, x, w, b)
     residual_layernorm_forward(x.copy(), y, m, s, x, y.copy(), w, b)
+    layernorm_forward_eps(y, m, s, x, w, b, F32(1e-12))
+    residual_layernorm_forward_eps(x.copy(), y, m, s, x, y.copy(), w, b, F32(1e-12))
     layernorm_backward(x, w.copy(), b.copy(), y, x.copy(), w, m, s)
     layernorm_backward_accumulate(x, w.copy(), b.copy(), y, x.copy(), w, m, s)
     # the helper too, so its Python-visible dispatcher carries a signature (a caller

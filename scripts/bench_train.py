@@ -1,7 +1,8 @@
 """Training throughput: simdist vs PyTorch eager and DDP (gloo), side by side in one run.
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python scripts/bench_train.py \
-        [--models fc_mnist,gpt2-mini,bert-mini,t5-mini] [--json FILE] [--no-torch] [--repeats 3]
+        [--models fc_mnist,gpt2-mini,bert-mini,t5-mini,transformer-mini] [--json FILE] \
+        [--no-torch] [--repeats 3]
 
 Every measurement is a fresh process (one thread per process): simdist through
 ``mpiexec -n {1,2} python -m simdist.train`` (samples/s from its performance.json, which
@@ -34,6 +35,14 @@ measured in this run, both NumPy's and the kernels' (the better of the two is th
 for GPT-2's GFLOP/s, ``fraction_of_gemm_rate``).
 Benchmarks run as on a user's machine: unset OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE
 together in the command (never in tests or CI).
+
+``--interleaved N`` (bert-mini, t5-mini, transformer-mini) measures differently, for a
+machine shared with other jobs, where whole runs drift by 2x: one process builds simdist's
+model (forward, backward, its AdamW) and the PyTorch twin (forward, backward, fused AdamW),
+both with the preset's dropout, and alternates their training steps on the same batches N
+times. It prints per-step wall times (min and median), the calling thread's CPU time per
+step (median; both sides run on this one thread, so time spent descheduled by other jobs
+is left out) and tokens/s of each, and the ratios PyTorch / simdist.
 """
 
 from __future__ import annotations
@@ -64,6 +73,13 @@ MODELS = {
     # the Hugging Face model (transformers) is the PyTorch side; tokens = input tokens
     "bert-mini": (["--params", "bert_mini", "--train_input.batch_size=8"], 8, 20, 128),
     "t5-mini": (["--params", "t5_mini", "--train_input.batch_size=8"], 8, 20, 128),
+    # torch.nn.Transformer plus embeddings (hf_reference.TorchTransformer); 32 input tokens
+    "transformer-mini": (
+        ["--params", "transformer_mini", "--train_input.batch_size=8"],
+        8,
+        100,
+        32,
+    ),  # fmt: skip
 }
 
 
@@ -261,7 +277,7 @@ def torch_worker(model: str, steps: int) -> None:
         def batch_at(i):
             idx = torch.from_numpy(rng.integers(0, len(x_all), batch))
             return x_all[idx], y_all[idx]
-    elif model in ("bert-mini", "t5-mini"):
+    elif model in ("bert-mini", "t5-mini", "transformer-mini"):
         net, batch_at = _hf_model_and_batches(model, rng)
         batch = MODELS[model][1]
     else:
@@ -302,7 +318,10 @@ def torch_worker(model: str, steps: int) -> None:
 
 def _hf_model_and_batches(model: str, rng: np.random.Generator):
     """The Hugging Face twin of simdist's preset (its dropout too) and a function giving
-    step i's batch as the model's keyword arguments, from simdist's own data pipeline."""
+    step i's batch as the model's keyword arguments, from simdist's own data pipeline
+    (the AIAYN Transformer: ``torch.nn.Transformer`` plus embeddings, positional (x, y))."""
+    import torch
+
     from simdist.config import load_params
     from simdist.data.text import load_corpus_bytes
     from simdist.testing import hf_reference as hf
@@ -317,6 +336,22 @@ def _hf_model_and_batches(model: str, rng: np.random.Generator):
         P = cfg.max_predictions_per_seq
         data = BertData(load_corpus_bytes(), cfg.max_seq_length, P, batch, "")
         to_inputs = lambda x, y: hf.bert_inputs(x, y, P)  # noqa: E731
+    elif model == "transformer-mini":
+        from simdist.data.transformer import build_transformer_data
+        from simdist.models.transformer import build_transformer
+
+        params = load_params(["--params", "transformer_mini"])
+        cfg = build_transformer(params.model).config
+        net = hf.TorchTransformer(cfg, dropout=cfg.dropout)
+        data = build_transformer_data(params, batch)
+
+        def to_inputs(x, y):  # positional (x, y): the net computes its own loss
+            return torch.from_numpy(x.copy()), torch.from_numpy(y.copy())
+
+        def batch_at(i):
+            return to_inputs(*data.train_batch(rng.integers(0, data.num_train, batch)))
+
+        return net, batch_at
     else:
         from simdist.data.t5 import T5Data
         from simdist.models.t5 import build_t5
@@ -333,6 +368,76 @@ def _hf_model_and_batches(model: str, rng: np.random.Generator):
     return net, batch_at
 
 
+def interleaved(model: str, steps: int) -> dict:
+    """simdist's and PyTorch's training steps alternated in this process (see the module
+    docstring): per-step seconds, min and median, and tokens/s at the minimum."""
+    import torch
+
+    from simdist.arena import Layout
+    from simdist.config import load_params
+    from simdist.data.datasets import build_dataset
+    from simdist.models import build_model
+    from simdist.models.base import GradientViews
+    from simdist.optim import Optimizer
+
+    torch.set_num_threads(1)
+    args, batch, _, tokens = MODELS[model]
+    params = load_params(args)
+    net, batch_at = _hf_model_and_batches(model, np.random.default_rng(0))
+    net.train()
+    topt = torch.optim.AdamW(net.parameters(), lr=1e-3, fused=True)
+    sd = build_model(params.model)
+    layout = Layout(sd.parameter_specs(), world=1)
+    pflat, gflat = np.zeros(layout.padded, np.float32), np.zeros(layout.padded, np.float32)
+    pviews, gviews = layout.views(pflat), GradientViews(layout.views(gflat))
+    sd.init_parameters(pviews, np.random.default_rng(0))
+    sd.allocate(batch)
+    step_no = [0]
+    if hasattr(sd, "bind_step"):
+        sd.bind_step(1, lambda: step_no[0])
+    opt = Optimizer(
+        params.optimizer, layout, 0, layout.padded, lambda k, n, size: np.zeros(size, np.float32)
+    )
+    data = build_dataset(params, batch)
+    rng = np.random.default_rng(1)
+    wall: dict[str, list[float]] = {"simdist": [], "torch": []}
+    cpu: dict[str, list[float]] = {"simdist": [], "torch": []}
+    for i in range(3 + steps):  # 3 warm-up steps each, not timed
+        x, y = data.train_batch(rng.integers(0, data.num_train, batch))
+        t, c = time.perf_counter(), time.thread_time()
+        sd.forward(pviews, x, y)
+        sd.backward(pviews, gviews, 1.0 / batch)
+        step_no[0] += 1
+        opt.step(pflat, gflat, step_no[0], 1e-3)
+        t1, c1 = time.perf_counter(), time.thread_time()
+        tx, ty = batch_at(i)
+        t2, c2 = time.perf_counter(), time.thread_time()
+        topt.zero_grad(set_to_none=True)
+        out = net(**tx) if isinstance(tx, dict) else net(tx, ty)
+        (out.loss if hasattr(out, "loss") else out).backward()
+        topt.step()
+        t3, c3 = time.perf_counter(), time.thread_time()
+        if i >= 3:
+            wall["simdist"].append(t1 - t)
+            wall["torch"].append(t3 - t2)
+            cpu["simdist"].append(c1 - c)
+            cpu["torch"].append(c3 - c2)
+    row = {"model": model, "batch": batch, "steps": steps}
+    for impl in wall:
+        row[f"{impl}_step_ms_min"] = round(1e3 * min(wall[impl]), 2)
+        row[f"{impl}_step_ms_median"] = round(1e3 * statistics.median(wall[impl]), 2)
+        row[f"{impl}_cpu_ms_median"] = round(1e3 * statistics.median(cpu[impl]), 2)
+        row[f"{impl}_tokens_per_sec_at_min"] = round(batch * tokens / min(wall[impl]), 1)
+    row["ratio_at_min"] = round(min(wall["torch"]) / min(wall["simdist"]), 3)
+    row["ratio_at_median"] = round(
+        statistics.median(wall["torch"]) / statistics.median(wall["simdist"]), 3
+    )
+    row["ratio_cpu_median"] = round(
+        statistics.median(cpu["torch"]) / statistics.median(cpu["simdist"]), 3
+    )
+    return row
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", default="fc_mnist,gpt2-mini")
@@ -344,6 +449,10 @@ def main() -> int:
     ap.add_argument(
         "--precision", help="bf16 / fp16: mixed-precision speed instead (bench_precision.py)"
     )
+    ap.add_argument(
+        "--interleaved", type=int, default=0, metavar="N",
+        help="alternate N simdist / PyTorch steps in one process (see the docstring)",
+    )  # fmt: skip
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--independent", help=argparse.SUPPRESS)
     ap.add_argument("--dir", help=argparse.SUPPRESS)
@@ -361,6 +470,14 @@ def main() -> int:
         return precision_main(forward + (["--json", str(args.json)] if args.json else []))
 
     info = machine_info()
+    if args.interleaved:
+        print(f"# machine: {info}")
+        rows = [interleaved(m, args.interleaved) for m in args.models.split(",")]
+        for r in rows:
+            print("  ".join(f"{k}={v}" for k, v in r.items()))
+        if args.json:
+            args.json.write_text(json.dumps({"machine": info, "interleaved": rows}, indent=1))
+        return 0
     cpu = info["cpu"]
     print(
         f"# cpu: {cpu['model']} ({cpu['vendor']}, family/model/stepping "

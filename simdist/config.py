@@ -403,6 +403,7 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "model.dropout_rate": (_unit, "in [0, 1)"),
     "model.hidden_dropout_prob": (_unit, "in [0, 1)"),
     "model.attention_probs_dropout_prob": (_unit, "in [0, 1)"),
+    "model.layer_norm_eps": (lambda v: 0.0 < v < 1.0, "in (0, 1)"),
     "train_input.data_dir": (bool, "a non-empty path"),
     "train_input.batch_size": (_at_least(1), ">= 1"),
     "train_input.global_batch_size": (_at_least(1), ">= 1"),

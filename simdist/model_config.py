@@ -42,6 +42,7 @@ class BertModelConfig:
     max_predictions_per_seq: int | None = None  # masked positions per sequence
     hidden_dropout_prob: float | None = None
     attention_probs_dropout_prob: float | None = None
+    layer_norm_eps: float | None = None  # LayerNorm's eps (null: 1e-12, Hugging Face's)
 
 
 @dataclass(frozen=True)

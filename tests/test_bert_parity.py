@@ -1,7 +1,8 @@
 """simdist's BERT vs Hugging Face ``BertForPreTraining``: same weights, same batches.
 
 The Hugging Face model is built from a ``BertConfig`` of bert-mini's shapes with random
-weights (nothing is downloaded), dropout off, LayerNorm eps 1e-5 (simdist's kernels), and
+weights (nothing is downloaded), dropout off, LayerNorm eps the config's (1e-12 as Hugging
+Face's default, and a larger one to show the key reaches both sides), and
 its state dict goes into simdist through the interop path (safetensors -> ``import`` ->
 checkpoint). Error measure per tensor: max|a - b| / max|b| (b = PyTorch). Skipped without
 torch or transformers (``pip install -e .[test]`` installs transformers).
@@ -58,12 +59,16 @@ def _load_into_simdist(hf, cfg, tmp: Path):
     return (model, *load_into_simdist(hf, model, "bert", tmp))
 
 
-def _config():
-    return resolve_config("bert-mini", hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+def _config(**kw):
+    return resolve_config(
+        "bert-mini", hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, **kw
+    )
 
 
-def test_loss_and_every_gradient_match_hugging_face(tmp_path):
-    cfg = _config()
+@pytest.mark.parametrize("eps", [None, 1e-3])
+def test_loss_and_every_gradient_match_hugging_face(tmp_path, eps):
+    cfg = _config(layer_norm_eps=eps)
+    assert cfg.layer_norm_eps == (eps or 1e-12)
     B, P = 4, cfg.max_predictions_per_seq
     hf = _hf_model(cfg, seed=0)
     model, _, _, _, params, grads = _load_into_simdist(hf, cfg, tmp_path)

@@ -126,6 +126,39 @@ class BertData:
         return top, float(np.mean(self.y_val[:, P : 2 * P] == top))
 
 
+def segments(x: np.ndarray, y: np.ndarray) -> tuple[bytes, bytes]:
+    """The text of one example's segments A and B (x (3, T), y (2P + 1,)), masked bytes
+    restored."""
+    P = (len(y) - 1) // 2
+    row = x[0].copy()
+    row[y[:P]] = y[P : 2 * P]
+    seps = np.flatnonzero(row == SEP)
+    body = (row - NUM_SPECIAL).clip(0, 255).astype(np.uint8)
+    return bytes(body[1 : seps[0]]), bytes(body[seps[0] + 1 : seps[1]])
+
+
+def nsp_overlap_probe(d: BertData) -> float:
+    """How much next-sentence signal the pairs carry at the word level: the validation
+    accuracy of "IsNext when A and B share enough words" (Jaccard overlap of their
+    lower-cased words of 4+ letters), its threshold the best on the training pairs. About
+    0.5 means a random B looks like a true one unless the model reads far more than
+    shared vocabulary."""
+    words = re.compile(rb"[A-Za-z]{4,}")
+
+    def overlaps(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        out = np.zeros(len(x))
+        for i in range(len(x)):
+            a, b = (set(w.lower() for w in words.findall(s)) for s in segments(x[i], y[i]))
+            out[i] = len(a & b) / max(1, len(a | b))
+        return out
+
+    n = min(len(d.x_train), 4000)
+    ft, fv = overlaps(d.x_train[:n], d.y_train[:n]), overlaps(d.x_val, d.y_val)
+    is_next_t, is_next_v = d.y_train[:n, -1] == 0, d.y_val[:, -1] == 0
+    best = max(np.unique(ft), key=lambda th: np.mean((ft > th) == is_next_t))
+    return float(np.mean((fv > best) == is_next_v))
+
+
 def build_bert_data(params: Params, micro_batch: int) -> BertData:
     from simdist.models.bert import build_bert
 
@@ -158,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     unigram = float(-np.log(counts / counts.sum())[d.y_val[:, P : 2 * P]].mean())
     print(f"MLM unigram baseline (training label frequencies): loss {unigram:.4f} nats")
     print(f"NSP baseline (always the majority label): accuracy {nsp:.4f}")
+    print(f"NSP word-overlap probe (shared words => IsNext): accuracy {nsp_overlap_probe(d):.4f}")
     return 0
 
 

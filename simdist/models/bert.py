@@ -21,8 +21,8 @@ micro-batch loss is the mean over samples. Only the P masked rows go through the
 Dropout (hidden and attention probabilities) uses ``kernels/dropout.py``: masks hash
 (seed, global step, sample index, site), so they do not depend on rank or world size.
 The training loop tells the model the seed and step through ``bind_step``; evaluation
-runs without dropout. Layer norms use eps = 1e-5 (the shared kernels'; Hugging Face's
-BERT uses 1e-12, which differs only for rows of near-zero variance).
+runs without dropout. Layer norms use the config's ``layer_norm_eps`` (default 1e-12, Hugging
+Face's BertConfig default).
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ from simdist.kernels.embedding_seg import (
 )
 from simdist.kernels.layernorm import (
     layernorm_backward,
-    layernorm_forward,
-    residual_layernorm_forward,
+    layernorm_forward_eps,
+    residual_layernorm_forward_eps,
 )
 from simdist.kernels.linear_hf import (
     gather_rows_backward,
@@ -63,6 +63,7 @@ from . import bert_costs
 from .base import GradientGroup, KernelCost, ParamSpec
 from .bert_shapes import (
     EMBED_PARAMS,
+    FLOAT_FIELDS,
     HEAD_PARAMS,
     INT_FIELDS,
     LAYER_PARAMS,
@@ -81,7 +82,7 @@ F32 = np.float32
 
 def build_bert(config) -> Bert:
     """From params.yaml's model section (``simdist.config.BertModelConfig``)."""
-    keys = INT_FIELDS + ("hidden_dropout_prob", "attention_probs_dropout_prob")
+    keys = INT_FIELDS + FLOAT_FIELDS
     return Bert(resolve_config(config.preset, **{k: getattr(config, k) for k in keys}))
 
 
@@ -368,6 +369,7 @@ class Bert:
         v = self._views.get(B)
         if v is None:
             v = self._views[B] = _Views(self._arena, cfg, B, self._offsets)
+            v.row_base = (np.arange(B, dtype=np.int32) * T)[:, None]  # sample b's row 0
         tok, typ, pos, lab = inputs[:, 0], inputs[:, 1], targets[:, :P], targets[:, P : 2 * P]
         # the kernels index with these unchecked: a bad id would touch wild memory
         for what, a, hi in (
@@ -381,10 +383,10 @@ class Bert:
                 raise ValueError(f"BERT {what} must lie in [0, {hi})")
         np.copyto(v.tokens, tok, casting="same_kind")
         np.copyto(v.types, typ, casting="same_kind")
-        np.copyto(v.rows.reshape(B, P), pos + (np.arange(B, dtype=np.int32) * T)[:, None])
+        np.add(pos, v.row_base, out=v.rows.reshape(B, P), casting="same_kind")
+        np.copyto(v.cls_rows, v.row_base[:, 0])  # [CLS] rows (no per-step arange)
         np.copyto(v.labels.reshape(B, P), lab, casting="same_kind")
         np.copyto(v.nsp_labels, targets[:, 2 * P], casting="same_kind")
-        np.copyto(v.cls_rows, np.arange(B, dtype=np.int32) * T)
         np.not_equal(v.tokens, cfg.pad_token_id, out=v.keep, casting="unsafe")
         return v
 
@@ -395,11 +397,13 @@ class Bert:
         if not self._dropout:
             ph = pa = F32(0.0)
         st = self._store  # mixed precision: what a kernel writes is stored half (else no-op)
+        eps = F32(cfg.layer_norm_eps)
         segment_embedding_forward(v.emb3, v.tokens, v.types, *(params[n] for n in EMBED_PARAMS[:3]))
         st(v.emb)
-        layernorm_forward(
+        layernorm_forward_eps(
             v.x0, v.emb_mean, v.emb_rstd, v.emb,
             params["bert.embeddings.LayerNorm.weight"], params["bert.embeddings.LayerNorm.bias"],
+            eps,
         )  # fmt: skip
         if ph > 0:
             dropout_forward(_rows(v.x0, v.B), _rows(v.x0, v.B), v.keys, 0, ph)
@@ -424,16 +428,10 @@ class Bert:
                     _rows(v.res1[i], v.B), _rows(v.res1[i], v.B), v.keys, _site(i, 1), ph
                 )
             st(v.res1[i])
-            residual_layernorm_forward(
-                v.res1[i],
-                v.a1[i],
-                v.a1_mean[i],
-                v.a1_rstd[i],
-                x,
-                v.res1[i],
-                params[l1w],
-                params[l1b],
-            )
+            residual_layernorm_forward_eps(
+                v.res1[i], v.a1[i], v.a1_mean[i], v.a1_rstd[i], x, v.res1[i], params[l1w],
+                params[l1b], eps,
+            )  # fmt: skip
             st(v.res1[i], v.a1[i])
             linear_hf_forward(v.inter[i], v.a1[i], params[iw], params[ib])
             st(v.inter[i])
@@ -445,16 +443,10 @@ class Bert:
                     _rows(v.res2[i], v.B), _rows(v.res2[i], v.B), v.keys, _site(i, 2), ph
                 )
             st(v.res2[i])
-            residual_layernorm_forward(
-                v.res2[i],
-                v.h[i],
-                v.h_mean[i],
-                v.h_rstd[i],
-                v.a1[i],
-                v.res2[i],
-                params[l2w],
-                params[l2b],
-            )
+            residual_layernorm_forward_eps(
+                v.res2[i], v.h[i], v.h_mean[i], v.h_rstd[i], v.a1[i], v.res2[i], params[l2w],
+                params[l2b], eps,
+            )  # fmt: skip
             st(v.res2[i], v.h[i])
         out = v.h[L - 1]
         # MLM head on the masked rows; decoder tied to the word embeddings
@@ -466,10 +458,10 @@ class Bert:
         st(v.t_dense)
         gelu_erf_forward(_flat(v.t_gelu), _flat(v.t_dense))
         st(v.t_gelu)
-        layernorm_forward(
+        layernorm_forward_eps(
             v.t_ln, v.t_mean, v.t_rstd, v.t_gelu,
             params["cls.predictions.transform.LayerNorm.weight"],
-            params["cls.predictions.transform.LayerNorm.bias"],
+            params["cls.predictions.transform.LayerNorm.bias"], eps,
         )  # fmt: skip
         st(v.t_ln)
         linear_hf_forward(v.logits, v.t_ln, params[EMBED_PARAMS[0]], params["cls.predictions.bias"])

@@ -29,6 +29,7 @@ INT_FIELDS = (
     "max_seq_length",
     "max_predictions_per_seq",
 )
+FLOAT_FIELDS = ("hidden_dropout_prob", "attention_probs_dropout_prob", "layer_norm_eps")
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,7 @@ class BertConfig:
     hidden_dropout_prob: float = 0.1
     attention_probs_dropout_prob: float = 0.1
     pad_token_id: int = 0
+    layer_norm_eps: float = 1e-12  # Hugging Face BertConfig's default (and Devlin et al.'s)
 
     def __post_init__(self) -> None:
         for key in INT_FIELDS:
@@ -72,6 +74,9 @@ class BertConfig:
             p = getattr(self, key)
             if not isinstance(p, int | float) or not 0.0 <= p < 1.0:
                 raise ConfigError(f"model.{key} must lie in [0, 1), got {p!r}")
+        eps = self.layer_norm_eps
+        if isinstance(eps, bool) or not isinstance(eps, int | float) or not 0.0 < eps < 1.0:
+            raise ConfigError(f"model.layer_norm_eps must lie in (0, 1), got {eps!r}")
         if not 0 <= self.pad_token_id < self.vocab_size:
             raise ConfigError(
                 f"model.pad_token_id must lie in [0, vocab_size), got {self.pad_token_id}"
@@ -110,7 +115,7 @@ PRESETS["bert-large"]["max_predictions_per_seq"] = 80
 
 def resolve_config(preset: str | None = None, **overrides) -> BertConfig:
     """A preset with some fields replaced (None = keep); without a preset all are needed."""
-    fields = INT_FIELDS + ("hidden_dropout_prob", "attention_probs_dropout_prob", "pad_token_id")
+    fields = INT_FIELDS + FLOAT_FIELDS + ("pad_token_id",)
     unknown = set(overrides) - set(fields)
     if unknown:
         raise ConfigError(f"model: unknown BERT keys {sorted(unknown)}; known: {fields}")

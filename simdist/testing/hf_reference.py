@@ -1,10 +1,12 @@
-"""Hugging Face twins of simdist's BERT and T5, for parity tests and benchmarks (optional:
-torch and transformers; simdist itself never imports either).
+"""PyTorch twins of simdist's BERT, T5 and AIAYN Transformer, for parity tests and
+benchmarks (optional: torch and transformers; simdist itself never imports either).
 
 ``hf_bert`` / ``hf_t5`` build the Hugging Face model of a simdist config with random
 weights (nothing downloaded), in eager attention; ``bert_inputs`` / ``t5_inputs`` turn a
 simdist batch (``simdist.data.bert`` / ``simdist.data.t5``) into the model's keyword
-arguments, so both sides see the same tokens, masks and labels.
+arguments, so both sides see the same tokens, masks and labels. ``TorchTransformer`` is
+``torch.nn.Transformer`` plus the embeddings, positions and loss simdist puts around it,
+taking simdist's transformer batches as they are.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from simdist import interop
 from simdist.arena import Layout
 from simdist.data import bert as bert_data
 from simdist.data import t5 as t5_data
+from simdist.data import transformer as tf_data
 from simdist.models.base import GradientViews
 
 
@@ -36,7 +39,7 @@ def hf_bert(cfg, seed: int = 0, dropout: float = 0.0) -> transformers.BertForPre
         hidden_act="gelu",
         hidden_dropout_prob=dropout,
         attention_probs_dropout_prob=dropout,
-        layer_norm_eps=1e-5,  # simdist's LayerNorm eps
+        layer_norm_eps=cfg.layer_norm_eps,
         pad_token_id=bert_data.PAD,
     )
     hf_cfg._attn_implementation = "eager"
@@ -91,6 +94,50 @@ def t5_inputs(x: np.ndarray, y: np.ndarray, Te: int) -> dict[str, torch.Tensor]:
         attention_mask=(ids != t5_data.PAD).long(),
         labels=torch.from_numpy(y).long(),
     )
+
+
+class TorchTransformer(torch.nn.Module):
+    """``torch.nn.Transformer`` (batch first, post-LN, ReLU) with what simdist's AIAYN
+    model puts around it (``simdist.models.transformer``): one table for source, target and
+    output, scaled by sqrt(d_model) plus sinusoids in; label-smoothed cross-entropy over
+    the real targets, the mean per sample, then over samples. ``forward(x, y)`` takes a
+    ``simdist.data.transformer`` batch as tensors: x (B, Te + 2), y (B, Td) and returns
+    the loss. (tests/test_transformer.py builds the same reference around its own
+    ``nn.Transformer`` for the parity test.)"""
+
+    def __init__(self, cfg, dropout: float = 0.0, seed: int = 0):
+        super().__init__()
+        from simdist.kernels.positions import sinusoid_table
+
+        torch.manual_seed(seed)
+        self.cfg = cfg
+        self.net = torch.nn.Transformer(
+            cfg.d_model, cfg.nhead, cfg.num_encoder_layers, cfg.num_decoder_layers,
+            cfg.dim_feedforward, dropout=dropout, batch_first=True,
+        )  # fmt: skip
+        self.embedding = torch.nn.Parameter(torch.randn(cfg.vocab_size, cfg.d_model) * 0.02)
+        pe = np.zeros((max(cfg.max_seq_length, cfg.target_length), cfg.d_model), np.float32)
+        sinusoid_table(pe)
+        self.register_buffer("pe", torch.from_numpy(pe))
+        mask = torch.nn.Transformer.generate_square_subsequent_mask(cfg.target_length)
+        self.register_buffer("tgt_mask", mask)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        cfg = self.cfg
+        Te, Td = cfg.max_seq_length, cfg.target_length
+        src, tgt = x[:, :Te].long(), y.long()
+        dec_in = torch.cat([torch.full_like(tgt[:, :1], tf_data.BOS), tgt[:, :-1]], 1)
+        E, scale = self.embedding, cfg.d_model**0.5
+        pad = src == tf_data.PAD
+        out = self.net(
+            E[src] * scale + self.pe[:Te], E[dec_in] * scale + self.pe[:Td],
+            tgt_mask=self.tgt_mask, src_key_padding_mask=pad, memory_key_padding_mask=pad,
+        )  # fmt: skip
+        tok = torch.nn.functional.cross_entropy(
+            (out @ E.T).reshape(-1, cfg.vocab_size), tgt.reshape(-1), reduction="none",
+            label_smoothing=cfg.label_smoothing, ignore_index=tf_data.PAD,
+        ).reshape(tgt.shape)  # fmt: skip
+        return (tok.sum(1) / (tgt != tf_data.PAD).sum(1)).mean()
 
 
 def load_into_simdist(hf: torch.nn.Module, model, name: str, tmp: Path) -> tuple:
