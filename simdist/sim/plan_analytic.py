@@ -212,6 +212,20 @@ class AnalyticStep:
             cache[key] = (f_c, f_tp, b_c, b_tp, r_c, r_tp)
         return cache[key]
 
+    def _grad_accumulate(self, n: float) -> float:
+        """Seconds to add one micro-batch's weight gradients of ``n`` parameters into the
+        gradient buffer. Megatron-LM's DDP runs ``param.main_grad.add_(param.grad)`` in a
+        backward hook of every parameter after every micro-batch (megatron/model/
+        distributed.py since 2021; megatron/core/distributed today): it reads the new
+        gradient and reads and writes the buffer, e bytes each (the buffer has the
+        parameters' dtype unless --accumulate-allreduce-grads-in-fp32; with gradient-
+        accumulation fusion the weight-gradient GEMM reads and writes an fp32 buffer
+        instead of writing e bytes: as many bytes or more). One memory-bound pass."""
+        return self._memo(
+            ("gacc", n),
+            lambda: self.cost.compute_time(n, 3 * self.elem * n, "vector", self.dtype),
+        )
+
     def _memo(self, key: tuple, compute: Any) -> Any:
         """``compute()`` once per key and planner (the key names what the value depends on
         besides the profile, the dtype and, for working-set-keyed profiles, the working set)."""
@@ -246,6 +260,10 @@ class AnalyticStep:
         hb_c, _ = self._ops_time(head_bwd)
         ef_c, _ = self._ops_time(emb)
         eb_c, _ = self._ops_time([dataclasses.replace(emb[0], bytes=2 * emb[0].bytes)])
+        # the embedding's gradient is dense: its backward (PyTorch's
+        # embedding_dense_backward) zero-fills the whole [V/t, h] table, then adds the rows
+        # of this micro-batch's tokens
+        eb_c += self.cost.compute_time(0.0, e * h * vcb / t, "vector", self.dtype)
         if t > 1:  # vocab-parallel cross-entropy: all-reduce of max and sum per token
             hf_c += 2 * self.cost.collective_time("allreduce", "ring", 4 * tok, t, "intra")
         return hf_c, hb_c, ef_c, eb_c
@@ -261,6 +279,13 @@ class AnalyticStep:
         if t > 1:
             one += self.cost.collective_time("allgather", "ring", nbytes * t, t, "intra")
         return 2 * v * one  # forward activation and backward gradient per virtual stage
+
+    def _tied_sync(self, table: int) -> float:
+        """All-reduce of the tied embedding's gradient (``table`` parameters over the TP
+        ranks) between the first and the last pipeline stage, one TP rank with its peer."""
+        t, pp, dpn = self.cfg.tp, self.cfg.pp, self.profile.devices_per_node
+        link = self.cost.rail(dpn) if t * pp > dpn else self.profile.intra
+        return collective_time("allreduce", "ring", self.elem * table / t, 2, link)
 
     def _transformer(
         self, spec: TransformerSpec, mem: dict, dp: int, m: int, micro: int, seq: int, out: dict
@@ -323,6 +348,16 @@ class AnalyticStep:
             )
         h, vcb = spec.d_model, spec.vocab
         hf_c, hb_c, ef_c, eb_c = self._memo(("head", spec, tok, t), lambda: self._head(spec, tok))
+        # every micro-batch's weight gradients go into the gradient buffer
+        # (``_grad_accumulate``): the whole buffer of this TP rank with DP and ZeRO-1
+        # (Megatron-LM), the rank's 1/dp shard after each micro-batch's reduce-scatter with
+        # ZeRO-2/3 (DeepSpeed); the output layer (the last stage's copy of a tied embedding,
+        # or an untied head) and the embedding likewise
+        shard = t * (dp if c.zero >= 2 else 1)
+        b_c += self._grad_accumulate((spec.layer_params() + x_frac * spec.cross_params()) / shard)
+        table_acc = self._grad_accumulate(h * vcb / shard)
+        hb_c += table_acc
+        eb_c += table_acc
         layer_f = layers * (f_c + f_tp)
         layer_b = layers * (b_c + b_tp + r_c + r_tp)
         first_stage = layer_f + layer_b + ef_c + eb_c + (hf_c + hb_c if pp == 1 else 0)
@@ -336,7 +371,13 @@ class AnalyticStep:
         out["recompute"] = m * layers * r_c
         out["head_and_embedding"] = m * (stage - layer_f - layer_b)
         out["tp_comm"] = m * layers * (f_tp + b_tp + r_tp)
-        out["pp_p2p"] = m * p2p
+        # tied embeddings on a pipeline: the first stage's embedding and the last stage's
+        # output layer are two copies of one matrix, whose gradients Megatron-LM all-reduces
+        # between the two stages after the flush (_allreduce_embedding_grads), exposed
+        tied_sync = 0.0
+        if pp > 1 and spec.tied_head:
+            tied_sync = self._memo(("tied", vcb, h, t, pp), lambda: self._tied_sync(h * vcb))
+        out["pp_p2p"] = m * p2p + tied_sync
         out["pp_bubble"] = pipeline - m * per_micro
 
         # data parallel and optimizer
@@ -347,7 +388,7 @@ class AnalyticStep:
         self._overlap_note(dp)
         opt = self._optimizer_time(params_dev, dp)
         out["optimizer"] = opt
-        step = pipeline + dp_exposed + opt
+        step = pipeline + tied_sync + dp_exposed + opt
         # model FLOPs (no recompute) per step, whole job: Narayanan eq. (3) with 72
         gb = c.batch * dp
         nl = spec.n_layer
@@ -425,9 +466,15 @@ class AnalyticStep:
         """One memory-bound pass over the owned parameters (fused Adam / SGD)."""
         c = self.cfg
         owned = math.ceil(params_dev / dp) if c.zero >= 1 else params_dev
-        # bytes per parameter read + written: Adam 28 (fp32: g,p,m,v in; p,m,v out;
-        # mixed: fp16 g in, fp16 p out instead of one fp32 each way: also 28); SGD 20
+        # bytes per parameter read + written by the update: Adam 28 (fp32 g,p,m,v in;
+        # p,m,v out), SGD 20
         per = 28 if c.optimizer == "adam" else 20
+        if c.precision == "mixed":
+            # fp32 master weights (Megatron-LM's FP16 optimizer, apex amp O2 alike): the half
+            # gradients are copied into fp32 (2 in, 4 out) and unscaled with the inf/NaN
+            # check (4 in, 4 out) before the update, and the updated master weights copied
+            # back to half (4 in, 2 out) after it: 20 more
+            per += 20
         return self._memo(
             ("opt", owned, per),
             lambda: self.cost.compute_time(12 * owned, per * owned, "vector", "fp32"),
