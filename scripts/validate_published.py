@@ -271,7 +271,7 @@ def step_terms(cfg: PlanConfig) -> tuple[float, list[tuple[str, float]]]:
         ("layer gradient-buffer accumulation", layers - gemm - vector),
         ("embedding / logits + loss (stage imbalance)", b["head_and_embedding"]),
         ("TP communication (exposed)", b["tp_comm"]),
-        ("PP p2p + tied-embedding all-reduce", b["pp_p2p"]),
+        ("PP p2p", b["pp_p2p"]),
         ("PP bubble", b["pp_bubble"]),
         ("DP gradient all-reduce (exposed)", b["dp_comm_exposed"]),
         ("optimizer", b["optimizer"]),

@@ -96,10 +96,24 @@ def transformer_layer_ops(
         fwd.append(Op(f"tp.{tp_out}.mlp", "comm", bytes=act, collective=tp_out))
     fwd.append(ew("mlp.dropout_residual", rows * h, 2, 3 * e + 1))
 
+    # a bias's gradient is the output gradient summed over the tokens (grad_output.sum(0) in
+    # Megatron-LM's linear layers, a reduction kernel reading it once): column-parallel
+    # GEMMs own 1/t of the width, row-parallel ones add their bias after the TP reduction
+    biased: dict[str, float] = {}
+    if spec.attn_bias:
+        for p in ("", "xattn.") if cross else ("",):
+            biased[f"{p}qkv"] = tok * qkv_out
+            biased[f"{p or 'attn.'}proj"] = rows * h
+    if spec.mlp_bias:
+        biased["mlp.fc1"] = tok * fs * (2 if spec.gated else 1)
+        biased["mlp.fc2"] = rows * h
+
     bwd: list[Op] = []
     for op in reversed(fwd):
         if op.kind == "matmul":  # data gradient and weight gradient, same size each
             bwd.append(dataclasses.replace(op, name=op.name + ".bwd", count=2))
+            if op.name in biased:
+                bwd.append(ew(op.name + ".bias_grad", biased[op.name], 1, e))
         elif op.kind == "vector":  # read grad + saved input, write grad: ~1.5x the bytes
             bwd.append(dataclasses.replace(op, name=op.name + ".bwd", bytes=1.5 * op.bytes))
         else:  # the conjugate collective (Megatron's f/g operators)
@@ -252,9 +266,14 @@ class AnalyticStep:
                 2 * tok * h * vcb / t,
                 e * (tok * h + h * vcb / t + tok * vcb / t),
             ),
-            Op("cross_entropy", "vector", 5 * tok * vcb / t, (e + 4) * tok * vcb / t),
+            # Megatron-LM's vocab-parallel cross-entropy on fp32 logits, pass by pass
+            # (mpu/cross_entropy.py): cast (e in, 4 out), max (4), subtract it in place
+            # (4 + 4), exp in place (4 + 4), sum (4), divide in place (4 + 4): e + 36
+            # bytes per logit; backward: scale in place (4 + 4), cast back (4 + e)
+            Op("cross_entropy", "vector", 5 * tok * vcb / t, (e + 36) * tok * vcb / t),
         ]
-        head_bwd = [dataclasses.replace(head[0], count=2), dataclasses.replace(head[1])]
+        ce_bwd = dataclasses.replace(head[1], bytes=(e + 12) * tok * vcb / t)
+        head_bwd = [dataclasses.replace(head[0], count=2), ce_bwd]
         emb = [Op("embedding", "vector", tok * h, 3 * e * tok * h)]
         hf_c, _ = self._ops_time(head)
         hb_c, _ = self._ops_time(head_bwd)
@@ -279,13 +298,6 @@ class AnalyticStep:
         if t > 1:
             one += self.cost.collective_time("allgather", "ring", nbytes * t, t, "intra")
         return 2 * v * one  # forward activation and backward gradient per virtual stage
-
-    def _tied_sync(self, table: int) -> float:
-        """All-reduce of the tied embedding's gradient (``table`` parameters over the TP
-        ranks) between the first and the last pipeline stage, one TP rank with its peer."""
-        t, pp, dpn = self.cfg.tp, self.cfg.pp, self.profile.devices_per_node
-        link = self.cost.rail(dpn) if t * pp > dpn else self.profile.intra
-        return collective_time("allreduce", "ring", self.elem * table / t, 2, link)
 
     def _transformer(
         self, spec: TransformerSpec, mem: dict, dp: int, m: int, micro: int, seq: int, out: dict
@@ -371,13 +383,7 @@ class AnalyticStep:
         out["recompute"] = m * layers * r_c
         out["head_and_embedding"] = m * (stage - layer_f - layer_b)
         out["tp_comm"] = m * layers * (f_tp + b_tp + r_tp)
-        # tied embeddings on a pipeline: the first stage's embedding and the last stage's
-        # output layer are two copies of one matrix, whose gradients Megatron-LM all-reduces
-        # between the two stages after the flush (_allreduce_embedding_grads), exposed
-        tied_sync = 0.0
-        if pp > 1 and spec.tied_head:
-            tied_sync = self._memo(("tied", vcb, h, t, pp), lambda: self._tied_sync(h * vcb))
-        out["pp_p2p"] = m * p2p + tied_sync
+        out["pp_p2p"] = m * p2p
         out["pp_bubble"] = pipeline - m * per_micro
 
         # data parallel and optimizer
@@ -388,7 +394,7 @@ class AnalyticStep:
         self._overlap_note(dp)
         opt = self._optimizer_time(params_dev, dp)
         out["optimizer"] = opt
-        step = pipeline + tied_sync + dp_exposed + opt
+        step = pipeline + dp_exposed + opt
         # model FLOPs (no recompute) per step, whole job: Narayanan eq. (3) with 72
         gb = c.batch * dp
         nl = spec.n_layer
