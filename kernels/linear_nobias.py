@@ -19,21 +19,21 @@ F32 = np.float32
 @kernel
 def linear_nobias_forward(out, inp, weight):
     """out[N,O] = inp[N,I] @ weight[O,I].T (overwritten)."""
-    np.dot(inp, weight.T, out)
+    gemm(inp, weight.T, out, F32(1.0), F32(0.0))
 
 
 @kernel
 def linear_nobias_backward(dinp, dweight, dout, inp, weight):
     """dinp = dout @ weight; dweight = dout.T @ inp (both overwritten)."""
-    np.dot(dout, weight, dinp)
-    np.dot(dout.T, inp, dweight)
+    gemm(dout, weight, dinp, F32(1.0), F32(0.0))
+    gemm(dout.T, inp, dweight, F32(1.0), F32(0.0))
 
 
 @kernel
 def linear_nobias_backward_accumulate(dinp, dweight, dout, inp, weight):
     """dinp += dout @ weight (ADDS); dweight = dout.T @ inp (overwritten)."""
     gemm(dout, weight, dinp, F32(1.0), F32(1.0))
-    np.dot(dout.T, inp, dweight)
+    gemm(dout.T, inp, dweight, F32(1.0), F32(0.0))
 
 
 @kernel

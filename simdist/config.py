@@ -468,7 +468,7 @@ NOTES: dict[str, str] = {
         "stages per replica; ranks: TP innermost, then PP, then DP; ZeRO 0-1, fp32"
     ),
     "runconfig.pipeline_schedule": "micro-batches: optimizer.grad_accum_steps",
-    "runconfig.precision": "half: fc_mnist, gpt2, bert; pipelined; model.mixed_precision: fp16",
+    "runconfig.precision": "half: pipelined, data/tensor(batch)-parallel; model.mixed_precision: fp16",
     "runconfig.loss_scale": "null: dynamic in fp16, none otherwise; a number: static",
     "model.n_head": "divides n_embd",
     "model.preset": "gpt2-mini, gpt2, gpt2-medium, gpt2-large, gpt2-xl; null: give all sizes",
@@ -565,9 +565,9 @@ def _check_precision(p: Params) -> None:
     if canonical(r.precision) == "fp32":
         return
     where = f"runconfig.precision={r.precision}"
-    if p.model.name not in ("fc_mnist", "gpt2", "bert"):
+    if p.model.name not in ("fc_mnist", "gpt2", "bert", "t5", "transformer"):
         raise ConfigError(
-            f"{where}: mixed precision runs fc_mnist, gpt2 and bert so far; model "
+            f"{where}: mixed precision runs fc_mnist, gpt2, bert, t5 and transformer; model "
             f"{p.model.name} trains in fp32 (runconfig.precision: fp32)",
             "runconfig.precision",
         )

@@ -22,6 +22,8 @@ from model_runs import assert_resume_identical, assert_zero_levels_identical, ru
 from mpi_launch import REPO, mpiexec, run_mpi
 from simdist.kernels.half import BF16, F16, round_half
 from test_bert import TINY_BERT
+from test_t5 import TINY_T5
+from test_transformer import TINY as TINY_TRANSFORMER
 from test_train import final_state
 
 from simdist.lr_schedule import parse_schedule
@@ -44,8 +46,22 @@ def representable(x: np.ndarray, fmt: int) -> bool:
 
 @pytest.mark.parametrize(
     "preset,precision,n",
-    [(FC, "fp16", 2), (FC, "bf16", 3), (GPT2, "bf16", 2), (TINY_BERT, "bf16", 2)],
-    ids=["fc_mnist-fp16-np2", "fc_mnist-bf16-np3", "gpt2_mini-bf16-np2", "bert-bf16-np2"],
+    [
+        (FC, "fp16", 2),
+        (FC, "bf16", 3),
+        (GPT2, "bf16", 2),
+        (TINY_BERT, "bf16", 2),
+        (TINY_T5, "bf16", 2),
+        (TINY_TRANSFORMER, "fp16", 2),
+    ],
+    ids=[
+        "fc_mnist-fp16-np2",
+        "fc_mnist-bf16-np3",
+        "gpt2_mini-bf16-np2",
+        "bert-bf16-np2",
+        "t5-bf16-np2",
+        "transformer-fp16-np2",
+    ],
 )
 def test_zero_levels_are_bit_identical_in_half_precision(tmp_path, preset, precision, n):
     train = runner([*preset, f"--runconfig.precision={precision}"])
@@ -181,7 +197,6 @@ def test_memory_follows_the_precision_16_psi_and_zero_partitions(tmp_path):
         (["--runconfig.loss_scale_backoff_factor=1.5"], "loss_scale_backoff_factor"),
         (["--model.mixed_precision=true", "--runconfig.precision=bf16"], "give one of the two"),
         (["--runconfig.precision=bf16", "--execution_mode=weight_streaming"], "pipelined"),
-        (["--params", "t5_mini", "--runconfig.precision=bf16"], "fc_mnist, gpt2 and bert"),
         (["--optimizer.learning_rate=[{scheduler: Linear, initial_learning_rate: .inf}]"], "fin"),
     ],
 )

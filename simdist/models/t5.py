@@ -48,6 +48,7 @@ from simdist.kernels.loss import softmax_cross_entropy_backward, softmax_cross_e
 from simdist.kernels.relpos import relpos_bias_backward, relpos_bias_forward
 from simdist.kernels.residual import residual_forward
 from simdist.kernels.rmsnorm import rmsnorm_backward, rmsnorm_backward_accumulate, rmsnorm_forward
+from simdist.precision import no_store, precision_store
 
 from . import t5_costs
 from .base import GradientGroup, KernelCost, ParamSpec
@@ -96,6 +97,12 @@ class T5:
         self._step: Callable[[], int] = lambda: 0
         self._p = F32(0.0)  # this forward's dropout probability (0 in evaluation)
         self._keys = np.zeros(1, np.uint64)  # the current batch's dropout keys
+        self._store = no_store  # set_precision: round what the kernels store
+
+    def set_precision(self, precision) -> None:
+        """Train in ``precision`` (``simdist.precision.Precision``): every activation and
+        activation gradient the kernels write is stored in its half format."""
+        self._store = precision_store(precision)
 
     def bind_step(self, seed: int, step: Callable[[], int]) -> None:
         """Dropout masks hash (seed, step(), sample index)."""
@@ -222,34 +229,44 @@ class T5:
         return dst
 
     def _ffn_forward(self, v, params, names, x_norm, h, h1, g, a, B, site) -> None:
+        st = self._store
         if self.config.gated:
             w0, w1 = (params[n] for n in names[:2])
             linear_nobias_forward(h, x_norm, w0)
             linear_nobias_forward(h1, x_norm, w1)
+            st(h, h1)
             gelu_forward(g.reshape(-1), h.reshape(-1))
+            st(g)
             gate_forward(a.reshape(-1), g.reshape(-1), h1.reshape(-1))
         else:
             linear_nobias_forward(h, x_norm, params[names[0]])
+            st(h)
             relu_forward(a, h)
         self._drop(a, B, site)
+        st(a)
 
     def _ffn_backward(self, v, params, grads, names, dn, d_out, x_norm, h, h1, g, a, N, B, site):
         """d_out: d(FFN output); leaves d(x_norm) in dn."""
         cfg = self.config
         wo = names[-1]
+        st = self._store
         ga, gh = v.g_a[:N], v.g_h[:N]
         linear_nobias_backward(ga, grads[wo], d_out, a, params[wo])
         ga = self._undrop(ga, ga, B, site)
+        st(ga)
         if cfg.gated:
             gh1 = v.g_h1[:N]
             gate_backward(gh.reshape(-1), gh1.reshape(-1), ga.reshape(-1), g.reshape(-1),
                           h1.reshape(-1))  # fmt: skip
+            st(gh, gh1)
             gelu_backward(ga.reshape(-1), h.reshape(-1), gh.reshape(-1))
+            st(ga)
             linear_nobias_backward(dn, grads[names[0]], ga, x_norm, params[names[0]])
             linear_nobias_backward_accumulate(dn, grads[names[1]], gh1, x_norm, params[names[1]])
         else:
             relu_backward(gh, ga, h)
             linear_nobias_backward(dn, grads[names[0]], gh, x_norm, params[names[0]])
+        st(dn)
 
     def _forward(self, v: Views, params) -> None:
         cfg = self.config
@@ -259,76 +276,104 @@ class T5:
         relpos_bias_forward(v.d_bias, params[self._dec[0][4]], v.d_buckets)
         shared = params["shared.weight"]
         # ---- encoder
+        st = self._store  # mixed precision: what a kernel writes is stored half (else no-op)
         token_embedding_forward(v.ex[0], v.enc_ids, shared)
         self._drop(v.ex[0], B, S["enc_emb"])
+        st(v.ex[0])
         for i, names in enumerate(self._enc):
             q, k, vv, o = (params[n] for n in names[:4])
             s0 = S["enc"][i]
             off = 1 if i == 0 else 0
             x, t = v.ex[i], v.tD[: v.Ne]
             rmsnorm_forward(v.e_n1[i], v.e_r1[i], x, params[names[4 + off]], EPS)
+            st(v.e_n1[i])
             linear_nobias_forward(v.e_q[i], v.e_n1[i], q)
             linear_nobias_forward(v.e_k[i], v.e_n1[i], k)
             linear_nobias_forward(v.e_v[i], v.e_n1[i], vv)
+            st(v.e_q[i], v.e_k[i], v.e_v[i])
             _attend(v.enc3(v.e_ctx[i]), v.e_att[i], v.enc3(v.e_q[i]), v.enc3(v.e_k[i]),
                     v.enc3(v.e_v[i]), v.enc_keep, v.scratch, v.ds_ee, NH, False, v.keys, s0, p,
                     v.e_bias, True)  # fmt: skip
+            st(v.e_ctx[i])  # the probabilities stay float32, as a fused attention keeps them
             linear_nobias_forward(t, v.e_ctx[i], o)
             self._drop(t, B, s0 + 1)
+            st(t)
             residual_forward(v.e_xm[i].reshape(-1), x.reshape(-1), t.reshape(-1))
+            st(v.e_xm[i])
             rmsnorm_forward(v.e_n2[i], v.e_r2[i], v.e_xm[i], params[names[-1]], EPS)
+            st(v.e_n2[i])
             self._ffn_forward(v, params, names[5 + off : -1], v.e_n2[i], v.e_h[i], v.e_h1[i],
                               v.e_g[i], v.e_a[i], B, s0 + 2)  # fmt: skip
             linear_nobias_forward(t, v.e_a[i], params[names[-2]])
             self._drop(t, B, s0 + 3)
+            st(t)
             residual_forward(v.ex[i + 1].reshape(-1), v.e_xm[i].reshape(-1), t.reshape(-1))
+            st(v.ex[i + 1])
         w = params["encoder.final_layer_norm.weight"]
         rmsnorm_forward(v.enc_out, v.e_rf, v.ex[-1], w, EPS)
         self._drop(v.enc_out, B, S["enc_final"])
+        st(v.enc_out)
         # ---- decoder
         token_embedding_forward(v.dy[0], v.dec_ids, shared)
         self._drop(v.dy[0], B, S["dec_emb"])
+        st(v.dy[0])
         for j, names in enumerate(self._dec):
             s0 = S["dec"][j]
             off = 1 if j == 0 else 0
             y, t = v.dy[j], v.tD[: v.Nd]
             sq, sk, sv, so = (params[n] for n in names[:4])
             rmsnorm_forward(v.s_n[j], v.s_r[j], y, params[names[4 + off]], EPS)
+            st(v.s_n[j])
             linear_nobias_forward(v.s_q[j], v.s_n[j], sq)
             linear_nobias_forward(v.s_k[j], v.s_n[j], sk)
             linear_nobias_forward(v.s_v[j], v.s_n[j], sv)
+            st(v.s_q[j], v.s_k[j], v.s_v[j])
             _attend(v.dec3(v.s_ctx[j]), v.s_att[j], v.dec3(v.s_q[j]), v.dec3(v.s_k[j]),
                     v.dec3(v.s_v[j]), v.dec_keep, v.scratch, v.ds_dd, NH, True, v.keys, s0, p,
                     v.d_bias, True)  # fmt: skip
+            st(v.s_ctx[j])
             linear_nobias_forward(t, v.s_ctx[j], so)
             self._drop(t, B, s0 + 1)
+            st(t)
             residual_forward(v.s_xm[j].reshape(-1), y.reshape(-1), t.reshape(-1))
+            st(v.s_xm[j])
             c = 5 + off
             cq, ck, cv, co = (params[n] for n in names[c : c + 4])
             rmsnorm_forward(v.c_n[j], v.c_r[j], v.s_xm[j], params[names[c + 4]], EPS)
+            st(v.c_n[j])
             linear_nobias_forward(v.c_q[j], v.c_n[j], cq)
             linear_nobias_forward(v.c_k[j], v.enc_out, ck)
             linear_nobias_forward(v.c_v[j], v.enc_out, cv)
+            st(v.c_q[j], v.c_k[j], v.c_v[j])
             _attend(v.dec3(v.c_ctx[j]), v.c_att[j], v.dec3(v.c_q[j]), v.enc3(v.c_k[j]),
                     v.enc3(v.c_v[j]), v.enc_keep, v.scratch, v.ds_de, NH, False, v.keys,
                     s0 + 2, p, v.d_bias, False)  # fmt: skip
+            st(v.c_ctx[j])
             linear_nobias_forward(t, v.c_ctx[j], co)
             self._drop(t, B, s0 + 3)
+            st(t)
             residual_forward(v.c_xm[j].reshape(-1), v.s_xm[j].reshape(-1), t.reshape(-1))
+            st(v.c_xm[j])
             rmsnorm_forward(v.f_n[j], v.f_r[j], v.c_xm[j], params[names[-1]], EPS)
+            st(v.f_n[j])
             self._ffn_forward(v, params, names[c + 5 : -1], v.f_n[j], v.f_h[j], v.f_h1[j],
                               v.f_g[j], v.f_a[j], B, s0 + 4)  # fmt: skip
             linear_nobias_forward(t, v.f_a[j], params[names[-2]])
             self._drop(t, B, s0 + 5)
+            st(t)
             residual_forward(v.dy[j + 1].reshape(-1), v.c_xm[j].reshape(-1), t.reshape(-1))
+            st(v.dy[j + 1])
         w = params["decoder.final_layer_norm.weight"]
         rmsnorm_forward(v.dec_out, v.d_rf, v.dy[-1], w, EPS)
         self._drop(v.dec_out, B, S["dec_final"])
+        st(v.dec_out)
         head = v.dec_out
         if cfg.tie_word_embeddings:
             scale_forward(v.dec_scaled.reshape(-1), v.dec_out.reshape(-1), F32(cfg.d_model**-0.5))
+            st(v.dec_scaled)
             head = v.dec_scaled
         linear_nobias_forward(v.logits, head, params[self._head_weight()])
+        st(v.logits)  # the loss reads them in float32
         softmax_cross_entropy_forward(v.losses, v.probs, v.logits, v.labels)
 
     def _head_weight(self) -> str:
@@ -344,16 +389,21 @@ class T5:
         Ne, Nd = v.Ne, v.Nd
         hw = self._head_weight()
         # ---- head: per-sample loss = mean of its Td token losses
+        st = self._store
         softmax_cross_entropy_backward(v.probs, v.probs, v.labels, F32(dloss / cfg.target_length))
+        st(v.probs)  # d logits
         t = v.tD[:Nd]
         head = v.dec_scaled if cfg.tie_word_embeddings else v.dec_out
         linear_nobias_backward(t, g[hw], v.probs, head, params[hw])
         if cfg.tie_word_embeddings:
+            st(t)
             scale_forward(t.reshape(-1), t.reshape(-1), F32(cfg.d_model**-0.5))
         d = self._undrop(t, t, B, S["dec_final"])
+        st(d)
         gd = v.gd
         w = "decoder.final_layer_norm.weight"
         rmsnorm_backward(gd, g[w], d, v.dy[-1], params[w], v.d_rf)
+        st(gd)
         g.done(self._head)
         # ---- decoder blocks, last to first; gd holds d(block output)
         v.e_dbias.fill(0.0)
@@ -366,22 +416,30 @@ class T5:
             c = 5 + off
             # FFN
             d = self._undrop(t, gd, B, s0 + 5)
+            st(d)
             self._ffn_backward(v, params, g, names[c + 5 : -1], gn, d, v.f_n[j],
                                v.f_h[j], v.f_h1[j], v.f_g[j], v.f_a[j], Nd, B, s0 + 4)  # fmt: skip
             rmsnorm_backward_accumulate(gd, g[names[-1]], gn, v.c_xm[j], params[names[-1]],
                                         v.f_r[j])  # fmt: skip
+            st(gd)
             # cross-attention: keys and values from the encoder output
             d = self._undrop(t, gd, B, s0 + 3)
+            st(d)
             linear_nobias_backward(gc, g[names[c + 3]], d, v.c_ctx[j], params[names[c + 3]])
+            st(gc)
             _attend_back(v.dec3(gq), v.enc3(gk[:Ne]), v.enc3(gv[:Ne]), v.d_dbias, v.dec3(gc),
                          v.dec3(v.c_q[j]), v.enc3(v.c_k[j]), v.enc3(v.c_v[j]), v.c_att[j],
                          v.scratch, v.ds_de, NH, False, v.keys, s0 + 2, p, False)  # fmt: skip
+            st(gq, gk[:Ne], gv[:Ne])
             linear_nobias_backward(gn, g[names[c]], gq, v.c_n[j], params[names[c]])
+            st(gn)
             for which, dk in ((1, gk[:Ne]), (2, gv[:Ne])):
                 n = names[c + which]
                 linear_nobias_backward_accumulate(v.g_enc, g[n], dk, v.enc_out, params[n])
+            st(v.g_enc)
             rmsnorm_backward_accumulate(gd, g[names[c + 4]], gn, v.s_xm[j], params[names[c + 4]],
                                         v.c_r[j])  # fmt: skip
+            st(gd)
             # causal self-attention with the shared bias
             acts = (v.s_n[j], v.s_q[j], v.s_k[j], v.s_v[j], v.s_ctx[j], v.s_att[j], v.s_r[j])
             self._self_attention_backward(
@@ -394,12 +452,15 @@ class T5:
         if not cfg.tie_word_embeddings:
             g["shared.weight"].fill(0.0)
         d = self._undrop(t, gd, B, S["dec_emb"])
+        st(d)
         token_embedding_backward_accumulate(g["shared.weight"], d, v.dec_ids)
         # ---- encoder: d(encoder output) gathered from every cross-attention
         ge = v.ge
         w = "encoder.final_layer_norm.weight"
         d = self._undrop(v.g_enc, v.g_enc, B, S["enc_final"])
+        st(d)
         rmsnorm_backward(ge, g[w], d, v.ex[-1], params[w], v.e_rf)
+        st(ge)
         g.done((w,))
         t = v.tD[:Ne]
         gn = v.g_n[:Ne]
@@ -407,10 +468,12 @@ class T5:
             names = self._enc[i]
             s0, off = S["enc"][i], (1 if i == 0 else 0)
             d = self._undrop(t, ge, B, s0 + 3)
+            st(d)
             self._ffn_backward(v, params, g, names[5 + off : -1], gn, d, v.e_n2[i], v.e_h[i],
                                v.e_h1[i], v.e_g[i], v.e_a[i], Ne, B, s0 + 2)  # fmt: skip
             rmsnorm_backward_accumulate(ge, g[names[-1]], gn, v.e_xm[i], params[names[-1]],
                                         v.e_r2[i])  # fmt: skip
+            st(ge)
             acts = (v.e_n1[i], v.e_q[i], v.e_k[i], v.e_v[i], v.e_ctx[i], v.e_att[i], v.e_r1[i])
             self._self_attention_backward(
                 v, params, g, names, v.ex[i], ge, acts, v.e_dbias, v.ds_ee, False, v.enc3, s0
@@ -419,6 +482,7 @@ class T5:
                 relpos_bias_backward(g[names[4]], v.e_dbias, v.e_buckets)
             g.done(names)
         d = self._undrop(t, ge, B, S["enc_emb"])
+        st(d)
         token_embedding_backward_accumulate(g["shared.weight"], d, v.enc_ids)
         g.done(("shared.weight",))
 
@@ -431,16 +495,22 @@ class T5:
         t, gn, gc = v.tD[:N], v.g_n[:N], v.g_ctx[:N]
         gq, gk, gv = v.g_q[:N], v.g_k[:N], v.g_v[:N]
         x_norm, q, k, vv, ctx, att, rstd = acts
+        st = self._store
         d = self._undrop(t, gres, v.B, s0 + 1)
+        st(d)
         linear_nobias_backward(gc, g[names[3]], d, ctx, params[names[3]])
+        st(gc)
         _attend_back(to3(gq), to3(gk), to3(gv), dbias, to3(gc), to3(q), to3(k), to3(vv), att,
                      v.scratch, ds, self.config.num_heads, causal, v.keys, s0, self._p,
                      True)  # fmt: skip
+        st(gq, gk, gv)
         linear_nobias_backward(gn, g[names[0]], gq, x_norm, params[names[0]])
         linear_nobias_backward_accumulate(gn, g[names[1]], gk, x_norm, params[names[1]])
         linear_nobias_backward_accumulate(gn, g[names[2]], gv, x_norm, params[names[2]])
+        st(gn)
         ln = names[5] if names[4].endswith(REL) else names[4]
         rmsnorm_backward_accumulate(gres, g[ln], gn, x, params[ln], rstd)
+        st(gres)
 
 
 def _attend(out, att, q, k, v, keep, scratch, ds, NH, causal, keys, site, p, bias, has_bias):

@@ -57,6 +57,7 @@ from simdist.kernels.positions import (
     sinusoid_table,
 )
 from simdist.kernels.residual import residual_forward
+from simdist.precision import no_store, precision_store
 
 from . import transformer_costs
 from .base import GradientGroup, KernelCost, ParamSpec
@@ -142,6 +143,7 @@ class Transformer:
         self._p = F32(0.0)  # this forward's dropout probability (0 in evaluation)
         self._keys = np.zeros(1, np.uint64)
         D = config.d_model
+        self._store = no_store  # set_precision: round what the kernels store
         self._emb_scale = F32(np.sqrt(np.float64(D)))
         self._att_scale = F32(1.0) / np.sqrt(F32(config.head_size))
         self.extra_eval: dict[str, list[float]] = {
@@ -149,6 +151,12 @@ class Transformer:
             "token_loss": [0.0, 0.0],
             "exact_match": [0.0, 0.0],
         }
+
+    def set_precision(self, precision) -> None:
+        """Train in ``precision`` (``simdist.precision.Precision``): every activation and
+        activation gradient the kernels write is stored in its half format (greedy
+        decoding's per-position buffers excepted: its products still take half operands)."""
+        self._store = precision_store(precision)
 
     def bind_step(self, seed: int, step: Callable[[], int]) -> None:
         """Dropout masks hash (seed, step(), sample index)."""
@@ -306,19 +314,24 @@ class Transformer:
 
     def _ffn(self, params, names, x, h, a, out, B, site) -> None:
         """out = linear2(drop(relu(linear1(x)))), before the sublayer's output dropout."""
+        st = self._store
         w1, b1, w2, b2 = (params[n] for n in names[-8:-4])  # names end with 2 norms
         linear_hf_forward(h, x, w1, b1)
+        st(h)
         relu_forward(a, h)
         self._drop(a, B, site)
+        st(a)
         linear_hf_forward(out, a, w2, b2)
 
     def _encode(self, v: Views, params) -> None:
         cfg = self.config
         B, D, S = v.B, cfg.d_model, sites(cfg)
         self._scratch = v.scratch
+        st = self._store  # mixed precision: what a kernel writes is stored half (else no-op)
         scaled_embedding_forward(v.enc3(v.ex[0]), v.enc_ids.reshape(B, -1), params[EMBED],
                                  self._emb_scale, v.pe)  # fmt: skip
         self._drop(v.ex[0], B, S["enc_emb"])
+        st(v.ex[0])
         t = v.tD[: v.Ne]
         for i, names in enumerate(self._enc):
             s0, x = S["enc"][i], v.ex[i]
@@ -326,28 +339,37 @@ class Transformer:
             for out, wi, bi in zip((v.e_q[i], v.e_k[i], v.e_v[i]), _qkv(w, D), _qkv(b, D),
                                    strict=True):  # fmt: skip
                 linear_hf_forward(out, x, wi, bi)
+            st(v.e_q[i], v.e_k[i], v.e_v[i])
             self._attend(v.enc3(v.e_ctx[i]), v.e_att[i], v.enc3(v.e_q[i]), v.enc3(v.e_k[i]),
                          v.enc3(v.e_v[i]), v.enc_keep, v.ds_ee, False, s0)  # fmt: skip
+            st(v.e_ctx[i])  # the probabilities stay float32, as a fused attention keeps them
             linear_hf_forward(t, v.e_ctx[i], params[names[2]], params[names[3]])
             self._drop(t, B, s0 + 1)
+            st(t)
             n1w, n1b, n2w, n2b = (params[n] for n in names[-4:])
             residual_layernorm_forward(v.e_r1[i], v.e_x1[i], v.e_m1[i], v.e_s1[i], x, t, n1w,
                                        n1b)  # fmt: skip
+            st(v.e_r1[i], v.e_x1[i])  # statistics from the float32 sum, as GPT-2's
             self._ffn(params, names, v.e_x1[i], v.e_h[i], v.e_a[i], t, B, s0 + 2)
             self._drop(t, B, s0 + 3)
+            st(t)
             residual_layernorm_forward(v.e_r2[i], v.ex[i + 1], v.e_m2[i], v.e_s2[i], v.e_x1[i],
                                        t, n2w, n2b)  # fmt: skip
+            st(v.e_r2[i], v.ex[i + 1])
         nw, nb = (params[n] for n in final_norm_names("encoder"))
         layernorm_forward(v.enc_out, v.e_mf, v.e_sf, v.ex[-1], nw, nb)
+        st(v.enc_out)
 
     def _decode(self, v: Views, params) -> None:
         cfg = self.config
         B, D, S = v.B, cfg.d_model, sites(cfg)
         self._scratch = v.scratch
+        st = self._store
         shared = params[EMBED]
         scaled_embedding_forward(v.dec3(v.dy[0]), v.dec_ids.reshape(B, -1), shared,
                                  self._emb_scale, v.pe)  # fmt: skip
         self._drop(v.dy[0], B, S["dec_emb"])
+        st(v.dy[0])
         t = v.tD[: v.Nd]
         for j, names in enumerate(self._dec):
             s0, y = S["dec"][j], v.dy[j]
@@ -355,30 +377,42 @@ class Transformer:
             for out, wi, bi in zip((v.s_q[j], v.s_k[j], v.s_v[j]), _qkv(w, D), _qkv(b, D),
                                    strict=True):  # fmt: skip
                 linear_hf_forward(out, y, wi, bi)
+            st(v.s_q[j], v.s_k[j], v.s_v[j])
             self._attend(v.dec3(v.s_ctx[j]), v.s_att[j], v.dec3(v.s_q[j]), v.dec3(v.s_k[j]),
                          v.dec3(v.s_v[j]), v.dec_keep, v.ds_dd, True, s0)  # fmt: skip
+            st(v.s_ctx[j])
             linear_hf_forward(t, v.s_ctx[j], params[names[2]], params[names[3]])
             self._drop(t, B, s0 + 1)
+            st(t)
             n1w, n1b, n2w, n2b, n3w, n3b = (params[n] for n in names[-6:])
             residual_layernorm_forward(v.s_r[j], v.s_x[j], v.s_m[j], v.s_s[j], y, t, n1w, n1b)
+            st(v.s_r[j], v.s_x[j])
             wq, wk, wv = _qkv(params[names[4]], D)
             bq, bk, bv = _qkv(params[names[5]], D)
             linear_hf_forward(v.c_q[j], v.s_x[j], wq, bq)
             linear_hf_forward(v.c_k[j], v.enc_out, wk, bk)
             linear_hf_forward(v.c_v[j], v.enc_out, wv, bv)
+            st(v.c_q[j], v.c_k[j], v.c_v[j])
             self._attend(v.dec3(v.c_ctx[j]), v.c_att[j], v.dec3(v.c_q[j]), v.enc3(v.c_k[j]),
                          v.enc3(v.c_v[j]), v.enc_keep, v.ds_de, False, s0 + 2)  # fmt: skip
+            st(v.c_ctx[j])
             linear_hf_forward(t, v.c_ctx[j], params[names[6]], params[names[7]])
             self._drop(t, B, s0 + 3)
+            st(t)
             residual_layernorm_forward(v.c_r[j], v.c_x[j], v.c_m[j], v.c_s[j], v.s_x[j], t, n2w,
                                        n2b)  # fmt: skip
+            st(v.c_r[j], v.c_x[j])
             self._ffn(params, names[:-2], v.c_x[j], v.f_h[j], v.f_a[j], t, B, s0 + 4)
             self._drop(t, B, s0 + 5)
+            st(t)
             residual_layernorm_forward(v.f_r[j], v.dy[j + 1], v.f_m[j], v.f_s[j], v.c_x[j], t,
                                        n3w, n3b)  # fmt: skip
+            st(v.f_r[j], v.dy[j + 1])
         nw, nb = (params[n] for n in final_norm_names("decoder"))
         layernorm_forward(v.dec_out, v.d_mf, v.d_sf, v.dy[-1], nw, nb)
+        st(v.dec_out)
         linear_nobias_forward(v.logits, v.dec_out, shared)
+        st(v.logits)  # the loss reads them in float32
         smoothed_cross_entropy_forward(v.losses, v.probs, v.logits, v.labels,
                                        F32(cfg.label_smoothing), cfg.pad_token_id)  # fmt: skip
 
@@ -391,12 +425,16 @@ class Transformer:
         B, S, g = v.B, sites(cfg), grads
         Ne, Nd = v.Ne, v.Nd
         self._scratch = v.scratch
+        st = self._store
         smoothed_cross_entropy_backward(v.probs, v.probs, v.labels, v.row_weight, F32(dloss),
                                         F32(cfg.label_smoothing))  # fmt: skip
+        st(v.probs)  # d logits
         t = v.tD[:Nd]
         linear_nobias_backward(t, g[EMBED], v.probs, v.dec_out, params[EMBED])
+        st(t)
         nw, nb = final_norm_names("decoder")
         layernorm_backward(v.gd, g[nw], g[nb], t, v.dy[-1], params[nw], v.d_mf, v.d_sf)
+        st(v.gd)
         g.done((nw, nb))
         v.g_enc.fill(0.0)
         for j in range(cfg.num_decoder_layers - 1, -1, -1):
@@ -408,20 +446,26 @@ class Transformer:
             # cross-attention sublayer: keys and values from the encoder output
             gr = self._norm_backward(v, params, g, v.gd, v.c_r[j], n[2:4], v.c_m[j], v.c_s[j])
             d = self._undrop(t, gr, B, s0 + 3)
+            st(d)
             gc = v.g_ctx[:Nd]
             linear_hf_backward(gc, g[names[6]], g[names[7]], d, v.c_ctx[j], params[names[6]])
+            st(gc)
             gk, gv = v.g_k[:Ne], v.g_v[:Ne]
             self._attend_back(v.dec3(v.g_q[:Nd]), v.enc3(gk), v.enc3(gv), v.dec3(gc),
                               v.dec3(v.c_q[j]), v.enc3(v.c_k[j]), v.enc3(v.c_v[j]), v.c_att[j],
                               v.ds_de, False, s0 + 2)  # fmt: skip
+            st(v.g_q[:Nd], gk, gv)
             W, gW, gb = params[names[4]], g[names[4]], g[names[5]]
             (wq, wk, wv), (dwq, dwk, dwv), (dbq, dbk, dbv) = (_qkv(a, cfg.d_model)
                                                               for a in (W, gW, gb))  # fmt: skip
             gx = v.g_x[:Nd]
             linear_hf_backward(gx, dwq, dbq, v.g_q[:Nd], v.s_x[j], wq)
+            st(gx)
             linear_hf_backward_accumulate(v.g_enc, dwk, dbk, gk, v.enc_out, wk)
             linear_hf_backward_accumulate(v.g_enc, dwv, dbv, gv, v.enc_out, wv)
+            st(v.g_enc)
             residual_forward(v.gd.reshape(-1), gr.reshape(-1), gx.reshape(-1))
+            st(v.gd)
             # causal self-attention sublayer
             self._attention_backward(v, params, g, names, v.gd, v.s_r[j], n[:2], v.s_m[j],
                                      v.s_s[j], v.dy[j],
@@ -429,11 +473,13 @@ class Transformer:
                                      v.dec3, v.ds_dd, True, s0)  # fmt: skip
             g.done(names)
         d = self._undrop(t, v.gd, B, S["dec_emb"])
+        st(d)
         scaled_embedding_backward_accumulate(g[EMBED], v.dec3(d), v.dec_ids.reshape(B, -1),
                                              self._emb_scale)  # fmt: skip
         # ---- encoder: d(encoder output) gathered from every cross-attention
         nw, nb = final_norm_names("encoder")
         layernorm_backward(v.ge, g[nw], g[nb], v.g_enc, v.ex[-1], params[nw], v.e_mf, v.e_sf)
+        st(v.ge)
         g.done((nw, nb))
         t = v.tD[:Ne]
         for i in range(cfg.num_encoder_layers - 1, -1, -1):
@@ -447,6 +493,7 @@ class Transformer:
                                      v.enc3, v.ds_ee, False, s0)  # fmt: skip
             g.done(names)
         d = self._undrop(t, v.ge, B, S["enc_emb"])
+        st(d)
         scaled_embedding_backward_accumulate(g[EMBED], v.enc3(d), v.enc_ids.reshape(B, -1),
                                              self._emb_scale)  # fmt: skip
         g.done((EMBED,))
@@ -456,40 +503,52 @@ class Transformer:
         gr = v.g_r[: res.shape[0]]
         w, b = norm
         layernorm_backward(gr, g[w], g[b], gres, res, params[w], mean, rstd)
+        self._store(gr)
         return gr
 
     def _ffn_backward(self, v, params, g, names, gres, res, norm, mean, rstd, x, h, a, N, site):
         """gres: d(LN(x + drop(ffn(x)))) in, d x out (overwritten)."""
+        st = self._store
         gr = self._norm_backward(v, params, g, gres, res, norm, mean, rstd)
         d = self._undrop(v.tD[:N], gr, v.B, site + 1)
+        st(d)
         gh = v.g_h[:N]
         w1, b1, w2, b2 = names[-8:-4]
         linear_hf_backward(gh, g[w2], g[b2], d, a, params[w2])
         self._undrop(gh, gh, v.B, site)
         relu_backward(gh, gh, h)
+        st(gh)
         gx = v.g_x[:N]
         linear_hf_backward(gx, g[w1], g[b1], gh, x, params[w1])
+        st(gx)
         residual_forward(gres.reshape(-1), gr.reshape(-1), gx.reshape(-1))
+        st(gres)
 
     def _attention_backward(self, v, params, g, names, gres, res, norm, mean, rstd, x, acts,
                             to3, ds, causal, site):  # fmt: skip
         """gres: d(LN(x + drop(self_attn(x)))) in, d x out (overwritten)."""
         N = x.shape[0]
         q, k, vv, ctx, att = acts
+        st = self._store
         gr = self._norm_backward(v, params, g, gres, res, norm, mean, rstd)
         d = self._undrop(v.tD[:N], gr, v.B, site + 1)
+        st(d)
         gc = v.g_ctx[:N]
         linear_hf_backward(gc, g[names[2]], g[names[3]], d, ctx, params[names[2]])
+        st(gc)
         gq, gk, gv = v.g_q[:N], v.g_k[:N], v.g_v[:N]
         self._attend_back(to3(gq), to3(gk), to3(gv), to3(gc), to3(q), to3(k), to3(vv), att, ds,
                           causal, site)  # fmt: skip
+        st(gq, gk, gv)
         D = self.config.d_model
         W, dW, db = _qkv(params[names[0]], D), _qkv(g[names[0]], D), _qkv(g[names[1]], D)
         gx = v.g_x[:N]
         linear_hf_backward(gx, dW[0], db[0], gq, x, W[0])
         linear_hf_backward_accumulate(gx, dW[1], db[1], gk, x, W[1])
         linear_hf_backward_accumulate(gx, dW[2], db[2], gv, x, W[2])
+        st(gx)
         residual_forward(gres.reshape(-1), gr.reshape(-1), gx.reshape(-1))
+        st(gres)
 
     # -------------------------------------------------------------- greedy decoding
     def greedy_decode(
