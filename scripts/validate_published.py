@@ -228,3 +228,109 @@ def run() -> list[dict]:
             }
         )
     return rows
+
+
+# -- GPT-3 175B: the step term by term (README "How close is it?") --------------------------
+
+# Narayanan et al. 2021 §5.1: 175B on 1,024 A100-80GB at global batch 1,536 trains at 140
+# teraFLOP/s per GPU in their eq. (3)'s accounting; the layout Megatron-LM used for it:
+# t = 8 within a node, p = 16, d = 8, micro-batch 1, full recompute, no overlap of the
+# gradient all-reduce (2021)
+NARAYANAN_175B = dict(tp=8, pp=16, dp=8, batch=1536, tflops=140.0)
+
+
+def eq3_flops(batch: int, s: int = 2048, layers: int = 96, h: int = 12288, v: int = 51200):
+    """Narayanan et al. 2021 eq. (3): FLOPs per iteration, full recompute counted."""
+    return 96 * batch * s * layers * h * h * (1 + s / (6 * h) + v / (16 * layers * h))
+
+
+def step_terms(cfg: PlanConfig) -> tuple[float, list[tuple[str, float]]]:
+    """(step seconds, [(term, seconds)]) of one Megatron layout: the planner's breakdown with
+    the layers' compute split into GEMMs, memory-bound kernels and the gradient-buffer
+    accumulation. The terms add up to the step."""
+    from simdist.plan import transformer_layer_ops  # noqa: PLC0415
+
+    planner = Planner(cfg, load_profile(cfg.profile))
+    r = planner.run()
+    b = r.breakdown_s
+    spec = MODELS[cfg.model]
+    sp = cfg.sequence_parallel and cfg.tp > 1
+    fwd, bwd = transformer_layer_ops(spec, r.config["micro_batch"], r.seq, cfg.tp, sp, 2)
+
+    def kind(ops, k: str) -> float:
+        return sum(planner._op_time(op) for op in ops if op.kind == k)
+
+    n = r.micro_batches * spec.n_layer / cfg.pp  # layer passes per step on one stage
+    rec = 1 if cfg.recompute == "full" else 0  # selective: its core stays in "recompute"
+    gemm = n * (kind(fwd, "matmul") * (1 + rec) + kind(bwd, "matmul"))
+    vector = n * (kind(fwd, "vector") * (1 + rec) + kind(bwd, "vector"))
+    layers = b["forward_compute"] + b["backward_compute"] + b["recompute"]
+    terms = [
+        ("layer GEMMs (fwd + bwd + recompute)", gemm),
+        ("layer memory-bound kernels", vector),
+        ("layer gradient-buffer accumulation", layers - gemm - vector),
+        ("embedding / logits + loss (stage imbalance)", b["head_and_embedding"]),
+        ("TP communication (exposed)", b["tp_comm"]),
+        ("PP p2p", b["pp_p2p"]),
+        ("PP bubble", b["pp_bubble"]),
+        ("DP gradient all-reduce (exposed)", b["dp_comm_exposed"]),
+        ("optimizer", b["optimizer"]),
+    ]
+    return float(r.step_s), terms
+
+
+def print_175b() -> None:
+    """The two GPT-3 175B settings with published step times, term by term."""
+    n = NARAYANAN_175B
+    layouts = [
+        (
+            "Narayanan 2021 §5.1: 1024 GPUs, t8 p16 d8, mb 1, batch 1536, full recompute",
+            PlanConfig(
+                model="gpt3-175b",
+                devices=1024,
+                tp=n["tp"],
+                pp=n["pp"],
+                batch=n["batch"] // n["dp"],
+                micro_batch=1,
+                seq=2048,
+                recompute="full",
+                overlap=False,
+            ),  # fmt: skip
+            eq3_flops(n["batch"]) / (n["tflops"] * 1e12 * 1024),
+            1024,
+            n["batch"],
+        ),
+        (
+            "Korthikanti 2022 Table 5: 64 GPUs, t8 p8 v3, mb 1, batch 64, full recompute",
+            PlanConfig(
+                model="gpt3-175b",
+                devices=64,
+                tp=8,
+                pp=8,
+                interleave=3,
+                batch=64,
+                micro_batch=1,
+                seq=2048,
+                recompute="full",
+                overlap=False,
+            ),  # fmt: skip
+            18.13,
+            64,
+            64,
+        ),
+    ]
+    for title, cfg, published, gpus, batch in layouts:
+        step, terms = step_terms(cfg)
+        tf = eq3_flops(batch) / (step * gpus) / 1e12
+        tf_pub = eq3_flops(batch) / (published * gpus) / 1e12
+        print(f"{title}")
+        for name, t in terms:
+            print(f"  {name:46s} {t:8.3f} s  {100 * t / step:5.1f} %")
+        print(
+            f"  {'predicted step':46s} {step:8.3f} s  ({tf:.1f} TF/GPU, eq. 3); published "
+            f"{published:.2f} s ({tf_pub:.1f} TF/GPU): {100 * (step / published - 1):+.1f} %"
+        )
+
+
+if __name__ == "__main__":
+    print_175b()

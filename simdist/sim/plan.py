@@ -49,7 +49,9 @@ schedules, one set of cost functions (``simdist.device``: kernels, collectives):
   all-gather after the optimizer step, exposed; ZeRO-2 reduce-scatters every micro-batch;
   ZeRO-3 gathers parameters for forward and backward, hidden behind that pass's compute
   except the first layer's gather. ``--no-overlap`` exposes everything (Megatron 2021).
-  Optimizer: one memory-bound pass over the owned shard.
+  Optimizer: one memory-bound pass over the owned shard (plus the fp32-master copies and
+  unscale of mixed precision). Every micro-batch adds its weight gradients into the gradient
+  buffer (Megatron's DDP hook; the 1/dp shard with ZeRO-2/3).
 * Model shapes (``simdist.sim.plan_shapes``, YAML files): grouped-query attention narrows
   the K/V projections (and the stored K, V) to kv_heads/heads; a gated FFN (SwiGLU) has
   three d_ff matrices and stores gate, up and their product (3e·sbf instead of 2e·sbf); an

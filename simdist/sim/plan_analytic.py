@@ -96,10 +96,24 @@ def transformer_layer_ops(
         fwd.append(Op(f"tp.{tp_out}.mlp", "comm", bytes=act, collective=tp_out))
     fwd.append(ew("mlp.dropout_residual", rows * h, 2, 3 * e + 1))
 
+    # a bias's gradient is the output gradient summed over the tokens (grad_output.sum(0) in
+    # Megatron-LM's linear layers, a reduction kernel reading it once): column-parallel
+    # GEMMs own 1/t of the width, row-parallel ones add their bias after the TP reduction
+    biased: dict[str, float] = {}
+    if spec.attn_bias:
+        for p in ("", "xattn.") if cross else ("",):
+            biased[f"{p}qkv"] = tok * qkv_out
+            biased[f"{p or 'attn.'}proj"] = rows * h
+    if spec.mlp_bias:
+        biased["mlp.fc1"] = tok * fs * (2 if spec.gated else 1)
+        biased["mlp.fc2"] = rows * h
+
     bwd: list[Op] = []
     for op in reversed(fwd):
         if op.kind == "matmul":  # data gradient and weight gradient, same size each
             bwd.append(dataclasses.replace(op, name=op.name + ".bwd", count=2))
+            if op.name in biased:
+                bwd.append(ew(op.name + ".bias_grad", biased[op.name], 1, e))
         elif op.kind == "vector":  # read grad + saved input, write grad: ~1.5x the bytes
             bwd.append(dataclasses.replace(op, name=op.name + ".bwd", bytes=1.5 * op.bytes))
         else:  # the conjugate collective (Megatron's f/g operators)
@@ -212,6 +226,20 @@ class AnalyticStep:
             cache[key] = (f_c, f_tp, b_c, b_tp, r_c, r_tp)
         return cache[key]
 
+    def _grad_accumulate(self, n: float) -> float:
+        """Seconds to add one micro-batch's weight gradients of ``n`` parameters into the
+        gradient buffer. Megatron-LM's DDP runs ``param.main_grad.add_(param.grad)`` in a
+        backward hook of every parameter after every micro-batch (megatron/model/
+        distributed.py since 2021; megatron/core/distributed today): it reads the new
+        gradient and reads and writes the buffer, e bytes each (the buffer has the
+        parameters' dtype unless --accumulate-allreduce-grads-in-fp32; with gradient-
+        accumulation fusion the weight-gradient GEMM reads and writes an fp32 buffer
+        instead of writing e bytes: as many bytes or more). One memory-bound pass."""
+        return self._memo(
+            ("gacc", n),
+            lambda: self.cost.compute_time(n, 3 * self.elem * n, "vector", self.dtype),
+        )
+
     def _memo(self, key: tuple, compute: Any) -> Any:
         """``compute()`` once per key and planner (the key names what the value depends on
         besides the profile, the dtype and, for working-set-keyed profiles, the working set)."""
@@ -231,6 +259,7 @@ class AnalyticStep:
         """(logits + loss forward, their backward, embedding forward, its backward) seconds
         of one micro-batch of ``tok`` tokens (vocab-parallel over the TP ranks)."""
         e, t, h, vcb = self.elem, self.cfg.tp, spec.d_model, spec.vocab
+        cast = e + 4 if e < 4 else 0  # bytes per logit of a cast to fp32
         head = [
             Op(
                 "logits",
@@ -238,14 +267,23 @@ class AnalyticStep:
                 2 * tok * h * vcb / t,
                 e * (tok * h + h * vcb / t + tok * vcb / t),
             ),
-            Op("cross_entropy", "vector", 5 * tok * vcb / t, (e + 4) * tok * vcb / t),
+            # Megatron-LM's vocab-parallel cross-entropy on fp32 logits, pass by pass
+            # (mpu/cross_entropy.py): cast half logits (e in, 4 out), max (4), subtract it
+            # in place (4 + 4), exp in place (4 + 4), sum (4), divide in place (4 + 4);
+            # backward: scale in place (4 + 4), cast back (4 in, e out)
+            Op("cross_entropy", "vector", 5 * tok * vcb / t, (cast + 32) * tok * vcb / t),
         ]
-        head_bwd = [dataclasses.replace(head[0], count=2), dataclasses.replace(head[1])]
+        ce_bwd = dataclasses.replace(head[1], bytes=(cast + 8) * tok * vcb / t)
+        head_bwd = [dataclasses.replace(head[0], count=2), ce_bwd]
         emb = [Op("embedding", "vector", tok * h, 3 * e * tok * h)]
         hf_c, _ = self._ops_time(head)
         hb_c, _ = self._ops_time(head_bwd)
         ef_c, _ = self._ops_time(emb)
         eb_c, _ = self._ops_time([dataclasses.replace(emb[0], bytes=2 * emb[0].bytes)])
+        # the embedding's gradient is dense: its backward (PyTorch's
+        # embedding_dense_backward) zero-fills the whole [V/t, h] table, then adds the rows
+        # of this micro-batch's tokens
+        eb_c += self.cost.compute_time(0.0, e * h * vcb / t, "vector", self.dtype)
         if t > 1:  # vocab-parallel cross-entropy: all-reduce of max and sum per token
             hf_c += 2 * self.cost.collective_time("allreduce", "ring", 4 * tok, t, "intra")
         return hf_c, hb_c, ef_c, eb_c
@@ -323,6 +361,16 @@ class AnalyticStep:
             )
         h, vcb = spec.d_model, spec.vocab
         hf_c, hb_c, ef_c, eb_c = self._memo(("head", spec, tok, t), lambda: self._head(spec, tok))
+        # every micro-batch's weight gradients go into the gradient buffer
+        # (``_grad_accumulate``): the whole buffer of this TP rank with DP and ZeRO-1
+        # (Megatron-LM), the rank's 1/dp shard after each micro-batch's reduce-scatter with
+        # ZeRO-2/3 (DeepSpeed); the output layer (the last stage's copy of a tied embedding,
+        # or an untied head) and the embedding likewise
+        shard = t * (dp if c.zero >= 2 else 1)
+        b_c += self._grad_accumulate((spec.layer_params() + x_frac * spec.cross_params()) / shard)
+        table_acc = self._grad_accumulate(h * vcb / shard)
+        hb_c += table_acc
+        eb_c += table_acc
         layer_f = layers * (f_c + f_tp)
         layer_b = layers * (b_c + b_tp + r_c + r_tp)
         first_stage = layer_f + layer_b + ef_c + eb_c + (hf_c + hb_c if pp == 1 else 0)
@@ -425,9 +473,15 @@ class AnalyticStep:
         """One memory-bound pass over the owned parameters (fused Adam / SGD)."""
         c = self.cfg
         owned = math.ceil(params_dev / dp) if c.zero >= 1 else params_dev
-        # bytes per parameter read + written: Adam 28 (fp32: g,p,m,v in; p,m,v out;
-        # mixed: fp16 g in, fp16 p out instead of one fp32 each way: also 28); SGD 20
+        # bytes per parameter read + written by the update: Adam 28 (fp32 g,p,m,v in;
+        # p,m,v out), SGD 20
         per = 28 if c.optimizer == "adam" else 20
+        if c.precision == "mixed":
+            # fp32 master weights (Megatron-LM's FP16 optimizer, apex amp O2 alike): the half
+            # gradients are copied into fp32 (2 in, 4 out) and unscaled with the inf/NaN
+            # check (4 in, 4 out) before the update, and the updated master weights copied
+            # back to half (4 in, 2 out) after it: 20 more
+            per += 20
         return self._memo(
             ("opt", owned, per),
             lambda: self.cost.compute_time(12 * owned, per * owned, "vector", "fp32"),
