@@ -23,8 +23,8 @@ from mpi_launch import REPO, mpiexec, run_mpi
 from simdist.kernels.half import BF16, F16, round_half
 from test_bert import TINY_BERT
 from test_t5 import TINY_T5
-from test_transformer import TINY as TINY_TRANSFORMER
 from test_train import final_state
+from test_transformer import TINY as TINY_TRANSFORMER
 
 from simdist.lr_schedule import parse_schedule
 
