@@ -238,8 +238,12 @@ class Run:
         if hasattr(s, "before_checkpoint"):  # tensor parallel: gather the shards (collective)
             s.before_checkpoint(self)
         own = s.state_shard
-        whole = getattr(s, "checkpoint_layout", s.layout)  # tensor parallel: whole tensors
-        layout = whole.describe() if own is not None or self.is_main else None
+        holds = own is not None or self.is_main  # (input workers hold no layout)
+        # tensor parallel: the whole tensors' layout
+        whole = None
+        if holds:
+            whole = s.checkpoint_layout if hasattr(s, "checkpoint_layout") else s.layout
+        layout = whole.describe() if holds else None
         shards, full_state = [], None
         if own is not None and own.sharded:
             shard = checkpoint.save_optimizer_shard(
