@@ -62,6 +62,7 @@ from simdist.data.datasets import build_dataset
 from simdist.data.sampler import DistributedSampler
 from simdist.device import DeviceMemory, SimulatedOutOfMemoryError
 from simdist.faults import nonfinite_text
+from simdist.kernels.blas import half_operands
 from simdist.memplan import DeviceAllocator
 from simdist.models import build_model
 from simdist.models.base import GradientViews
@@ -206,6 +207,8 @@ class Pipeline(Schedule):
         self.param_wire = self.precision.fmt if half else 0
         if hasattr(self.model, "set_precision"):
             self.model.set_precision(self.precision)
+        # every matrix product takes half operands until close (kernels.blas), as in DP
+        self.gemm = half_operands(self.precision.fmt if half else None)
         run.log(
             f"simdist: pipeline parallel, {self.replicas} replica(s) x {self.P} stages "
             f"({self.where()}), schedule {self.kind}, "
@@ -692,6 +695,10 @@ class Pipeline(Schedule):
             + "input, host time, gradient accumulation and the norm relay not simulated",
             "timeline": TIMELINE if traced else None,
         }
+
+    def close(self) -> None:
+        half_operands(None)  # the process's products are plain float32 again
+        super().close()
 
     def performance(self, run, common: dict[str, Any]) -> dict[str, Any] | None:
         r, t, steps = self.params.runconfig, run.timers, common["steps"]
