@@ -11,10 +11,13 @@ if ! python -c "import torch" 2>/dev/null; then
 fi
 # On an Intel CPU with AMX or AVX512_BF16, the optional oneMKL extra too: its bf16 GEMM is
 # what bf16 runs use there, and tests/test_precision.py checks it gives the float32-BLAS
-# path's results (skipped, with the reason, where it is absent).
+# path's results (skipped, with the reason, where it is absent). float32 products stay on
+# OpenBLAS (SIMDIST_BLAS below), as in the Open MPI venv that tests/test_multihost.py
+# compares bit for bit with this one.
 if grep -q GenuineIntel /proc/cpuinfo && grep -qwE "amx_bf16|avx512_bf16" /proc/cpuinfo \
     && ! ls .venv/lib/libmkl_rt.so* >/dev/null 2>&1; then
     python -m pip install -q "mkl>=2024" >&2 \
         || echo "simdist: mkl not installable; the native bf16 GEMM test will be skipped" >&2
 fi
+export SIMDIST_BLAS="${SIMDIST_BLAS:-openblas}"
 exec python -m pytest -q "$@"
