@@ -215,15 +215,19 @@ def _half_mode(typingctx):
 
 
 @kernel
-def _pack_bf16(x):
-    """x's 2-D memory (rows at their stride, or the rows of x.T for a transposed view)
-    as contiguous bf16 words, rounded to nearest even: (words, op char, leading dim)."""
+def _memory_rows(x):
+    """x's 2-D memory as rows (at their stride): x itself ('N'), or x.T for a transposed
+    view ('T'), with the BLAS op char that reads them back as x."""
     if x.shape[1] == 1 or x.strides[1] == 4:
-        rows = x
-        op = np.uint8(78)
-    else:
-        rows = x.T
-        op = np.uint8(84)
+        return x, np.uint8(78)
+    return x.T, np.uint8(84)
+
+
+@kernel
+def _pack_bf16(x):
+    """x's memory rows as contiguous bf16 words, rounded to nearest even:
+    (words, op char, leading dim)."""
+    rows, op = _memory_rows(x)
     R, C = rows.shape
     out = np.empty((R, C), np.uint16)
     for i in range(R):
@@ -237,12 +241,7 @@ def _pack_bf16(x):
 @kernel
 def _pack_rounded(x, fmt):
     """As ``_pack_bf16``, in float32 words holding the values rounded to ``fmt``."""
-    if x.shape[1] == 1 or x.strides[1] == 4:
-        rows = x
-        op = np.uint8(78)
-    else:
-        rows = x.T
-        op = np.uint8(84)
+    rows, op = _memory_rows(x)
     R, C = rows.shape
     out = np.empty((R, C), np.float32)
     for i in range(R):
