@@ -26,8 +26,9 @@ forward one ``dprobs``).
 import numpy as np
 
 from ._jit import kernel
-from .blas import gemm
+from .blas import gemm, half_format
 from .dropout import site_key, uniform_f32
+from .half import BF16, round_bf16, round_f16_value
 from .rowops import exp_f32, row_dot, row_max, row_sum
 
 F32 = np.float32
@@ -46,6 +47,21 @@ def _drop_probs(dst, src, key, base, p, scale):
 
 
 @kernel
+def _round_rows(dst, src, fmt):
+    """dst = src rounded to the half format ``fmt`` (mixed precision: what enters a product
+    is a half value); dst may be src."""
+    for t in range(src.shape[0]):
+        s = src[t]
+        d = dst[t]
+        if fmt == BF16:
+            for j in range(src.shape[1]):
+                d[j] = round_bf16(s[j])
+        else:
+            for j in range(src.shape[1]):
+                d[j] = round_f16_value(s[j])
+
+
+@kernel
 def _head_forward(
     y, pr, q, k, v, causal, keep, masked, bias, has_bias, scale, dprobs, key, base, p
 ):  # fmt: skip
@@ -55,7 +71,8 @@ def _head_forward(
     saves the softmax. keep (Tk,), read only when ``masked``: keep[j] == 0 masks key j;
     ``causal`` also masks j > t. bias (Tq, Tk) is read only when ``has_bias``. With p > 0
     the probabilities go through dropout (site key ``key``, element offset ``base``) into
-    dprobs before the product; pr keeps them undropped.
+    dprobs before the product; pr keeps them undropped. In mixed precision the product
+    takes them rounded (in dprobs: it must not be pr then).
     """
     Tq, Tk = pr.shape
     zero = F32(0.0)
@@ -80,8 +97,14 @@ def _head_forward(
             row[j] *= inv
         for j in range(n, Tk):
             row[j] = zero  # future positions: zero probability
+    fmt = half_format()
     if p > zero:
         _drop_probs(dprobs, pr, key, base, p, one / (one - p))
+        if fmt:
+            _round_rows(dprobs, dprobs, fmt)
+        gemm(dprobs, v, y, one, zero)
+    elif fmt:
+        _round_rows(dprobs, pr, fmt)
         gemm(dprobs, v, y, one, zero)
     else:
         gemm(pr, v, y, one, zero)  # straight into the head's columns
@@ -94,12 +117,19 @@ def _head_backward(dq, dk, dv, dy, q, k, v, pr, ds, causal, dbias, has_bias, sca
     Tq, Tk = pr.shape
     zero = F32(0.0)
     one = F32(1.0)
+    fmt = half_format()  # mixed precision: P and dS enter the products rounded
     if p > zero:
         dscale = one / (one - p)
         _drop_probs(ds, pr, key, base, p, dscale)  # the dropped probabilities
+        if fmt:
+            _round_rows(ds, ds, fmt)
         gemm(ds.T, dy, dv, one, zero)  # dV = drop(P)^T dY
         gemm(dy, v.T, ds, one, zero)
         _drop_probs(ds, ds, key, base, p, dscale)  # back through the mask
+    elif fmt:
+        _round_rows(ds, pr, fmt)
+        gemm(ds.T, dy, dv, one, zero)  # dV = P^T dY
+        gemm(dy, v.T, ds, one, zero)  # dP = dY V^T, (Tq, Tk)
     else:
         gemm(dy, v.T, ds, one, zero)  # dP = dY V^T, (Tq, Tk)
         gemm(pr.T, dy, dv, one, zero)  # dV = P^T dY
@@ -117,6 +147,8 @@ def _head_backward(dq, dk, dv, dy, q, k, v, pr, ds, causal, dbias, has_bias, sca
             brow = dbias[t]
             for j in range(n):
                 brow[j] += drow[j]
+    if fmt:
+        _round_rows(ds, ds, fmt)
     # scores = scale * q k^T: dq = scale * dS K, dk = scale * dS^T q
     gemm(ds, k, dq, scale, zero)
     gemm(ds.T, q, dk, scale, zero)
@@ -133,6 +165,8 @@ def attention_forward(out, att, qkv, n_head):
     if out.shape != (B, T, C) or att.shape != (B, n_head, T, T) or hs * n_head != C:
         raise ValueError("attention shapes: out (B, T, C), att (B, n_head, T, T), qkv (B, T, 3C)")
     scale = F32(1.0) / np.sqrt(F32(hs))
+    # mixed precision: the probabilities enter the product rounded, in a scratch
+    rounded = np.empty((T, T), np.float32) if half_format() else att[0, 0]
     for b in range(B):
         x = qkv[b]  # (T, 3C)
         y = out[b]  # (T, C)
@@ -141,8 +175,8 @@ def attention_forward(out, att, qkv, n_head):
             pr = att[b, h]
             _head_forward(
                 y[:, oq : oq + hs], pr, x[:, oq : oq + hs], x[:, C + oq : C + oq + hs],
-                x[:, 2 * C + oq : 2 * C + oq + hs], True, pr[0], False, pr, False, scale, pr,
-                np.uint64(0), 0, F32(0.0),
+                x[:, 2 * C + oq : 2 * C + oq + hs], True, pr[0], False, pr, False, scale,
+                rounded, np.uint64(0), 0, F32(0.0),
             )  # fmt: skip
 
 

@@ -20,15 +20,20 @@ and resume bitwise guarantees compare runs whose buffers sit at different addres
 The choice is fixed for the life of a process (``BACKEND`` says which).
 
 Mixed precision (``half_operands``): while a bf16 or fp16 run is training, every ``gemm``
-rounds both operands to the half format (round to nearest even) and accumulates in float32,
-as a tensor core does. Operands the models store already hold half values (rounding is then
-exact); the others (attention probabilities and score gradients, which the kernels keep in
-float32 around the softmax) are rounded where a device would round them, as FlashAttention
-does. bf16 products run natively on oneMKL's ``gemm_bf16bf16f32`` (AMX or AVX512_BF16) when
-the ``mkl`` wheel is installed on an Intel CPU that has them (``SIMDIST_HALF_GEMM=auto``, or
-``mkl`` to insist, ``fp32`` to refuse): the operands are packed into 16-bit words and the
-products of halves are exact in float32, so the only difference from the float32-BLAS path
-(round into float32 words, then sgemm) is the order of the float32 accumulation.
+multiplies half-precision operands and accumulates in float32, as a tensor core does. The
+models store what enters a product already rounded to the half format (weights, activations,
+activation gradients; attention rounds its float32 probabilities and score gradients where
+they enter a product, as FlashAttention does), so on the float32 BLAS the products of halves
+are exact and nothing needs converting: gemm calls sgemm as it is. That contract is checked,
+not assumed: ``SIMDIST_HALF_GEMM_CHECK=1`` (the tests set it) makes every gemm verify that
+both operands hold half values and raise otherwise. bf16 products run natively where the
+CPU has bf16 dot products (AVX512_BF16 or AMX, read from /proc/cpuinfo) and a library for
+them is installed (``SIMDIST_HALF_GEMM=auto``): oneMKL's ``gemm_bf16bf16f32`` (the ``mkl``
+extra) on an Intel CPU, else oneDNN's ``dnnl_gemm_bf16bf16f32`` (the ``onednn`` extra; the
+one AMD's Zen 4 and 5 get); ``mkl`` or ``onednn`` insists on one, ``fp32`` refuses both.
+The operands are then packed into 16-bit words per call; products of halves are exact in
+float32, so the only difference from the float32-BLAS path is the order of the float32
+accumulation (tested).
 """
 
 from __future__ import annotations
@@ -49,11 +54,13 @@ from ._jit import kernel
 from .half import BF16, F16, bf16_from_f32, round_bf16, round_f16_value
 
 _SYMBOL = "simdist_sgemm"
-_BF16_SYMBOL = "simdist_gemm_bf16"  # Fortran gemm_bf16bf16f32: uint16 a and b
+_BF16_SYMBOL = "simdist_gemm_bf16"  # Fortran gemm_bf16bf16f32 (oneMKL): uint16 a and b
+_DNNL_SYMBOL = "simdist_dnnl_bf16"  # C dnnl_gemm_bf16bf16f32 (oneDNN): row-major, by value
 _MODE_SYMBOL = "simdist_gemm_half"  # int32: what gemm does with its operands (below)
-# the modes: float32 operands as they are; rounded to bf16 / fp16 in float32 words (sgemm);
-# packed to bf16 words for the native product
-PLAIN, ROUND_BF16, ROUND_F16, NATIVE_BF16 = 0, BF16, F16, 3
+# The mode word: the operands' format in its low bits (0: float32, BF16, F16), which native
+# product runs bf16 (packed into 16-bit words for oneMKL or oneDNN), and whether to verify
+# that both operands hold half values.
+PLAIN, FORMAT_BITS, NATIVE_MKL, NATIVE_DNNL, CHECK = 0, 3, 4, 8, 16
 _MKL_CBWR_STRICT = 0x10000  # mkl_cbwr.h
 
 
@@ -68,16 +75,28 @@ def _cpu_vendor() -> str:
     return ""
 
 
-def _find_mkl() -> ctypes.CDLL | None:
-    """libmkl_rt from the ``mkl`` wheel (in sys.prefix/lib), sequential threading."""
-    # before the library loads: one thread per rank, no OpenMP runtime needed
-    os.environ.setdefault("MKL_THREADING_LAYER", "SEQUENTIAL")
-    for path in sorted(glob.glob(os.path.join(sys.prefix, "lib", "libmkl_rt.so*"))):
+def _find_lib(pattern: str) -> ctypes.CDLL | None:
+    """A library a wheel installed into sys.prefix/lib (the ``mkl`` and ``onednn`` extras)."""
+    for path in sorted(glob.glob(os.path.join(sys.prefix, "lib", pattern))):
         try:
             return ctypes.CDLL(path)
         except OSError:
             continue
     return None
+
+
+def _find_mkl() -> ctypes.CDLL | None:
+    """libmkl_rt from the ``mkl`` wheel, sequential threading."""
+    # before the library loads: one thread per rank, no OpenMP runtime needed
+    os.environ.setdefault("MKL_THREADING_LAYER", "SEQUENTIAL")
+    return _find_lib("libmkl_rt.so*")
+
+
+def _find_dnnl() -> ctypes.CDLL | None:
+    """libdnnl from the ``onednn-cpu-gomp`` wheel (GNU OpenMP, one thread: simdist's
+    OMP_NUM_THREADS=1 is set before it loads), if it exports the bf16 GEMM."""
+    lib = _find_lib("libdnnl.so*")
+    return lib if lib is not None and hasattr(lib, "dnnl_gemm_bf16bf16f32") else None
 
 
 def _cpu_flags() -> set[str]:
@@ -100,62 +119,88 @@ def _strict(lib: ctypes.CDLL) -> None:
     lib.MKL_Set_Num_Threads(1)
 
 
-def _bind() -> tuple[str, bool]:
+def _bind() -> tuple[str, str | None]:
     """Register the kernels' external symbols with LLVM's symbol table; returns the sgemm
-    backend's name and whether bf16 products can run natively."""
+    backend's name and the library running bf16 products natively (None: none here)."""
     choice = os.environ.get("SIMDIST_BLAS", "auto").lower()
     if choice not in ("openblas", "mkl", "auto"):
         raise ValueError(f"SIMDIST_BLAS must be openblas, mkl or auto, got {choice!r}")
     half = os.environ.get("SIMDIST_HALF_GEMM", "auto").lower()
-    if half not in ("fp32", "mkl", "auto"):
-        raise ValueError(f"SIMDIST_HALF_GEMM must be fp32, mkl or auto, got {half!r}")
+    if half not in ("fp32", "mkl", "onednn", "auto"):
+        raise ValueError(f"SIMDIST_HALF_GEMM must be fp32, mkl, onednn or auto, got {half!r}")
     intel = _cpu_vendor() == "GenuineIntel"
+    bf16_isa = bool({"amx_bf16", "avx512_bf16"} & _cpu_flags())
     want_mkl = choice == "mkl" or (choice == "auto" and intel)
-    # oneMKL's bf16 product on the CPUs it is written for: Intel with AMX or AVX512_BF16
-    want_bf16 = half == "mkl" or (
-        half == "auto" and intel and bool({"amx_bf16", "avx512_bf16"} & _cpu_flags())
-    )
-    lib = _find_mkl() if want_mkl or want_bf16 else None
+    # oneMKL's bf16 product on the CPUs it is written for (Intel with AMX or AVX512_BF16);
+    # oneDNN's wherever the ISA is there (it picks its kernels by CPUID, AMD's too)
+    mkl_bf16 = half == "mkl" or (half == "auto" and intel and bf16_isa)
+    lib = _find_mkl() if want_mkl or mkl_bf16 else None
     if lib is None and "mkl" in (choice, half):
         raise RuntimeError(
             "SIMDIST_BLAS/SIMDIST_HALF_GEMM=mkl but no libmkl_rt found (pip install mkl)"
         )
     if lib is not None:
         _strict(lib)
+    dnnl = None
+    if half == "onednn" or (half == "auto" and bf16_isa and not (mkl_bf16 and lib)):
+        dnnl = _find_dnnl()
+        if dnnl is None and half == "onednn":
+            raise RuntimeError(
+                "SIMDIST_HALF_GEMM=onednn but no libdnnl with dnnl_gemm_bf16bf16f32 found "
+                "(pip install onednn-cpu-gomp)"
+            )
     sgemm_ = lib.sgemm_ if lib is not None and want_mkl else None
     if sgemm_ is not None:
         ll.add_symbol(_SYMBOL, ctypes.cast(sgemm_, ctypes.c_void_p).value)
     else:
         ll.add_symbol(_SYMBOL, get_cython_function_address("scipy.linalg.cython_blas", "sgemm"))
-    native = lib is not None and want_bf16
-    # without it the symbol still needs an address for the cached code to link; gemm never
-    # calls it then (NATIVE_BF16 is refused by half_operands)
-    bf16 = lib.gemm_bf16bf16f32 if native else lib.sgemm_ if lib is not None else None
-    address = ctypes.cast(bf16, ctypes.c_void_p).value if bf16 is not None else None
-    ll.add_symbol(_BF16_SYMBOL, address or ll.address_of_symbol(_SYMBOL))
+    native = "mkl" if lib is not None and mkl_bf16 else "onednn" if dnnl is not None else None
+    # every symbol needs an address for the cached code to link, used or not: half_operands
+    # never selects a native path this process lacks
+    bf16 = lib.gemm_bf16bf16f32 if native == "mkl" else None
+    ll.add_symbol(_BF16_SYMBOL, _address(bf16) or ll.address_of_symbol(_SYMBOL))
+    c_bf16 = dnnl.dnnl_gemm_bf16bf16f32 if dnnl is not None else None
+    ll.add_symbol(_DNNL_SYMBOL, _address(c_bf16) or ll.address_of_symbol(_SYMBOL))
     ll.add_symbol(_MODE_SYMBOL, ctypes.addressof(_MODE))
     return ("mkl" if sgemm_ is not None else "openblas"), native
 
 
+def _address(fn) -> int | None:
+    return ctypes.cast(fn, ctypes.c_void_p).value if fn is not None else None
+
+
 _MODE = ctypes.c_int32(PLAIN)  # read by every gemm call (an external global of the kernels)
-BACKEND, NATIVE_BF16_AVAILABLE = _bind()
+BACKEND, NATIVE_BF16 = _bind()
+NATIVE_BF16_AVAILABLE = NATIVE_BF16 is not None
+_NATIVE_NAMES = {
+    "mkl": "oneMKL gemm_bf16bf16f32",
+    "onednn": "oneDNN dnnl_gemm_bf16bf16f32",
+}
 
 
 def half_operands(fmt: int | None, native: bool = True) -> str:
-    """From now on (this process), round every gemm's operands to the half format ``fmt``
-    (``kernels.half.BF16`` / ``F16``), or stop (None); ``native=False`` keeps bf16 products
-    on the float32 BLAS. Returns how the products run, for the run's log."""
+    """From now on (this process), every gemm multiplies operands in the half format ``fmt``
+    (``kernels.half.BF16`` / ``F16``), or plain float32 again (None); ``native=False`` keeps
+    bf16 products on the float32 BLAS. ``SIMDIST_HALF_GEMM_CHECK=1`` adds the check that the
+    operands hold half values. Returns how the products run, for the run's log."""
     if fmt is None or fmt == 0:
         _MODE.value = PLAIN
         return "fp32"
-    if fmt == BF16 and native and NATIVE_BF16_AVAILABLE:
-        _MODE.value = NATIVE_BF16
-        return "bf16 x bf16 -> fp32 (oneMKL gemm_bf16bf16f32)"
     if fmt not in (BF16, F16):
         raise ValueError(f"unknown half format {fmt}")
-    _MODE.value = ROUND_BF16 if fmt == BF16 else ROUND_F16
+    check = CHECK if os.environ.get("SIMDIST_HALF_GEMM_CHECK", "0") not in ("", "0") else 0
     name = "bf16" if fmt == BF16 else "fp16"
-    return f"fp32 {BACKEND} sgemm on {name}-rounded operands"
+    if fmt == BF16 and native and NATIVE_BF16 is not None:
+        _MODE.value = fmt | (NATIVE_MKL if NATIVE_BF16 == "mkl" else NATIVE_DNNL) | check
+        return f"bf16 x bf16 -> fp32 ({_NATIVE_NAMES[NATIVE_BF16]})"
+    _MODE.value = fmt | check
+    return f"fp32 {BACKEND} sgemm on {name} operands"
+
+
+def operand_format() -> int:
+    """The half format gemm's operands are in now (0: float32); Python side of
+    ``half_format``."""
+    return _MODE.value & FORMAT_BITS
 
 
 def _fortran_gemm(symbol: str):
@@ -193,6 +238,35 @@ def _fortran_gemm(symbol: str):
         return sig, codegen
 
     return call
+
+
+@intrinsic
+def _dnnl_gemm_bf16(typingctx, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):
+    """oneDNN's C ``dnnl_gemm_bf16bf16f32(transa, transb, M, N, K, alpha, A, lda, B, ldb,
+    beta, C, ldc)``: row-major, arguments by value, 64-bit sizes; returns its status."""
+    sig = types.int32(
+        types.uint8, types.uint8, types.int64, types.int64, types.int64, types.float32,
+        a, types.int64, b, types.int64, types.float32, c, types.int64,
+    )  # fmt: skip
+
+    def codegen(context, builder, signature, args):
+        i8, i16, i64, f32 = ir.IntType(8), ir.IntType(16), ir.IntType(64), ir.FloatType()
+        params = [i8, i8, i64, i64, i64, f32, i16.as_pointer(), i64, i16.as_pointer(), i64]
+        params += [f32, f32.as_pointer(), i64]
+        fnty = ir.FunctionType(ir.IntType(32), params)
+        fn = cgutils.get_or_insert_function(builder.module, fnty, _DNNL_SYMBOL)
+        for i in (0, 1):  # C's char: the callee may read the whole register
+            fn.args[i].add_attribute("zeroext")
+        out = []
+        for i, (val, ty, llty) in enumerate(zip(args, signature.args, params, strict=True)):
+            if i in (6, 8, 11):  # an array: its data pointer (a view's own start)
+                data = context.make_array(ty)(context, builder, val).data
+                out.append(builder.bitcast(data, llty))
+            else:
+                out.append(val)
+        return builder.call(fn, out)
+
+    return sig, codegen
 
 
 _sgemm = _fortran_gemm(_SYMBOL)
@@ -239,21 +313,24 @@ def _pack_bf16(x):
 
 
 @kernel
-def _pack_rounded(x, fmt):
-    """As ``_pack_bf16``, in float32 words holding the values rounded to ``fmt``."""
-    rows, op = _memory_rows(x)
-    R, C = rows.shape
-    out = np.empty((R, C), np.float32)
-    for i in range(R):
-        src = rows[i]
-        dst = out[i]
-        if fmt == BF16:
-            for j in range(C):
-                dst[j] = round_bf16(src[j])
-        else:
-            for j in range(C):
-                dst[j] = round_f16_value(src[j])
-    return out, op, np.int32(max(C, 1))
+def half_format():
+    """Inside a kernel: the half format gemm's operands are in now (0: float32). A kernel
+    whose own float32 results enter a product (attention's probabilities) rounds them."""
+    return _half_mode() & FORMAT_BITS
+
+
+@kernel
+def _require_half(x, fmt):
+    """Raise unless every element of x is a value of the half format (NaN passes)."""
+    for i in range(x.shape[0]):
+        for j in range(x.shape[1]):
+            v = x[i, j]
+            r = round_bf16(v) if fmt == BF16 else round_f16_value(v)
+            if r != v and v == v:
+                raise ValueError(
+                    "gemm: an operand is not a half-precision value (a stored tensor was "
+                    "not rounded; see kernels/blas.py, mixed precision)"
+                )
 
 
 @kernel
@@ -288,17 +365,22 @@ def gemm(a, b, c, alpha, beta):
     # row-major C = A B is column-major C^T = B^T A^T: the column-major view of a row-major
     # operand's memory is its transpose, so B goes first with its own op flag
     mode = _half_mode()
+    if mode & CHECK:
+        _require_half(a, mode & FORMAT_BITS)
+        _require_half(b, mode & FORMAT_BITS)
     m32, n32, k32 = np.int32(m), np.int32(n), np.int32(k)
-    if mode == PLAIN or k == 0:
-        _sgemm(opb, opa, n32, m32, k32, alpha, b, ldb, a, lda, beta, c, ldc)
-    elif mode == NATIVE_BF16:
+    if mode & (NATIVE_MKL | NATIVE_DNNL) and k > 0:
         ha, opa, lda = _pack_bf16(a)
         hb, opb, ldb = _pack_bf16(b)
-        _gemm_bf16(opb, opa, n32, m32, k32, alpha, hb, ldb, ha, lda, beta, c, ldc)
-    else:
-        ra, opa, lda = _pack_rounded(a, mode)
-        rb, opb, ldb = _pack_rounded(b, mode)
-        _sgemm(opb, opa, n32, m32, k32, alpha, rb, ldb, ra, lda, beta, c, ldc)
+        if mode & NATIVE_MKL:
+            _gemm_bf16(opb, opa, n32, m32, k32, alpha, hb, ldb, ha, lda, beta, c, ldc)
+        elif _dnnl_gemm_bf16(
+            opa, opb, np.int64(m), np.int64(n), np.int64(k), alpha, ha, np.int64(lda), hb,
+            np.int64(ldb), beta, c, np.int64(ldc),
+        ) != 0:  # fmt: skip
+            raise RuntimeError("gemm: oneDNN dnnl_gemm_bf16bf16f32 failed")
+    else:  # float32, or operands holding half values: their products are exact in float32
+        _sgemm(opb, opa, n32, m32, k32, alpha, b, ldb, a, lda, beta, c, ldc)
 
 
 def _warm() -> None:

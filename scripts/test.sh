@@ -19,5 +19,11 @@ if grep -q GenuineIntel /proc/cpuinfo && grep -qwE "amx_bf16|avx512_bf16" /proc/
     python -m pip install -q "mkl>=2024" >&2 \
         || echo "simdist: mkl not installable; the native bf16 GEMM test will be skipped" >&2
 fi
+# Elsewhere with AVX512_BF16 or AMX (AMD Zen 4 and 5), oneDNN's bf16 GEMM, for the same test.
+if ! grep -q GenuineIntel /proc/cpuinfo && grep -qwE "amx_bf16|avx512_bf16" /proc/cpuinfo \
+    && ! ls .venv/lib/libdnnl.so* >/dev/null 2>&1; then
+    python -m pip install -q "onednn-cpu-gomp==2023.2.0" >&2 \
+        || echo "simdist: onednn-cpu-gomp not installable; the native bf16 GEMM test will be skipped" >&2
+fi
 export SIMDIST_BLAS="${SIMDIST_BLAS:-openblas}"
 exec python -m pytest -q "$@"

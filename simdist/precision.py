@@ -10,10 +10,11 @@ reference in tests/test_precision.py):
 - every **activation** a layer stores, and every activation gradient, is rounded to the half
   format where it is written, while each kernel computes in float32 internally;
 - every **matrix product** takes half operands and accumulates in float32 (the product of
-  two halves is exact in float32), as tensor cores do: ``kernels.blas.half_operands``
-  rounds what enters a GEMM (exact for the stored halves; attention's float32
-  probabilities and score gradients are rounded there, as FlashAttention does), and runs
-  bf16 products natively on oneMKL's AMX / AVX512_BF16 kernel where it can;
+  two halves is exact in float32), as tensor cores do: what enters a GEMM is a stored half
+  (attention rounds its float32 probabilities and score gradients there, as FlashAttention
+  does), so the float32 BLAS multiplies it as it is; ``kernels.blas.half_operands`` selects
+  a native bf16 kernel (oneMKL on Intel, oneDNN elsewhere: AMX / AVX512_BF16) where one is
+  installed, and ``SIMDIST_HALF_GEMM_CHECK=1`` verifies every operand is a half value;
 - the **parameter gradients** are rounded to the half format (after accumulation over
   micro-batches in float32) and reduced in it: every message carries 16-bit words and
   every partial sum is rounded, unless ``runconfig.fp32_allreduce`` (then float32 on the
@@ -23,7 +24,7 @@ reference in tests/test_precision.py):
   overflow on any rank is skipped on every rank.
 
 On the host, weights and activations keep their half values in float32 words (the kernels
-read float32; the native bf16 GEMM packs its operands into 16-bit words as it goes);
+read float32; a native bf16 GEMM packs its operands into 16-bit words as it goes);
 messages hold 16-bit words. The simulated device accounts them at two bytes
 (``simdist.memplan``).
 """

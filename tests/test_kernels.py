@@ -256,43 +256,48 @@ HALF_GEMM_MODES = [("bf16", BF16, False), ("fp16", F16, False)] + (
 
 
 @pytest.mark.parametrize("name,fmt,native", HALF_GEMM_MODES, ids=[m[0] for m in HALF_GEMM_MODES])
-def test_gemm_with_half_operands_rounds_both_and_accumulates_in_float32(name, fmt, native):
-    """blas.half_operands: every gemm rounds a and b to the half format (any layout, alpha
-    and beta kept in float32) and accumulates in float32: against float64 products of the
-    rounded operands; plain float32 again after half_operands(None). The native bf16 path
-    (oneMKL, where available) agrees with the float32-BLAS path to accumulation order."""
+def test_gemm_on_half_operands_accumulates_in_float32(name, fmt, native, monkeypatch):
+    """blas.half_operands: gemm multiplies operands holding half values (any layout; alpha
+    and beta in float32) with float32 accumulation: against float64 products; the native
+    bf16 path (oneMKL or oneDNN, where available) agrees with the float32-BLAS path to
+    accumulation order. With SIMDIST_HALF_GEMM_CHECK=1 an operand that is not a half value
+    is refused, whichever operand it is; plain float32 again after half_operands(None)."""
     rng = np.random.default_rng(23)
     m, k, n = 37, 300, 29
-    a = randn(rng, k, 3 * m)[:, m : 2 * m].T  # a transposed column slice
-    b = randn(rng, k, 2 * n)[:, n:]  # a strided column slice
-    c0 = randn(rng, m, n)
 
     def rounded(x):
         y = np.ascontiguousarray(x, F32).reshape(-1).copy()
         round_half(y, fmt)
-        return y.reshape(x.shape).astype(np.float64)
+        return y.reshape(x.shape)
 
-    ref = 0.5 * (rounded(a) @ rounded(b)) + 2.0 * c0.astype(np.float64)
+    big_a = rounded(randn(rng, k, 3 * m))
+    a = big_a[:, m : 2 * m].T  # a transposed column slice
+    b = rounded(randn(rng, k, 2 * n))[:, n:]  # a strided column slice
+    c0 = randn(rng, m, n)
+    ref = 0.5 * (a.astype(np.float64) @ b.astype(np.float64)) + 2.0 * c0.astype(np.float64)
     c = c0.copy()
+    monkeypatch.setenv("SIMDIST_HALF_GEMM_CHECK", "1")
     try:
         how = blas.half_operands(fmt, native=native)
-        assert ("oneMKL" in how) == native, how
+        assert ("bf16 x bf16" in how) == native, how
         gemm(a, b, c, F32(0.5), F32(2.0))
         emulated = c0.copy()
         blas.half_operands(fmt, native=False)
         gemm(a, b, emulated, F32(0.5), F32(2.0))
+        bad = np.array(b)
+        bad[3, 2] = F32(1.0) + F32(2.0**-20)  # between two half values
+        for x, y in ((a, bad), (bad.T, a.T)):
+            with pytest.raises(ValueError, match="not a half-precision value"):
+                gemm(x, y, np.zeros((x.shape[0], y.shape[1]), F32), F32(1.0), F32(0.0))
     finally:
         assert blas.half_operands(None) == "fp32"
     # float32 accumulation of k exact products: |error| <= k eps sum |a b| (loose bound)
-    bound = k * EPS * (np.abs(rounded(a)) @ np.abs(rounded(b))) * 0.5 + 4 * EPS * np.abs(ref)
+    bound = k * EPS * (np.abs(a) @ np.abs(b)).astype(np.float64) * 0.5 + 4 * EPS * np.abs(ref)
     assert (np.abs(c - ref) <= bound).all()
     assert (np.abs(emulated - ref) <= bound).all()
-    assert not np.array_equal(rounded(a), a.astype(np.float64))  # the operands did change
-    plain = c0.copy()
-    gemm(a, b, plain, F32(0.5), F32(2.0))  # plain float32 again: the unrounded product
-    ref32 = 0.5 * (a.astype(np.float64) @ b.astype(np.float64)) + 2.0 * c0
-    np.testing.assert_allclose(plain, ref32, rtol=1e-5, atol=1e-4)
-    assert np.abs(plain - ref).max() > 10 * np.abs(c - ref).max()
+    plain = np.zeros((m, n), F32)
+    gemm(a, bad, plain, F32(1.0), F32(0.0))  # no check, no rounding in float32 mode
+    np.testing.assert_allclose(plain, a.astype(np.float64) @ bad, rtol=1e-5, atol=1e-4)
 
 
 # ------------------------------------------------------------------ softmax + CE loss

@@ -572,6 +572,7 @@ class Transformer:
         np.not_equal(v.enc_ids.reshape(1, Te), cfg.pad_token_id, out=v.enc_keep,
                      casting="unsafe")  # fmt: skip
         self._encode(v, params)
+        st = self._store  # mixed precision: stored as the training forward stores them
         shared = params[EMBED]
         out = np.full(Td, cfg.pad_token_id, np.int32)
         ids = np.zeros((1, 1), np.int32)
@@ -581,6 +582,7 @@ class Transformer:
         logits = v.logits[:1]
         for pos in range(Td):
             scaled_embedding_forward(y, ids, shared, self._emb_scale, v.pe[pos : pos + 1])
+            st(y)
             x = y.reshape(1, D)
             for j, names in enumerate(self._dec):
                 r = slice(pos, pos + 1)
@@ -588,6 +590,7 @@ class Transformer:
                 q, k, vv = v.s_q[j][r], v.s_k[j][r], v.s_v[j][r]
                 for o, wi, bi in zip((q, k, vv), w, b, strict=True):
                     linear_hf_forward(o, x, wi, bi)
+                st(q, k, vv)
                 n = pos + 1
                 att = v.s_att[j].reshape(-1)[: NH * n].reshape(1, NH, 1, n)
                 ctx = v.s_ctx[j][r]
@@ -595,32 +598,43 @@ class Transformer:
                              v.s_k[j][:n].reshape(1, n, D), v.s_v[j][:n].reshape(1, n, D),
                              keep[:n].reshape(1, n), v.att_ds[:n].reshape(1, n), False,
                              0)  # fmt: skip
+                st(ctx)
                 t = v.tD[:1]
                 n1w, n1b, n2w, n2b, n3w, n3b = (params[nm] for nm in names[-6:])
                 linear_hf_forward(t, ctx, params[names[2]], params[names[3]])
+                st(t)
                 residual_layernorm_forward(v.s_r[j][r], v.s_x[j][r], v.s_m[j][r], v.s_s[j][r],
                                            x, t, n1w, n1b)  # fmt: skip
+                st(v.s_r[j][r], v.s_x[j][r])
                 if pos == 0:  # the cross-attention's keys and values: once per source
                     wc, bc = _qkv(params[names[4]], D), _qkv(params[names[5]], D)
                     linear_hf_forward(v.c_k[j], v.enc_out, wc[1], bc[1])
                     linear_hf_forward(v.c_v[j], v.enc_out, wc[2], bc[2])
+                    st(v.c_k[j], v.c_v[j])
                 wc, bc = _qkv(params[names[4]], D), _qkv(params[names[5]], D)
                 cq = v.c_q[j][r]
                 linear_hf_forward(cq, v.s_x[j][r], wc[0], bc[0])
+                st(cq)
                 catt = v.c_att[j].reshape(-1)[: NH * Te].reshape(1, NH, 1, Te)
                 cctx = v.c_ctx[j][r]
                 self._attend(cctx.reshape(1, 1, D), catt, cq.reshape(1, 1, D),
                              v.enc3(v.c_k[j]), v.enc3(v.c_v[j]), v.enc_keep,
                              v.att_ds[:Te].reshape(1, Te), False, 0)  # fmt: skip
+                st(cctx)
                 linear_hf_forward(t, cctx, params[names[6]], params[names[7]])
+                st(t)
                 residual_layernorm_forward(v.c_r[j][r], v.c_x[j][r], v.c_m[j][r], v.c_s[j][r],
                                            v.s_x[j][r], t, n2w, n2b)  # fmt: skip
+                st(v.c_r[j][r], v.c_x[j][r])
                 self._ffn(params, names[:-2], v.c_x[j][r], v.f_h[j][r], v.f_a[j][r], t, 1, 0)
+                st(t)
                 x = v.dy[j + 1][r]
                 residual_layernorm_forward(v.f_r[j][r], x, v.f_m[j][r], v.f_s[j][r],
                                            v.c_x[j][r], t, n3w, n3b)  # fmt: skip
+                st(v.f_r[j][r], x)
             nw, nb = (params[nm] for nm in final_norm_names("decoder"))
             layernorm_forward(v.dec_out[:1], v.d_mf[:1], v.d_sf[:1], x, nw, nb)
+            st(v.dec_out[:1])
             linear_nobias_forward(logits, v.dec_out[:1], shared)
             token = int(np.argmax(logits[0]))
             out[pos] = token
