@@ -640,8 +640,8 @@ def _check_pipeline_parallel(r: RunConfig) -> None:
     why = None
     if r.execution_mode != "pipelined":
         why = (
-            "applies to pipelined execution (each stage holds its weights), not "
-            f"execution_mode={r.execution_mode}; set pipeline_parallel to 1 for it"
+            f"applies to pipelined execution, not execution_mode={r.execution_mode}; set "
+            "runconfig.pipeline_parallel to 1 or runconfig.execution_mode to pipelined"
         )
     elif r.input_workers_per_replica:
         why = (
