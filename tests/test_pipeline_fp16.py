@@ -150,3 +150,21 @@ def test_fp16_pipeline_resume_restores_the_scaler_bitwise(tmp_path):
     assert perf["loss_scale"] == full_perf["loss_scale"]
     assert perf["skipped_steps"] == full_perf["skipped_steps"]
     assert perf["skipped_steps_this_run"] == perf["skipped_steps"] - state4["skipped_steps"]
+
+
+def test_fp16_static_loss_scale_on_a_pipeline_equals_one_rank(tmp_path):
+    """A static scale (runconfig.loss_scale: 2^20) never moves; the steps whose gradients
+    overflow at it are still skipped, on every stage, as on one rank."""
+    args = [*FC, *FP16, f"--runconfig.loss_scale={2.0**20}", "--runconfig.max_steps=6",
+            "--runconfig.mode=train"]  # fmt: skip
+    one = train(1, tmp_path / "np1", FC, *args)
+    pp2 = train(2, tmp_path / "pp2", FC, *args, "--pipeline-parallel=2")
+    assert "precision fp16 (static loss scale 1.04858e+06)" in pp2.stdout
+    want = skips(one.stdout)
+    assert 0 < len(want) < 6, one.stdout  # some steps skipped, some applied
+    assert all(a == b == f"{2.0**20:g}" for a, b, _ in want.values())
+    assert skips(pp2.stdout) == want
+    assert losses(pp2.stdout) == losses(one.stdout)
+    assert_same_state(final_state(tmp_path / "np1"), final_state(tmp_path / "pp2"), "static")
+    assert {x[1] for x in scale_sequence(tmp_path / "pp2")} == {2.0**20}
+    assert assert_scaler_agrees(tmp_path / "pp2", 2)["skipped_steps"] == len(want)
