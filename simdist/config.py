@@ -469,7 +469,7 @@ NOTES: dict[str, str] = {
         "(Megatron), fp32, ZeRO 0-2, no pipeline"
     ),
     "runconfig.pipeline_parallel": (
-        "stages per replica; ranks: TP innermost, then PP, then DP; ZeRO 0-2, fp32 or bf16"
+        "stages per replica; ranks: TP innermost, then PP, then DP; ZeRO 0-2"
     ),
     "runconfig.pipeline_schedule": "micro-batches: optimizer.grad_accum_steps",
     "runconfig.precision": (
@@ -637,15 +637,17 @@ def _check_weight_mode(p: Params) -> None:
 def _check_pipeline_parallel(r: RunConfig) -> None:
     """What pipeline parallelism composes with (the world-size and model checks come at
     launch, ``simdist.schedules.pipeline``)."""
-    from simdist.precision import canonical
-
     why = None
-    if r.execution_mode != "pipelined" or r.input_workers_per_replica:
-        why = "applies to pipelined execution without input workers"
-    elif canonical(r.precision) not in ("fp32", "bf16"):
+    if r.execution_mode != "pipelined":
         why = (
-            f"runs in fp32 or bf16, not runconfig.precision={r.precision} (fp16's loss "
-            "scaling is not pipelined; set it to fp32 or bf16)"
+            f"applies to pipelined execution, not execution_mode={r.execution_mode}; set "
+            "runconfig.pipeline_parallel to 1 or runconfig.execution_mode to pipelined"
+        )
+    elif r.input_workers_per_replica:
+        why = (
+            "applies to pipelined execution without input workers (every stage reads its "
+            f"micro-batches itself), not runconfig.input_workers_per_replica="
+            f"{r.input_workers_per_replica}; set it to 0"
         )
     elif r.zero_opt_level > 2:
         why = (

@@ -342,7 +342,17 @@ def test_non_finite_input_stops_every_stage_at_the_same_step(tmp_path):
             "pipeline_parallel=2 x runconfig.tensor_parallel=2 must divide the 2 ranks",
         ),
         (2, ["--pipeline-parallel=2", "--params=bert_mini"], "cannot be pipelined"),
-        (2, ["--pipeline-parallel=2", "--runconfig.precision=fp16"], "runs in fp32 or bf16"),
+        (
+            2,
+            ["--pipeline-parallel=2", "--input_workers_per_replica=1"],
+            "without input workers (every stage reads its micro-batches itself), not "
+            "runconfig.input_workers_per_replica=1; set it to 0",
+        ),
+        (
+            2,
+            ["--pipeline-parallel=2", "--execution_mode=weight_streaming"],
+            "applies to pipelined execution, not execution_mode=weight_streaming",
+        ),
         (
             4,
             ["--pipeline-parallel=2", "--runconfig.collective_algorithm=shm"],

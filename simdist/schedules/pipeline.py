@@ -26,9 +26,15 @@ the stage's DP group reduce-scatters (and, ZeRO-0, all-gathers) the stage's grad
 the flat layout's slice boundaries at D ranks (ZeRO-2: each micro-batch's, right after its
 backward, into the rank's slice), the ranks agree on the norm and loss, clip, update their
 range (ZeRO-1/2: their slice, then all-gather the stage's parameters), and the owner of a
-tied parameter sends its new value to the copies. In bf16 (``simdist.precision``) the
-update runs on the optimizer's fp32 master, the weights are its half rounding, and the
-gradients are stored half before their reduction, as in ``data_parallel``.
+tied parameter sends its new value to the copies. In mixed precision
+(``simdist.precision``) the update runs on the optimizer's fp32 master, the weights are its
+half rounding, and the gradients are stored half before their reduction, as in
+``data_parallel``. Under loss scaling (fp16; ``simdist.loss_scale``) the last stage's
+backward starts from the loss times the scale, so the activation gradients sent between
+stages carry scaled values, as on a real pipeline; each rank unscales its reduced gradients
+before the norm, and an overflow on any stage of any replica reaches every rank through the
+norm relay and the agreement (an Inf or NaN in a sum stays one), so all skip the same
+steps and keep the same scale.
 
 The simulated step (``simdist.sim.pp_schedule``, also plan mode's) is written by rank 0 to
 performance.json and, as a Chrome trace, to ``model_dir/timeline.json``.
@@ -63,6 +69,7 @@ from simdist.data.sampler import DistributedSampler
 from simdist.device import DeviceMemory, SimulatedOutOfMemoryError
 from simdist.faults import nonfinite_text
 from simdist.kernels.blas import half_operands
+from simdist.loss_scale import scaler_for
 from simdist.memplan import DeviceAllocator
 from simdist.models import build_model
 from simdist.models.base import GradientViews
@@ -199,9 +206,12 @@ class Pipeline(Schedule):
         self.algorithm = algorithm
         self.data = build_dataset(p, self.micro_batch)
         self.memory = DeviceAllocator(DeviceMemory.from_profile(run.profile))
-        # mixed precision (bf16), as data parallelism runs it: fp32 master weights in the
-        # optimizer state, half weights, activations and gradients, gradients reduced in half
+        # mixed precision, as data parallelism runs it: fp32 master weights in the optimizer
+        # state, half weights, activations and gradients, gradients reduced in half; fp16
+        # scales the loss (the same scaler on every rank: they agree on every overflow)
         self.precision = Precision(canonical(r.precision) or "fp32")
+        self.scaler = scaler_for(r, self.precision.name)
+        self.skipped_steps_at_start = 0
         half = self.precision.half is not None
         self.grad_wire = self.precision.fmt if half and not r.fp32_allreduce else 0
         self.param_wire = self.precision.fmt if half else 0
@@ -214,7 +224,8 @@ class Pipeline(Schedule):
             f"({self.where()}), schedule {self.kind}, "
             f"model {self.model.name}, {self.m} micro-batch(es) of {self.micro_batch}, "
             f"global batch {run.global_batch}, ZeRO-{self.zero_level} on the data-parallel "
-            f"axis; predicted bubble {predicted_bubble(self.P, self.m):.3f}"
+            f"axis, precision {self.precision.name}{self._scale_note()}; "
+            f"predicted bubble {predicted_bubble(self.P, self.m):.3f}"
         )
         run.log(f"pipeline split: {self.plan.describe()}")
         if self.kind == "1f1b" and self.m < self.P:
@@ -222,6 +233,14 @@ class Pipeline(Schedule):
                 f"note: {self.m} micro-batch(es) < {self.P} stages: the pipeline never fills "
                 "(raise optimizer.grad_accum_steps)"
             )
+
+    def _scale_note(self) -> str:
+        if self.scaler is None:
+            return ""
+        c = self.scaler.config
+        if c.dynamic:
+            return f" (dynamic loss scale from {c.initial_scale:g})"
+        return f" (static loss scale {c.initial_scale:g})"
 
     def where(self) -> str:
         P, T = self.P, self.T
@@ -375,6 +394,10 @@ class Pipeline(Schedule):
     # ----------------------------------------------------------------- the step
     def step(self, run, step: int, guard) -> StepResult:
         n = step + 1
+        scale = self.scaler.scale if self.scaler is not None else 1.0
+        # the last stage's backward starts from the mean over this replica's samples times
+        # the loss scale; every activation gradient sent back carries the scale
+        self._dloss = scale / (self.micro_batch * self.m)
         guard.enter("forward_backward", n)
         t0, wait0, busy0 = time.perf_counter(), self.wait_s, self.busy_s
         self._loss = 0.0
@@ -404,18 +427,36 @@ class Pipeline(Schedule):
             self.precision.store(self.grads)
         with self.dcoll.half_wire(self.grad_wire):
             grads = self._reduce()
+        ulo, uhi = self.update
+        g = grads[ulo - self.goff : uhi - self.goff]  # what this rank counts and updates
+        if scale != 1.0:  # unscaled before the norm, clipping and the update (GradScaler)
+            np.multiply(g, F32(1.0 / scale), out=g)
         own_sumsq = self._sumsq(grads)
         loss = self._loss if self.stage == self.P - 1 else 0.0
-        sumsq, total_loss, stop = guard.check(n, own_sumsq, loss, lambda: nonfinite_text(n))
+        if self.scaler is None:
+            sumsq, total_loss, stop = guard.check(n, own_sumsq, loss, lambda: nonfinite_text(n))
+        else:
+            sumsq, total_loss, stop, overflow = guard.check_overflow(n, own_sumsq, loss)
+            if not self.scaler.update(overflow):  # every rank: the same overflow, the same scale
+                where = self._overflow_stages(grads, loss)  # collective
+                run.log(
+                    f"global_step {n}: gradients overflowed at loss scale {scale:g}: step "
+                    f"skipped, scale now {self.scaler.scale:g} "
+                    f"({self.scaler.skipped_steps} skipped so far; {where})"
+                )
+                # nothing changed: no update, no gather, no tied values to send
+                self.walls.append(time.perf_counter() - t0)
+                return StepResult(loss, None, stop, mean_loss=total_loss / self.replicas)
         norm = self._clip(grads, sumsq)
         guard.enter("update", n)
-        ulo, uhi = self.update
         owned = self.params_flat[ulo - self.lo : uhi - self.lo]
-        g, lr = grads[ulo - self.goff : uhi - self.goff], run.learning_rate(step)
+        lr = run.learning_rate(step)
+        # the optimizer's own step count: skipped steps never reached it (GradScaler)
+        applied = n - (self.scaler.skipped_steps if self.scaler is not None else 0)
         if self.precision.half is None:
-            self.optimizer.step(owned, g, n, lr)
+            self.optimizer.step(owned, g, applied, lr)
         else:
-            self.optimizer.step(self.optimizer.state["master"], g, n, lr)
+            self.optimizer.step(self.optimizer.state["master"], g, applied, lr)
             self.precision.store_into(owned, self.optimizer.state["master"])
         guard.enter("gather_parameters", n)
         if self.zero_level >= 1:
@@ -424,6 +465,17 @@ class Pipeline(Schedule):
         self._send_tied()
         self.walls.append(time.perf_counter() - t0)  # the step as DP measures it: fetch to gather
         return StepResult(loss, norm, stop, mean_loss=total_loss / self.replicas)
+
+    def _overflow_stages(self, grads: np.ndarray, loss: float) -> str:
+        """Where an agreed overflow came from (collective; only on overflow steps): the
+        stages whose reduced gradients (the part each rank counts) hold an Inf or NaN, and
+        whether the loss did."""
+        plo, phi = self.own
+        bad_grads = not np.isfinite(grads[plo - self.goff : phi - self.goff]).all()
+        seen = self.comm.allgather((self.stage, bad_grads, not np.isfinite(loss)))
+        stages = sorted({s for s, g, _ in seen if g})
+        text = f"non-finite gradients on stage(s) {stages}" if stages else "finite gradients"
+        return text + (", non-finite loss" if any(x for _, _, x in seen) else "")
 
     def _wait(self, reqs: list[Any]) -> None:
         for q in reqs:
@@ -472,7 +524,7 @@ class Pipeline(Schedule):
     def _backward(self, j: int) -> None:
         s, slot = self.stage, j % len(self.slots)
         model = self.slots[slot]
-        dloss = 1.0 / (self.micro_batch * self.m)  # mean over this replica's samples
+        dloss = self._dloss  # read by the last stage's head alone
         if s < self.P - 1:
             self._recv(model.stage_input_grad(self.k1), s + 1, TAG_GRAD)
         g = self.gviews
@@ -600,8 +652,12 @@ class Pipeline(Schedule):
             self.precision.store(self.pviews[n].reshape(-1))
 
     def restore(self, run, path, attrs: dict[str, Any], loaded: set[str]) -> None:
-        """After ``Run`` read a checkpoint: a checkpoint written in fp32 has no master, its
-        parameters become the master weights of this mixed-precision run."""
+        """After ``Run`` read a checkpoint: the loss scaler's state (as data parallelism
+        keeps it, so either mode resumes the other's), and a checkpoint written in fp32 has
+        no master: its parameters become the master weights of this mixed-precision run."""
+        if self.scaler is not None and "loss_scaler.scale" in attrs:
+            self.scaler.load({k: attrs[f"loss_scaler.{k}"] for k in self.scaler.state()})
+            self.skipped_steps_at_start = self.scaler.skipped_steps
         if self.precision.half is not None and "master" not in loaded:
             self._master_from_weights()
             run.log(
@@ -610,12 +666,34 @@ class Pipeline(Schedule):
             )
 
     def checkpoint_attrs(self) -> dict[str, Any]:
-        return {
+        attrs = {
             "precision": self.precision.name,
             "tensor_parallel": self.T,
             "tensor_parallel_mode": "batch",
             "pipeline_parallel": self.P,
             "pipeline_schedule": self.kind,
+        }
+        if self.scaler is not None:  # the same on every rank; data parallelism's keys
+            attrs.update({f"loss_scaler.{k}": v for k, v in self.scaler.state().items()})
+        return attrs
+
+    def summary_scalars(self) -> dict[str, float]:
+        """Extra TensorBoard scalars at a summary step (as data parallelism writes them)."""
+        if self.scaler is None:
+            return {}
+        return {"loss_scale": self.scaler.scale, "skipped_steps": self.scaler.skipped_steps}
+
+    def _scaler_report(self, ranks: list[dict[str, Any]]) -> dict[str, Any]:
+        """performance.json's loss-scaling fields (data parallelism's), and each rank's
+        scale and skip count: the agreement keeps them equal."""
+        if self.scaler is None:
+            return {}
+        return {
+            "loss_scale": self.scaler.scale,
+            "skipped_steps": self.scaler.skipped_steps,  # since the run began (checkpointed)
+            "skipped_steps_this_run": self.scaler.skipped_steps - self.skipped_steps_at_start,
+            "loss_scale_per_rank": [x["loss_scale"] for x in ranks],
+            "skipped_steps_per_rank": [x["skipped_steps"] for x in ranks],
         }
 
     def eval_sums(self, run) -> np.ndarray:
@@ -716,6 +794,8 @@ class Pipeline(Schedule):
             "comm_bytes_sent_per_step": sent / per,
             "memory_bytes": dict(self.memory.bytes),
             "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            "loss_scale": self.scaler.scale if self.scaler else None,
+            "skipped_steps": self.scaler.skipped_steps if self.scaler else None,
         }
         ranks = self.comm.gather(mine, root=0)
         if ranks is None:
@@ -730,6 +810,8 @@ class Pipeline(Schedule):
             "pipeline_parallel": self.P,
             "pipeline_schedule": self.kind,
             "precision": self.precision.name,
+            "gemm": self.gemm,  # how the matrix products ran (kernels.blas.half_operands)
+            **self._scaler_report(ranks),
             "tensor_parallel": self.T,
             "pipeline_split": [
                 {
