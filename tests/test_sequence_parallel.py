@@ -11,9 +11,10 @@ import json
 
 import numpy as np
 import pytest
-from model_runs import assert_resume_identical, runner
+from model_runs import assert_resume_identical, assert_same_state, runner
 from mpi_launch import run_mpi
 from test_tensor_parallel_weight import GPT2, STEPS, losses, tp
+from test_train import final_state
 
 from simdist.models.gpt2 import PRESETS
 from simdist.models.gpt2_tp import GPT2TP, kernel_costs, position_runs
@@ -147,6 +148,19 @@ def test_ring_bytes_of_sequence_parallelism(tmp_path):
     shares = 4 * L * C + 2 * C + MINI.block_size * C  # ln_1, ln_2, ln_f and wpe
     half = 1 / 2  # (n - 1) / n of a buffer leaves each rank per ring pass, n = 2
     assert sent["sp"] - sent["tp"] == half * 4 * (2 * L * N * C + 2 * shares)
+
+
+def test_zero_levels_identical_with_sequence_parallelism(tmp_path):
+    """DP 2 x TP 2 with SP: ZeRO-1 and ZeRO-2 (whose bucket reduce-scatters leave each rank
+    its slice before the row-share gradients are summed over the group) end with ZeRO-0's
+    parameters and state, bit for bit."""
+    args = ["--runconfig.max_steps=4", "--train_input.batch_size=2", *tp(2), *SP]
+    z0 = train(4, tmp_path / "z0", *args, "--zero_opt_level=0")
+    for level in (1, 2):
+        z = train(4, tmp_path / f"z{level}", *args, f"--zero_opt_level={level}")
+        assert losses(z.stdout) == losses(z0.stdout)
+        state = final_state(tmp_path / f"z{level}")
+        assert_same_state(final_state(tmp_path / "z0"), state, f"ZeRO-{level}")
 
 
 def test_checkpoint_moves_between_sequence_parallel_and_not(tmp_path):
