@@ -96,6 +96,9 @@ class RunConfig:
     # "batch" divides its batch among them (batch_size is per group of N)
     tensor_parallel: int = 1
     tensor_parallel_mode: str = "batch"
+    # weight mode: LayerNorms and the residual stream on a 1/N share of the tokens
+    # (Megatron's --sequence-parallel; simdist.models.gpt2_tp)
+    sequence_parallel: bool = False
     # pipeline parallelism: the model's stages split over P consecutive ranks of a replica,
     # micro-batches = grad_accum_steps (simdist.schedules.pipeline)
     pipeline_parallel: int = 1
@@ -173,6 +176,8 @@ FLAG_ALIASES: dict[str, tuple[str, str | None]] = {
     "--tensor-parallel": ("runconfig.tensor_parallel", "value"),
     "--tensor_parallel": ("runconfig.tensor_parallel", "value"),
     "--tensor-parallel-mode": ("runconfig.tensor_parallel_mode", "value"),
+    "--sequence-parallel": ("runconfig.sequence_parallel", None),  # Megatron-LM
+    "--sequence_parallel": ("runconfig.sequence_parallel", None),
     "--pipeline-parallel": ("runconfig.pipeline_parallel", "value"),
     "--pipeline_parallel": ("runconfig.pipeline_parallel", "value"),
     "--pipeline-schedule": ("runconfig.pipeline_schedule", "value"),
@@ -468,6 +473,9 @@ NOTES: dict[str, str] = {
         "batch: batch_size per group, split over it; weight: gpt2's layers split "
         "(Megatron), fp32, ZeRO 0-2, no pipeline"
     ),
+    "runconfig.sequence_parallel": (
+        "tensor_parallel > 1, weight mode; model.block_size divisible by tensor_parallel"
+    ),
     "runconfig.pipeline_parallel": (
         "stages per replica; ranks: TP innermost, then PP, then DP; ZeRO 0-2"
     ),
@@ -535,6 +543,14 @@ def validate(p: Params) -> None:
             "runconfig.ranks_per_node (virtual nodes) applies to pipelined execution only; "
             "weight streaming uses the placement MPI reports (set it to null)",
             "runconfig.ranks_per_node",
+        )
+    if r.sequence_parallel and (r.tensor_parallel < 2 or r.tensor_parallel_mode != "weight"):
+        raise ConfigError(
+            "runconfig.sequence_parallel splits the tokens between a weight-mode tensor-"
+            "parallel group's layers: it needs runconfig.tensor_parallel > 1 (this run: "
+            f"{r.tensor_parallel}) and runconfig.tensor_parallel_mode weight (this run: "
+            f"{r.tensor_parallel_mode})",
+            "runconfig.sequence_parallel",
         )
     if r.tensor_parallel > 1:
         _check_tensor_parallel(p)

@@ -25,10 +25,29 @@ LayerNorms, their gradients) is computed from bit-identical inputs on every rank
 group, so the replicated parameters' gradients are bit-identical there too, and so are
 their updates: no extra synchronisation keeps the copies equal (the schedule checks it).
 The vocabulary is not padded: V and the heads must divide by T (checked at start-up).
+
+Sequence parallelism (``runconfig.sequence_parallel``; Korthikanti et al. 2022, "Reducing
+Activation Recomputation in Large Transformer Models", section 4.2.2): the regions between
+the column- and row-parallel layers (the residual stream, the LayerNorms) work on rank t's
+block of the micro-batch's B T token rows, rows [t N/T, (t+1) N/T) of the (B, T) order.
+With one sequence that is Megatron's split of the sequence; with B of them it is the same
+amount of work and memory (Megatron's [s, b] layout interleaves the sequences instead),
+and each all-gather is a plain concatenation, with no transpose around the collectives.
+Megatron's g becomes a reduce-scatter after each row-parallel layer (backward: an
+all-gather of the residual gradient), f an all-gather of the LayerNorm output before each
+column-parallel layer (backward: a reduce-scatter); the LayerNorm outputs are kept as
+shards and gathered again in backward for the weight gradients, as Megatron does. The
+embedding's sum over the vocabulary shards is a reduce-scatter, and ln_f's output is
+all-gathered before the LM head (the vocab-parallel cross-entropy stays on every row).
+The LayerNorms' and ``wpe``'s gradients are then partial sums over the rank's rows: the
+schedule sums them over the group once per step (``sequence_parallel_names``). The
+row-parallel biases are still added by rank 0 before the reduction, so their gradients
+come from the all-gathered residual gradient, whole and the same on every rank.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -49,7 +68,7 @@ from simdist.kernels.rowops import exp_f32, row_sum
 
 from . import gpt2_costs
 from .base import KernelCost, ParamSpec, gemm, vector
-from .gpt2 import GPT2, GPT2Config, parameter_specs
+from .gpt2 import ARENA_ALIGN, GPT2, GPT2Config, activation_shapes, parameter_specs
 
 F32 = np.float32
 
@@ -93,8 +112,14 @@ def _warm() -> None:
     vocab_softmax_finish(np.empty(2, F32), probs, sums, logits[:, 0].copy(), m)
 
 
-def check_split(cfg: GPT2Config, tp: int, key: str = "runconfig.tensor_parallel") -> None:
-    """Heads and vocabulary must divide by the degree (no padding of the vocabulary)."""
+def check_split(
+    cfg: GPT2Config,
+    tp: int,
+    key: str = "runconfig.tensor_parallel",
+    sequence_parallel: bool = False,
+) -> None:
+    """Heads and vocabulary must divide by the degree (no padding of the vocabulary); with
+    sequence parallelism the sequence length too."""
     for what, n in (("model.n_head", cfg.n_head), ("model.vocab_size", cfg.vocab_size)):
         if n % tp:
             raise ConfigError(
@@ -103,6 +128,13 @@ def check_split(cfg: GPT2Config, tp: int, key: str = "runconfig.tensor_parallel"
                 "rows; the vocabulary is not padded, choose a degree that divides both",
                 key,
             )
+    if sequence_parallel and cfg.block_size % tp:
+        raise ConfigError(
+            f"runconfig.sequence_parallel needs the sequence length (model.block_size, "
+            f"{cfg.block_size}) to divide by {key}={tp}: each rank of the group holds an "
+            "equal share of every micro-batch's tokens between the split layers",
+            "runconfig.sequence_parallel",
+        )
 
 
 def shard_index(cfg: GPT2Config, tp: int, rank: int) -> dict[str, tuple[int, np.ndarray] | None]:
@@ -159,51 +191,177 @@ def insert(full: np.ndarray, part: np.ndarray, split: tuple[int, np.ndarray] | N
         full[tuple(idx)] = part
 
 
-def kernel_costs(cfg: GPT2Config, tp: int, B: int, T: int) -> list[KernelCost]:
+# ------------------------------------------------------------------ sequence-parallel arena
+# the tensors that hold one rank's block of the N token rows (the rest keep their shapes)
+_SEQUENCE_ROWS = (
+    "encoded", "ln1", "ln1_mean", "ln1_rstd", "res2", "ln2", "ln2_mean", "ln2_rstd", "res3",
+    "lnf_mean", "lnf_rstd", "dres",
+)  # fmt: skip
+
+
+def sequence_shapes(cfg: GPT2Config, B: int, T: int, tp: int) -> dict[str, tuple[int, ...]]:
+    """``gpt2.activation_shapes`` of a shard with sequence parallelism: the residual stream,
+    the LayerNorms' outputs and statistics and the residual gradient hold N / tp rows;
+    ``lnf`` stays whole (ln_f's output gathered for the LM head and its backward), ``dln``
+    too (a split layer's partial sums before the reduce-scatter), and one (N, C) buffer,
+    ``gathered``, receives each all-gather in turn."""
+    shapes = activation_shapes(cfg, B, T, tp)
+    rows = B * T // tp
+    for name in _SEQUENCE_ROWS:
+        shape = shapes[name]
+        if name == "encoded":
+            shapes[name] = (rows, shape[-1])
+        elif len(shape) == 3 or (len(shape) == 2 and name.startswith(("ln1_", "ln2_"))):
+            shapes[name] = (shape[0], rows, *shape[2:])  # per layer
+        else:
+            shapes[name] = (rows, *shape[1:])
+    shapes["gathered"] = (B * T, cfg.n_embd)
+    return shapes
+
+
+def sequence_layout(cfg: GPT2Config, batch_size: int, tp: int) -> tuple[dict[str, int], int]:
+    """(offset of each tensor, total elements), as ``gpt2.arena_layout``."""
+    offsets, total = {}, 0
+    for name, shape in sequence_shapes(cfg, batch_size, cfg.block_size, tp).items():
+        offsets[name] = total
+        total += -(-math.prod(shape) // ARENA_ALIGN) * ARENA_ALIGN
+    return offsets, total
+
+
+def position_runs(first: int, rows: int, T: int) -> list[tuple[int, int, int]]:
+    """Rows [first, first + rows) of the (B, T) order as (row lo, row hi, position of lo)
+    runs of consecutive positions, rows relative to ``first``: one per sequence touched."""
+    runs, r = [], 0
+    while r < rows:
+        pos = (first + r) % T
+        n = min(rows - r, T - pos)
+        runs.append((r, r + n, pos))
+        r += n
+    return runs
+
+
+class _SequenceViews:
+    """``gpt2._Views`` of a sequence-parallel shard: the same names, the residual-stream
+    tensors ``rows`` tall (this rank's block ``self.rows`` of the N token rows)."""
+
+    def __init__(self, arena: np.ndarray, cfg: GPT2Config, B: int, T: int, offsets, tp, rank):
+        self.B, self.T = B, T
+        N, C, Cs, L = B * T, cfg.n_embd, cfg.n_embd // tp, cfg.n_layer
+        rows = N // tp
+        shapes = sequence_shapes(cfg, B, T, tp)
+        v = {}
+        for name, shape in shapes.items():
+            flat = arena[offsets[name] : offsets[name] + math.prod(shape)]
+            v[name] = (flat.view(np.int32) if name in ("tokens", "targets") else flat).reshape(
+                shape
+            )
+        self.tokens, self.targets = v["tokens"], v["targets"]
+        self.targets_flat = self.targets.reshape(N)
+        self.encoded = v["encoded"]
+        self.ln1, self.ln1_mean, self.ln1_rstd = (
+            list(v["ln1"]),
+            list(v["ln1_mean"]),
+            list(v["ln1_rstd"]),
+        )
+        self.ln2, self.ln2_mean, self.ln2_rstd = (
+            list(v["ln2"]),
+            list(v["ln2_mean"]),
+            list(v["ln2_rstd"]),
+        )
+        self.att, self.res2, self.res3 = list(v["att"]), list(v["res2"]), list(v["res3"])
+        self.fch, self.fch_gelu = list(v["fch"]), list(v["fch_gelu"])
+        self.qkv = list(v["qkv"])
+        self.qkv2 = [a.reshape(N, 3 * Cs) for a in self.qkv]
+        self.atty = list(v["atty"])
+        self.atty2 = [a.reshape(N, Cs) for a in self.atty]
+        self.fch1 = [a.reshape(-1) for a in self.fch]
+        self.fch_gelu1 = [a.reshape(-1) for a in self.fch_gelu]
+        self.layer_in = [self.encoded] + self.res3[: L - 1]
+        self.lnf, self.lnf_mean, self.lnf_rstd = v["lnf"], v["lnf_mean"], v["lnf_rstd"]
+        self.logits, self.probs, self.losses = v["logits"], v["probs"], v["losses"]
+        self.dres, self.dln = v["dres"], v["dln"]
+        self.datty = v["datty"]
+        self.datty2 = self.datty.reshape(N, Cs)
+        self.dqkv = v["dqkv"]
+        self.dqkv2 = self.dqkv.reshape(N, 3 * Cs)
+        self.dfch_gelu, self.dfch = v["dfch_gelu"], v["dfch"]
+        self.dfch_gelu1, self.dfch1 = self.dfch_gelu.reshape(-1), self.dfch.reshape(-1)
+        self.att_dscores = v["att_dscores"]
+        self.gathered = v["gathered"]
+        # this rank's rows, the collectives' blocks (elements) and the rows' positions
+        self.rows = slice(rank * rows, (rank + 1) * rows)
+        self.bounds = C * rows * np.arange(tp + 1)
+        self.runs = position_runs(rank * rows, rows, T)
+
+
+def kernel_costs(
+    cfg: GPT2Config, tp: int, B: int, T: int, sequence_parallel: bool = False
+) -> list[KernelCost]:
     """The shard's kernel calls (``gpt2_costs`` on its shapes): heads, MLP columns and
-    vocabulary divided by ``tp``; LayerNorms, embedding and residual adds whole."""
+    vocabulary divided by ``tp``; LayerNorms, embedding and residual adds whole, or with
+    ``sequence_parallel`` on the rank's N / tp rows, plus the copies of a shard into the
+    all-gather buffer (``.stage``) and of a reduce-scatter's block into the residual
+    stream (``.unstage``)."""
     C, L, V = cfg.n_embd, cfg.n_layer, cfg.vocab_size // tp
     NH, hs, N = cfg.n_head // tp, cfg.head_size, B * T
     Cs, Fs = C // tp, 4 * C // tp
+    R = N // tp if sequence_parallel else N  # rows of the residual stream and LayerNorms
     lin, att, ln = gpt2_costs._linear, gpt2_costs._attention, gpt2_costs._layernorm
     f, b = "forward", "backward"
-    out: list[KernelCost] = [
-        vector("tokens.copy", 0, 4 * N, f),
-        vector("embedding", N * C, 2 * N * C + T * C + N, f),
-        _layernorm_first(N, C),
-    ]
+
+    def stage(name: str, phase: str) -> list[KernelCost]:
+        return [vector(name + ".stage", 0, 2 * R * C, phase)] if sequence_parallel else []
+
+    if sequence_parallel:  # the N tokens' owned rows looked up, then + wpe on the R rows
+        embed = vector("embedding", R * C, 2 * N * C + N + 3 * R * C, f)
+    else:
+        embed = vector("embedding", N * C, 2 * N * C + T * C + N, f)
+    out: list[KernelCost] = [vector("tokens.copy", 0, 4 * N, f), embed, _layernorm_first(R, C)]
     for i in range(L):
         h = f"h.{i}."
+        out += stage(h + "ln_1", f)
         out += lin(h + "attn.c_attn", N, C, 3 * Cs, f)
         out += att(h + "attn", B, T, NH, hs, f)
         out += lin(h + "attn.c_proj", N, Cs, C, f)
-        out.append(ln(h + "ln_2", N, C, f, fused_add=True))
+        out.append(ln(h + "ln_2", R, C, f, fused_add=True))
+        out += stage(h + "ln_2", f)
         out += lin(h + "mlp.c_fc", N, C, Fs, f)
         out.append(vector(h + "mlp.gelu", gpt2_costs.GELU_FWD * N * Fs, 2 * N * Fs, f))
         out += lin(h + "mlp.c_proj", N, Fs, C, f)
+        if sequence_parallel:
+            out.append(vector(h + "mlp.c_proj.unstage", 0, 2 * R * C, f))
         nxt = f"h.{i + 1}.ln_1" if i + 1 < L else "ln_f"
-        out.append(ln(nxt, N, C, f, fused_add=True))
+        out.append(ln(nxt, R, C, f, fused_add=True))
     out.append(gemm("lm_head", N, C, V, f, layout="nt"))
     exp = gpt2_costs.EXP
     out.append(vector("softmax_ce", (exp + 4) * N * V, 2 * N * V + 6 * N, f))
     out.append(vector("softmax_ce.bwd", N * V, 2 * N * V + N, b))
     out.append(gemm("lm_head.dinput", N, V, C, b))
     out.append(gemm("lm_head.dwte", V, N, C, b, layout="tn"))
-    out.append(ln("ln_f.bwd", N, C, b)._replace(done=("ln_f.weight", "ln_f.bias")))
+    out.append(ln("ln_f.bwd", R, C, b)._replace(done=("ln_f.weight", "ln_f.bias")))
     for i in range(L - 1, -1, -1):
         h = f"h.{i}."
+        out += stage(h + "mlp.c_proj.dout", b)
         out += lin(h + "mlp.c_proj", N, Fs, C, b)
         out.append(vector(h + "mlp.gelu.bwd", gpt2_costs.GELU_BWD * N * Fs, 3 * N * Fs, b))
+        out += stage(h + "ln_2", b)
         out += lin(h + "mlp.c_fc", N, C, Fs, b)
-        out.append(ln(h + "ln_2.bwd", N, C, b, fused_add=True))
+        out.append(ln(h + "ln_2.bwd", R, C, b, fused_add=True))
+        out += stage(h + "attn.c_proj.dout", b)
         out += lin(h + "attn.c_proj", N, Cs, C, b)
         out += att(h + "attn", B, T, NH, hs, b)
+        out += stage(h + "ln_1", b)
         out += lin(h + "attn.c_attn", N, C, 3 * Cs, b)
         names = tuple(f"{h}{p}" for p in gpt2_costs.LAYER_PARAMS)
-        out.append(ln(h + "ln_1.bwd", N, C, b, fused_add=True)._replace(done=names))
+        out.append(ln(h + "ln_1.bwd", R, C, b, fused_add=True)._replace(done=names))
     out.append(vector("wpe.grad.zero", 0, cfg.block_size * C, b))
+    out += stage("embedding.dout", b)
     done = ("wte.weight", "wpe.weight")
-    out.append(vector("embedding.bwd", 2 * N * C, 3 * N * C + 2 * T * C, b)._replace(done=done))
+    if sequence_parallel:  # wpe's gradient from the R rows, wte's from the gathered N
+        bwd = vector("embedding.bwd", R * C + N * C, 2 * R * C + 2 * N * C + 2 * T * C, b)
+    else:
+        bwd = vector("embedding.bwd", 2 * N * C, 3 * N * C + 2 * T * C, b)
+    out.append(bwd._replace(done=done))
     return out
 
 
@@ -215,12 +373,15 @@ class GPT2TP(GPT2):
     """Rank ``rank``'s shard of GPT-2 in a tensor-parallel group of ``tp`` ranks. The
     group's collectives (``simdist.comm.Collectives`` over the group) come through
     ``bind(coll)`` before the first forward; the parameters it reads are the shard's
-    (``shard_specs``), initialised as one rank initialises the whole model."""
+    (``shard_specs``), initialised as one rank initialises the whole model.
+    ``sequence_parallel``: the residual stream and LayerNorms on this rank's N / tp token
+    rows (module docstring)."""
 
-    def __init__(self, config: GPT2Config, tp: int, rank: int):
-        check_split(config, tp)
+    def __init__(self, config: GPT2Config, tp: int, rank: int, sequence_parallel: bool = False):
+        check_split(config, tp, sequence_parallel=sequence_parallel)
         super().__init__(config)
         self._tp, self.rank = tp, rank
+        self.sequence_parallel = sequence_parallel
         self.index = shard_index(config, tp, rank)
         Vs = config.vocab_size // tp
         self.vocab = (rank * Vs, (rank + 1) * Vs)  # this rank's rows of wte
@@ -241,7 +402,22 @@ class GPT2TP(GPT2):
         return sum(s.numel for s in self.parameter_specs())
 
     def kernel_costs(self, batch: int, seq: int | None = None) -> list[KernelCost]:
-        return kernel_costs(self.config, self._tp, batch, seq or self.config.block_size)
+        T = seq or self.config.block_size
+        return kernel_costs(self.config, self._tp, batch, T, self.sequence_parallel)
+
+    def activation_bytes(self, batch_size: int) -> int:
+        if not self.sequence_parallel:
+            return super().activation_bytes(batch_size)
+        return 4 * sequence_layout(self.config, batch_size, self._tp)[1]
+
+    def sequence_parallel_names(self) -> list[str]:
+        """The replicated parameters whose gradients each rank computes from its rows only
+        (LayerNorms, ``wpe``): the schedule sums them over the group once per step. Empty
+        without sequence parallelism."""
+        if not self.sequence_parallel:
+            return []
+        norms = ("ln_1.weight", "ln_1.bias", "ln_2.weight", "ln_2.bias", "ln_f.weight", "ln_f.bias")
+        return [n for n in self.index if n.endswith(norms) or n == "wpe.weight"]
 
     def init_parameters(self, params, rng: np.random.Generator) -> None:
         """The whole model's initialisation (the same draws as one rank), then this
@@ -252,7 +428,14 @@ class GPT2TP(GPT2):
             params[name][...] = extract(full[name], split)
 
     def allocate(self, batch_size: int) -> None:
-        super().allocate(batch_size)
+        if self.sequence_parallel:  # the arena of ``sequence_shapes``
+            if batch_size < 1:
+                raise ValueError(f"batch_size must be positive, got {batch_size}")
+            self._offsets, total = sequence_layout(self.config, batch_size, self._tp)
+            self._arena = np.zeros(total, dtype=np.float32)
+            self._batch, self._views, self._saved, self._current = batch_size, {}, None, None
+        else:
+            super().allocate(batch_size)
         N, C = batch_size * self.config.block_size, self.config.n_embd
         self._scratch = {
             "max": np.zeros(self._tp * N, F32),  # every rank's row maxima
@@ -263,9 +446,37 @@ class GPT2TP(GPT2):
             "zero_rows": np.zeros((0, C), F32),
         }
 
+    def _views_for(self, B: int, T: int):
+        if not self.sequence_parallel:
+            return super()._views_for(B, T)
+        if self._arena is None:
+            raise ValueError("call allocate(batch_size) before forward/evaluate")
+        if B > self._batch or T > self.config.block_size or T % self._tp:
+            raise ValueError(
+                f"batch ({B}, {T}): sequence parallelism needs at most ({self._batch}, "
+                f"{self.config.block_size}) and the length divisible by {self._tp}"
+            )
+        if (B, T) not in self._views:
+            self._views[(B, T)] = _SequenceViews(
+                self._arena, self.config, B, T, self._offsets, self._tp, self.rank
+            )
+        return self._views[(B, T)]
+
     # -------------------------------------------------------------- the group's sums
     def _allreduce(self, buf: np.ndarray) -> None:
         self.coll.allreduce(buf.reshape(-1))
+
+    def _reduce_scatter(self, v) -> np.ndarray:
+        """Sequence parallelism's g: the partial sums in ``v.dln`` (N, C) summed over the
+        group; returns this rank's rows of the sum (a view of ``v.dln``)."""
+        mine = self.coll.reduce_scatter(v.dln.reshape(-1), bounds=v.bounds)
+        return mine.reshape(-1, self.config.n_embd)
+
+    def _all_gather(self, v, rows: np.ndarray) -> np.ndarray:
+        """Sequence parallelism's f: every rank's ``rows`` concatenated in ``v.gathered``."""
+        np.copyto(v.gathered[v.rows], rows)
+        self.coll.allgather(v.gathered.reshape(-1), bounds=v.bounds)
+        return v.gathered
 
     def _row_bias(self, bias: np.ndarray) -> np.ndarray:
         return bias if self.rank == 0 else self._zero_bias
@@ -282,6 +493,9 @@ class GPT2TP(GPT2):
 
     # -------------------------------------------------------------- forward
     def _forward_stage(self, v, k: int, params) -> None:
+        if self.sequence_parallel:
+            self._forward_stage_sequence(v, k, params)
+            return
         cfg = self.config
         L = cfg.n_layer
         if k == 0:  # vocab-parallel embedding: own rows, zeros elsewhere, summed; + wpe
@@ -343,6 +557,74 @@ class GPT2TP(GPT2):
         linear_forward(v.res3[i], v.fch_gelu[i], params[mprojw], self._row_bias(params[mprojb]))
         self._allreduce(v.res3[i])
 
+    def _forward_stage_sequence(self, v: _SequenceViews, k: int, params) -> None:
+        """``_forward_stage`` with sequence parallelism: the residual stream, the residual
+        adds and the LayerNorms on this rank's rows; all-gathers before the
+        column-parallel layers, reduce-scatters after the row-parallel ones."""
+        cfg = self.config
+        L = cfg.n_layer
+        if k == 0:  # the owned rows summed by a reduce-scatter; + wpe on this rank's rows
+            local, mask = self._local_tokens(v.tokens)
+            np.take(params["wte.weight"], local, axis=0, out=v.dln)
+            v.dln[~mask] = 0.0
+            mine, wpe = self._reduce_scatter(v), params["wpe.weight"]
+            for lo, hi, pos in v.runs:
+                np.add(mine[lo:hi], wpe[pos : pos + hi - lo], out=v.encoded[lo:hi])
+            return
+        if k == L + 1:  # ln_f on this rank's rows, straight into the gather buffer
+            residual_layernorm_forward(
+                v.res3[L - 1],
+                v.lnf[v.rows],
+                v.lnf_mean,
+                v.lnf_rstd,
+                v.res2[L - 1],
+                v.res3[L - 1],
+                params["ln_f.weight"],
+                params["ln_f.bias"],
+            )
+            self.coll.allgather(v.lnf.reshape(-1), bounds=v.bounds)
+            lm_head_forward(v.logits, v.lnf, params["wte.weight"])
+            self._cross_entropy(v)
+            return
+        i = k - 1
+        ln1w, ln1b, attnw, attnb, aprojw, aprojb, ln2w, ln2b, fcw, fcb, mprojw, mprojb = (
+            self._layer_names[i]
+        )
+        if i == 0:
+            layernorm_forward(
+                v.ln1[0], v.ln1_mean[0], v.ln1_rstd[0], v.encoded, params[ln1w], params[ln1b]
+            )
+        else:
+            residual_layernorm_forward(
+                v.res3[i - 1],
+                v.ln1[i],
+                v.ln1_mean[i],
+                v.ln1_rstd[i],
+                v.res2[i - 1],
+                v.res3[i - 1],
+                params[ln1w],
+                params[ln1b],
+            )
+        full = self._all_gather(v, v.ln1[i])  # f
+        linear_forward(v.qkv2[i], full, params[attnw], params[attnb])
+        attention_forward(v.atty[i], v.att[i], v.qkv[i], cfg.n_head // self._tp)
+        linear_forward(v.dln, v.atty2[i], params[aprojw], self._row_bias(params[aprojb]))
+        residual_layernorm_forward(
+            v.res2[i],
+            v.ln2[i],
+            v.ln2_mean[i],
+            v.ln2_rstd[i],
+            v.layer_in[i],
+            self._reduce_scatter(v),  # g
+            params[ln2w],
+            params[ln2b],
+        )
+        full = self._all_gather(v, v.ln2[i])  # f
+        linear_forward(v.fch[i], full, params[fcw], params[fcb])
+        gelu_forward(v.fch_gelu1[i], v.fch1[i])
+        linear_forward(v.dln, v.fch_gelu[i], params[mprojw], self._row_bias(params[mprojb]))
+        np.copyto(v.res3[i], self._reduce_scatter(v))  # g; the next stage adds the residual
+
     def _cross_entropy(self, v) -> None:
         """Vocab-parallel softmax cross-entropy: per row the maximum over every rank's
         logits (all-gathered), the sum of exponentials and the target's logit (its owner
@@ -382,15 +664,13 @@ class GPT2TP(GPT2):
         v = self._saved
         if v is None:
             raise RuntimeError("backward without a preceding forward")
+        if self.sequence_parallel:
+            self._backward_stage_sequence(v, k, params, grads, dloss)
+            return
         cfg = self.config
         L = cfg.n_layer
         if k == L + 1:  # head: this vocabulary's logits; lnf's gradient summed (f)
-            d = F32(dloss / v.T)
-            dlogits = v.probs
-            local, mask = self._local_tokens(v.targets)
-            rows = np.nonzero(mask)[0]
-            dlogits[rows, local[rows]] -= F32(1.0)  # probs - onehot(own targets)
-            dlogits *= d
+            dlogits = self._head_logit_gradient(v, dloss)
             lm_head_backward(v.dln, grads["wte.weight"], dlogits, v.lnf, params["wte.weight"])
             self._allreduce(v.dln)
             layernorm_backward(
@@ -445,6 +725,85 @@ class GPT2TP(GPT2):
             grads[ln1w],
             grads[ln1b],
             v.dln,
+            v.layer_in[i],
+            params[ln1w],
+            v.ln1_mean[i],
+            v.ln1_rstd[i],
+        )
+        grads.done(self._layer_names[i])
+
+    def _head_logit_gradient(self, v, dloss: float) -> np.ndarray:
+        """probs - onehot(own targets), scaled: this vocabulary's logits' gradient."""
+        d = F32(dloss / v.T)
+        dlogits = v.probs
+        local, mask = self._local_tokens(v.targets)
+        rows = np.nonzero(mask)[0]
+        dlogits[rows, local[rows]] -= F32(1.0)
+        dlogits *= d
+        return dlogits
+
+    def _backward_stage_sequence(self, v: _SequenceViews, k: int, params, grads, dloss) -> None:
+        """``backward_stage`` with sequence parallelism: each all-gather of the forward is a
+        reduce-scatter here and each reduce-scatter an all-gather; the LayerNorm outputs
+        are gathered again for the column-parallel weight gradients. The LayerNorms' and
+        wpe's gradients are this rank's rows' share (the schedule sums them)."""
+        L = self.config.n_layer
+        if k == L + 1:
+            dlogits = self._head_logit_gradient(v, dloss)
+            lm_head_backward(v.dln, grads["wte.weight"], dlogits, v.lnf, params["wte.weight"])
+            layernorm_backward(
+                v.dres,
+                grads["ln_f.weight"],
+                grads["ln_f.bias"],
+                self._reduce_scatter(v),
+                v.res3[L - 1],
+                params["ln_f.weight"],
+                v.lnf_mean,
+                v.lnf_rstd,
+            )
+            grads.done(("ln_f.weight", "ln_f.bias"))
+            return
+        if k == 0:  # wpe from this rank's rows; wte's owned rows from every row (gathered)
+            dwpe = grads["wpe.weight"]
+            dwpe.fill(0.0)
+            for lo, hi, pos in v.runs:
+                dwpe[pos : pos + hi - lo] += v.dres[lo:hi]
+            full = self._all_gather(v, v.dres)
+            local, mask = self._local_tokens(v.tokens)
+            np.add.at(grads["wte.weight"], local[mask], full[mask])
+            grads.done(("wte.weight", "wpe.weight"))
+            return
+        i = k - 1
+        ln1w, ln1b, attnw, attnb, aprojw, aprojb, ln2w, ln2b, fcw, fcb, mprojw, mprojb = (
+            self._layer_names[i]
+        )
+        nh = self.config.n_head // self._tp
+        full = self._all_gather(v, v.dres)  # g's backward
+        linear_backward(v.dfch_gelu, grads[mprojw], grads[mprojb], full, v.fch_gelu[i],
+                        params[mprojw])  # fmt: skip
+        gelu_backward(v.dfch1, v.fch1[i], v.dfch_gelu1)
+        full = self._all_gather(v, v.ln2[i])  # c_fc's input again, for its weight gradient
+        linear_backward(v.dln, grads[fcw], grads[fcb], v.dfch, full, params[fcw])
+        layernorm_backward_accumulate(
+            v.dres,
+            grads[ln2w],
+            grads[ln2b],
+            self._reduce_scatter(v),  # f's backward
+            v.res2[i],
+            params[ln2w],
+            v.ln2_mean[i],
+            v.ln2_rstd[i],
+        )
+        full = self._all_gather(v, v.dres)
+        linear_backward(v.datty2, grads[aprojw], grads[aprojb], full, v.atty2[i], params[aprojw])
+        attention_backward(v.dqkv, v.datty, v.qkv[i], v.att[i], v.att_dscores, nh)
+        full = self._all_gather(v, v.ln1[i])
+        linear_backward(v.dln, grads[attnw], grads[attnb], v.dqkv2, full, params[attnw])
+        layernorm_backward_accumulate(
+            v.dres,
+            grads[ln1w],
+            grads[ln1b],
+            self._reduce_scatter(v),
             v.layer_in[i],
             params[ln1w],
             v.ln1_mean[i],

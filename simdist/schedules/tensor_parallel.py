@@ -25,6 +25,14 @@ would, with ``tensor_parallel`` and ``tensor_parallel_mode`` recorded. A run ref
 checkpoint of another degree; ``python -m simdist.checkpoint reshard`` only rewrites the
 recorded degree, since each rank takes its slice of the whole tensors when it resumes.
 
+Sequence parallelism (``runconfig.sequence_parallel``, ``gpt2_tp``'s docstring): the
+group's collectives around the split layers are reduce-scatters and all-gathers; the
+LayerNorms' and ``wpe``'s gradients are each rank's share of the token rows, summed over
+the group once per step (one all-reduce of those gradients, as Megatron does) after the
+data-parallel reduction (sums in either order; with ZeRO-2 the bucket's reduce-scatter
+has already left only this rank's slice, the same offsets on every shard) and before the
+norm and the update, so the copies again receive the same bits.
+
 The simulated device: each rank's memory holds its shard (parameters, gradients,
 optimizer state) and its shard's activation arena; its kernels are the shard's
 (``gpt2_tp.kernel_costs``); the group's all-reduces are recorded during forward and
@@ -142,7 +150,7 @@ class TensorParallelWeight(DataParallel):
         self.device = simulate.create_device(run.profile, self.comm, place, None)
         self.memory = DeviceAllocator(self.device.memory, self.coll)
         whole = build_gpt2(self.params.model).config
-        self.model = GPT2TP(whole, self.T, self.tp_rank)
+        self.model = GPT2TP(whole, self.T, self.tp_rank, r.sequence_parallel)
         self.data = build_dataset(self.params, self.micro_batch)
         self._choose_shared_buffers(run)
         check_device_memory(self)  # the shard's tensors, before any buffer exists
@@ -155,6 +163,12 @@ class TensorParallelWeight(DataParallel):
             f"(rank r: shard r % {self.T}, replica r // {self.T}); groups on one node: "
             f"{groups}; each shard holds {H // self.T} of {H} heads, {4 * C // self.T} of "
             f"{4 * C} MLP columns, {V // self.T} of {V} vocabulary rows"
+            + (
+                f"; sequence parallel: 1/{self.T} of each micro-batch's token rows between "
+                "the split layers"
+                if r.sequence_parallel
+                else ""
+            )
         )
         run.log(
             f"simdist: {self.D} replica(s), model {self.model.name}, micro-batch "
@@ -188,6 +202,18 @@ class TensorParallelWeight(DataParallel):
             if split[seg.name] is not None or self.tp_rank == 0
         ]
         self._replicated = [n for n, s in split.items() if s is None]
+        # sequence parallelism: the row-share gradients inside this rank's update range
+        ulo, uhi = self.sync.update_range
+        partial = set(self.model.sequence_parallel_names())
+        self._row_share_parts = [
+            (seg.lo - ulo, seg.hi - ulo)
+            for seg in self.layout.segments(ulo, uhi)
+            if seg.name in partial
+        ]
+        # host scratch (a few rows of C floats per layer, plus wpe), not the device arena
+        self._row_share = np.zeros(sum(b - a for a, b in self._row_share_parts), F32)
+        if self._row_share_parts:  # its all-reduce on the clock as a gradient sync
+            sim.hook(self, "_sum_row_shares", "sync")
         # checkpoints: whole tensors in the one-rank layout (``Run`` reads and writes it)
         self.checkpoint_layout = Layout(parameter_specs(self.model.config), 1)
         self.state_shard = None  # data parallelism's (the shard's range) is not Run's
@@ -245,6 +271,8 @@ class TensorParallelWeight(DataParallel):
             self.accumulate_gradients(micro)
         guard.enter("reduce_gradients", n)
         grads, _ = sync.reduce_gradients(self.grads)  # averaged over the D replicas
+        if self._row_share_parts:
+            self._sum_row_shares(grads)
         # this replica slice's share of the norm: split elements of every shard, the
         # replicated ones once (shard 0's); the same total on every rank of the group
         split = sum(sum_of_squares(grads[a:b]) for a, b in self._norm_parts)
@@ -257,6 +285,20 @@ class TensorParallelWeight(DataParallel):
         guard.enter("gather_parameters", n)
         sync.gather_parameters(self.params_flat)
         return StepResult(loss, norm, stop)
+
+    def _sum_row_shares(self, grads: np.ndarray) -> None:
+        """Sequence parallelism: the LayerNorms' and wpe's gradients summed over the group
+        (packed into one all-reduce; simdist's algorithms leave the same bits on every
+        rank, so the replicated copies stay equal)."""
+        buf, o = self._row_share, 0
+        for a, b in self._row_share_parts:
+            buf[o : o + b - a] = grads[a:b]
+            o += b - a
+        self.tp_rec.allreduce(buf)
+        o = 0
+        for a, b in self._row_share_parts:
+            grads[a:b] = buf[o : o + b - a]
+            o += b - a
 
     def check_replicas(self, step: int) -> None:
         """Shard t's D replicas hold the same bits, and the T shards the same replicated

@@ -342,7 +342,11 @@ class StepModel:
         return out
 
     def _gathers_first(self, colls: list[Coll]) -> list[Coll]:
-        """Place a phase's parameter all-gathers (ZeRO-3) now, exposed; the rest remain."""
+        """Place a phase's parameter all-gathers (ZeRO-3) now, exposed; the rest remain.
+        Below ZeRO-3 a phase's all-gathers are the model's own (tensor parallelism's
+        vocab-parallel maxima, sequence parallelism's f): they stay with the others."""
+        if self.level < 3:
+            return colls
         for c in colls:
             if c.op == "allgather":
                 self._place(c, 0.0, "params.allgather (stage)")
