@@ -100,6 +100,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--prefetch-depth", type=int, default=1, help="weight streaming (default 1)")
     p.add_argument("--tp", type=int, default=None, help="tensor-parallel degree (default 1)")
+    p.add_argument(
+        "--tp-mode", default="weight", choices=("weight", "batch"),
+        help="runconfig.tensor_parallel_mode: weight (default; Megatron's split, planned as "
+        "simdist.train runs it where it can: fp32 GPT-2 layout, ZeRO 0-2) or batch (the "
+        "group's devices divide its batch: data parallelism over every device)",
+    )  # fmt: skip
     p.add_argument("--pp", type=int, default=None, help="pipeline stages (default 1)")
     p.add_argument(
         "--pipeline-schedule", default="1f1b", choices=("1f1b", "gpipe"),
@@ -189,6 +195,7 @@ def main(argv: list[str] | None = None) -> int:
             prefetch_depth=args.prefetch_depth,
             pipeline_schedule=args.pipeline_schedule,
             tp=args.tp or 1,
+            tp_mode=args.tp_mode,
             pp=args.pp or 1,
             interleave=args.interleave or 1,
             recompute=args.recompute or "none",

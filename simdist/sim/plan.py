@@ -105,6 +105,7 @@ class PlanConfig:
     half: str | None = None  # fp16 | bf16 for mixed; default fp16 where published, else bf16
     devices_per_node: int | None = None
     tp: int = 1
+    tp_mode: str = "weight"  # runconfig.tensor_parallel_mode: weight (Megatron) | batch
     pp: int = 1
     interleave: int = 1
     recompute: str = "none"  # none | selective | full
@@ -176,6 +177,17 @@ class Planner(AnalyticStep):
             self.dtype, self.elem = "fp32", 4
         self.cost = CostModel(prof, self.dtype)
         self.spec = self._resolve_spec()
+        if config.tp_mode not in ("weight", "batch"):
+            raise ValueError(f"tp mode must be weight or batch, got {config.tp_mode!r}")
+        if config.tp_mode == "batch" and config.tp > 1:
+            # simdist's batch mode: the group's T devices each hold the whole model and
+            # divide the group's batch, i.e. data parallelism over every device
+            self.cfg = dataclasses.replace(config, tp=1)
+            self.notes.append(
+                f"tp mode batch: the {config.tp} devices of a group each hold the whole model "
+                "and take their share of its batch; planned as data parallelism over the "
+                "devices (--batch per device)"
+            )
 
     # ---- layout
     def _layout(self) -> tuple[int, int]:
@@ -202,6 +214,7 @@ class Planner(AnalyticStep):
         seq = c.seq or getattr(spec, "seq_len", 1)
         params = spec.param_count()
         params_dev = math.ceil(params / (c.tp * c.pp))
+        self.params_per_device = params_dev  # weight mode: the run's shard (_simdist_step)
         mem = dict.fromkeys(CATEGORIES, 0)
         states = model_state_bytes(params_dev, dp, c.zero, c.precision, c.optimizer)
         # profiles keyed by the working set (a CPU's caches): the model states at least
@@ -212,6 +225,8 @@ class Planner(AnalyticStep):
 
         if self._simdist_runs(spec):  # the run's own step, from the shapes
             step, model_flops = self._simdist_step(spec, mem, dp, m, micro, seq, breakdown)
+        elif self._simdist_splits(spec):  # the run's own weight-mode step, from the shapes
+            step, model_flops = self._simdist_step(spec, mem, dp, m, micro, seq, breakdown, tp=c.tp)
         elif self._simdist_pipelines(spec):  # the run's own pipeline step, from the shapes
             step, model_flops = self._pipelined_step(spec, mem, dp, m, micro, seq, breakdown)
         elif self.execution == "weight_streaming" and self._simdist_streams(spec):
@@ -250,7 +265,7 @@ class Planner(AnalyticStep):
         micro = c.micro_batch or c.batch
         seq = c.seq or getattr(spec, "seq_len", 1)
         params = spec.param_count()
-        params_dev = math.ceil(params / (c.tp * c.pp))
+        params_dev = self.params_per_device
 
         fits, oom = self._check(mem, spec, dp, micro, seq)
         total = sum(mem.values())
@@ -304,8 +319,36 @@ class Planner(AnalyticStep):
             and self.execution != "weight_streaming"
         )
 
-    def _simdist_model(self, spec: MLPSpec | TransformerSpec) -> Any:
-        """simdist's own model of ``spec``, built from its shapes (allocates nothing)."""
+    def _simdist_splits(self, spec: Any) -> bool:
+        """Would ``simdist.train --tensor-parallel T --tensor-parallel-mode weight`` run this
+        (fp32 GPT-2 layout, T dividing the heads and the vocabulary, ZeRO 0-2 on the
+        data-parallel axis, no pipeline)? Then the plan is the run's own step."""
+        c = self.cfg
+        if not (
+            isinstance(spec, TransformerSpec)
+            and is_gpt2_layout(spec)
+            and c.tp > 1
+            and c.tp_mode == "weight"
+            and c.precision == "fp32"
+            and c.zero <= 2
+            and c.pp == c.interleave == 1
+            and c.recompute == "none"
+            and not c.sequence_parallel
+            and c.overlap
+            and self.execution != "weight_streaming"
+        ):
+            return False
+        if spec.n_head % c.tp or spec.vocab % c.tp:
+            self.notes.append(
+                f"simdist's weight mode needs tp ({c.tp}) to divide the heads ({spec.n_head}) "
+                f"and the vocabulary ({spec.vocab}): Megatron's analytic schedule instead"
+            )
+            return False
+        return True
+
+    def _simdist_model(self, spec: MLPSpec | TransformerSpec, tp: int = 1) -> Any:
+        """simdist's own model of ``spec``, built from its shapes (allocates nothing); with
+        ``tp`` > 1 rank 0's weight-mode shard."""
         if isinstance(spec, MLPSpec):
             from simdist.model_config import FCMNISTConfig
             from simdist.models.fc_mnist import FCMNIST
@@ -314,14 +357,20 @@ class Planner(AnalyticStep):
             return FCMNIST(FCMNISTConfig("fc_mnist", list(sizes[1:-1]), sizes[0], sizes[-1]))
         from simdist.models.gpt2 import GPT2, GPT2Config
 
-        return GPT2(GPT2Config(spec.n_layer, spec.n_head, spec.d_model, spec.seq_len, spec.vocab))
+        cfg = GPT2Config(spec.n_layer, spec.n_head, spec.d_model, spec.seq_len, spec.vocab)
+        if tp > 1:
+            from simdist.models.gpt2_tp import GPT2TP
+
+            return GPT2TP(cfg, tp, 0)
+        return GPT2(cfg)
 
     def _simdist_step(
-        self, spec: Any, mem: dict, dp: int, m: int, micro: int, seq: int, out: dict
+        self, spec: Any, mem: dict, dp: int, m: int, micro: int, seq: int, out: dict, tp: int = 1
     ) -> tuple[float, float]:
         """The events a simdist run of this configuration records on rank 0
-        (``dp_step_events``), played by the run's ``StepModel``; memory is the run's own
-        plan (``memplan.rank_entries``)."""
+        (``dp_step_events``; weight mode, ``tp`` > 1: ``tp_step_events`` on the shard),
+        played by the run's ``StepModel``; memory is the run's own plan
+        (``memplan.rank_entries``, of the shard in weight mode)."""
         from simdist.arena import Layout
         from simdist.comm.cost import choose_algorithm
         from simdist.device.collective import Network
@@ -330,9 +379,10 @@ class Planner(AnalyticStep):
         from .clock import VirtualClock
         from .dp_schedule import dp_step_events
         from .step import StepModel, compute_dtype
+        from .tp_schedule import tp_step_events
 
         c, prof = self.cfg, self.profile
-        model = self._simdist_model(spec)
+        model = self._simdist_model(spec, tp)
         tokens = isinstance(spec, TransformerSpec)
         T = seq if tokens else None
         if tokens and seq > spec.seq_len:
@@ -361,9 +411,14 @@ class Planner(AnalyticStep):
             weight_bytes=self.elem,
         )
         mem.update(by_category(rank_entries(setup)))
-        dpn = prof.devices_per_node
-        nodes = tuple(tuple(range(a, min(a + dpn, dp))) for a in range(0, dp, dpn))
-        net = Network(dp, 0, "intra" if len(nodes) == 1 else "inter", nodes)
+        dpn, ranks = prof.devices_per_node, dp * tp  # weight mode: rank d T + t, shard t
+        if tp > dpn:
+            raise ValueError(
+                f"tp ({tp}) exceeds {prof.name}'s {dpn} devices per node: a weight-mode "
+                "group runs on one node"
+            )
+        nodes = tuple(tuple(range(a, min(a + dpn, ranks))) for a in range(0, ranks, dpn))
+        net = Network(ranks, 0, "intra" if len(nodes) == 1 else "inter", nodes)
         # profiles keyed by the working set: what the ranks of a node keep resident
         self.cost.working_set = float(sum(mem.values())) * len(nodes[0])
         half = c.half if c.precision == "mixed" else None
@@ -381,26 +436,47 @@ class Planner(AnalyticStep):
             self.notes,
             elem_bytes=self.elem,
         )
-        events = dp_step_events(
-            model, world=dp, level=c.zero, micro_batch=micro, seq=T, accum=m,
-            optimizer_type=opt, algorithm=algorithm, grad_bytes=self.elem,
-            param_bytes=self.elem,
-        )  # fmt: skip
+        group: list = []
+        if tp > 1:
+            self.params_per_device = model.num_parameters()  # replicated tensors included
+            assert T is not None
+            events, group = tp_step_events(
+                model, tp=tp, replicas=dp, level=c.zero, micro_batch=micro, seq=T, accum=m,
+                optimizer_type=opt, algorithm=algorithm, requested=c.algorithm,
+            )  # fmt: skip
+        else:
+            events = dp_step_events(
+                model, world=dp, level=c.zero, micro_batch=micro, seq=T, accum=m,
+                optimizer_type=opt, algorithm=algorithm, grad_bytes=self.elem,
+                param_bytes=self.elem,
+            )  # fmt: skip
         played = step_model.play(events)
         summary = step_model.close(0.0, played)
         fwd, bwd = step_model.kernels((micro, T))
+        # the group's collectives are all exposed (placed blocking on the clock)
+        tp_comm = sum(step_model.collective_seconds(x) for x in group)
         out["forward_compute"] = m * sum(k.seconds for k in fwd)
         out["backward_compute"] = m * sum(k.seconds for k in bwd)
         out["optimizer"] = played.est.get("optimizer", 0.0)
         out["other_compute"] = summary.compute_s - sum(out.values())  # accumulate, norm
-        out["dp_comm_total"] = summary.comm_s
-        out["dp_comm_exposed"] = summary.exposed_comm_s
-        self.notes.append(
-            f"schedule: simdist's own DP/ZeRO-{c.zero} step (simdist.sim.step, as a run "
-            "replays it): ZeRO-2's per-group reduce-scatters overlap the rest of the "
-            "backward (ZeRO-3's too), every other collective is exposed (ZeRO-3's stage "
-            "all-gathers included); no input or host time"
-        )
+        if tp > 1:
+            out["tp_comm"] = tp_comm
+        out["dp_comm_total"] = summary.comm_s - tp_comm
+        out["dp_comm_exposed"] = summary.exposed_comm_s - tp_comm
+        if tp > 1:
+            self.notes.append(
+                f"schedule: simdist's own tensor-parallel weight-mode step (tp={tp}, "
+                f"{dp} replica(s), ZeRO-{c.zero} on the data-parallel axis; "
+                "simdist.sim.tp_schedule, as a run replays it): the group's all-reduces and "
+                "all-gathers exposed; memory: the shard's; no input or host time"
+            )
+        else:
+            self.notes.append(
+                f"schedule: simdist's own DP/ZeRO-{c.zero} step (simdist.sim.step, as a run "
+                "replays it): ZeRO-2's per-group reduce-scatters overlap the rest of the "
+                "backward (ZeRO-3's too), every other collective is exposed (ZeRO-3's stage "
+                "all-gathers included); no input or host time"
+            )
         return summary.total_s, self._model_flops(spec, dp, m, micro, seq)
 
     def _model_flops(self, spec: Any, dp: int, m: int, micro: int, seq: int) -> float:

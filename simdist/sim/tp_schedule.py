@@ -1,0 +1,97 @@
+"""The events of one tensor-parallel weight-mode step, predicted from a model's shapes.
+
+What a ``runconfig.tensor_parallel_mode: weight`` run (``simdist.schedules.tensor_parallel``)
+records on rank 0 of its T x D ranks, written down from the shapes so that plan mode can
+hand the same list to the same ``StepModel`` the run uses: data parallelism's step over the
+D replicas on the shard's flat layout (``dp_step_events`` on the shard model,
+``simdist.models.gpt2_tp.GPT2TP``), with
+
+* the group's collectives of every micro-batch (``gpt2_tp.group_collectives``) inside its
+  forward and backward, over the T ranks of the group, each with its own blocks;
+* the clipping norm's sum over the group (one float64 per rank, ``allreduce_scalars``)
+  between the gradient sync and the loop's per-step agreement.
+
+``StepModel`` places them as it places any recorded collective: a phase's all-gathers
+before its kernels, the rest after them, exposed (Megatron's are blocking).
+``tests/test_simulate.py`` runs the configuration and checks that the run's simulated step
+equals the plan's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from simdist.comm.cost import choose_algorithm
+from simdist.comm.partition import partition
+from simdist.models.gpt2_tp import group_collectives
+
+from .dp_schedule import dp_step_events
+from .step import Coll, Span
+
+TP_ALGORITHMS = ("ring", "rhd", "shm")  # the group's algorithm; any other request: auto
+
+
+def group_algorithm(requested: str, op: str, nbytes: int, tp: int) -> str:
+    """What the group's ``Collectives`` run for ``runconfig.collective_algorithm``: ring,
+    rhd and shm as asked (they leave the same bits on every rank), anything else auto, here
+    resolved without shared-memory buffers."""
+    if requested in TP_ALGORITHMS:
+        return requested
+    return choose_algorithm(op, nbytes, tp)
+
+
+def group_calls(
+    model: Any, tp: int, micro_batch: int, seq: int, algorithm: str
+) -> dict[str, list[Coll]]:
+    """Phase -> the group's collectives of one micro-batch, in issue order."""
+    out: dict[str, list[Coll]] = {"forward": [], "backward": []}
+    for phase, op, n in group_collectives(model.config, tp, micro_batch, seq):
+        blocks = tuple(int(x) for x in 4 * np.diff(partition(n, tp)))
+        alg = group_algorithm(algorithm, op, 4 * n, tp)
+        out[phase].append(Coll(op, alg, blocks, False, phase, 0.0, 0.0))
+    return out
+
+
+def tp_step_events(
+    model: Any,
+    *,
+    tp: int,
+    replicas: int,
+    level: int,
+    micro_batch: int,
+    seq: int,
+    accum: int = 1,
+    optimizer_type: str = "adamw",
+    algorithm: str = "ring",
+    requested: str | None = None,
+) -> tuple[list[Span | Coll], list[Coll]]:
+    """(one step of rank 0 as the run records it, the group's collectives among them).
+
+    ``model``: the shard (``GPT2TP``, nothing allocated); ``algorithm``: the
+    data-parallel axis's, resolved (``dp_step_events``); ``requested``: the run's
+    ``collective_algorithm`` as given (the group resolves it itself; default
+    ``algorithm``)."""
+    if level not in (0, 1, 2):
+        raise ValueError(f"weight mode runs ZeRO 0-2 on the data-parallel axis, got {level}")
+    events = dp_step_events(
+        model, world=replicas, level=level, micro_batch=micro_batch, seq=seq, accum=accum,
+        optimizer_type=optimizer_type, algorithm=algorithm,
+    )  # fmt: skip
+    calls = group_calls(model, tp, micro_batch, seq, requested or algorithm)
+    norm = Coll("allreduce_scalars", "native", (8,) * tp, False, None, 0.0, 0.0)
+    out: list[Span | Coll] = []
+    group: list[Coll] = []
+    for ev in events:
+        if isinstance(ev, Span) and ev.kind in calls:  # recorded before their span closes
+            out += calls[ev.kind]
+            group += calls[ev.kind]
+        out.append(ev)
+        if isinstance(ev, Span) and ev.kind == "sync":
+            out.append(norm)
+            group.append(norm)
+    return out, group
+
+
+__all__ = ["TP_ALGORITHMS", "group_algorithm", "group_calls", "tp_step_events"]
