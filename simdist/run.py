@@ -149,12 +149,20 @@ class Run:
         shapes = {s.name: s.shape for s in layout.specs}
         step, tensors, attrs = checkpoint.load(path, shapes, self.schedule.model.name)
         tp_was, tp = int(attrs.get("tensor_parallel", 1)), r.tensor_parallel
-        if tp_was != tp:  # fixed when a run starts (SambaFlow): changed only explicitly
+        # one rank holds the whole model in either mode: the mode matters from 2 ranks up
+        mode_was = str(attrs.get("tensor_parallel_mode", "batch")) if tp_was > 1 else "batch"
+        mode = r.tensor_parallel_mode if tp > 1 else "batch"
+        if tp_was != tp or mode_was != mode:  # fixed when a run starts (SambaFlow)
+            differ = []
+            if tp_was != tp:
+                differ.append(f"runconfig.tensor_parallel={tp_was}, this run has {tp}")
+            if mode_was != mode:
+                differ.append(f"runconfig.tensor_parallel_mode={mode_was}, this run has {mode}")
             raise ConfigError(
-                f"{path} was written with runconfig.tensor_parallel={tp_was}, this run has "
-                f"{tp}: reshard it first (python -m simdist.checkpoint reshard {path} OUT "
-                f"--tensor-parallel {tp}) and resume from OUT (runconfig.checkpoint_path)",
-                "runconfig.tensor_parallel",
+                f"{path} was written with {'; and with '.join(differ)}: reshard it first "
+                f"(python -m simdist.checkpoint reshard {path} OUT --tensor-parallel {tp} "
+                f"--tensor-parallel-mode {mode}) and resume from OUT (runconfig.checkpoint_path)",
+                "runconfig.tensor_parallel" if tp_was != tp else "runconfig.tensor_parallel_mode",
             )
         base = own.params_lo
         for seg in layout.segments(base, base + own.params.size):

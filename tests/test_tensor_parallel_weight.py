@@ -150,7 +150,9 @@ def test_zero_levels_identical_on_the_data_parallel_axis(tmp_path):
 
 def test_resume_and_reshard(tmp_path):
     """Resumed at TP 2 = uninterrupted, bit for bit; TP 4 refuses the TP-2 checkpoint
-    until it is resharded, then continues as TP 2 does (to 1e-5)."""
+    until it is resharded, then continues as TP 2 does (to 1e-5). A batch-mode run at the
+    same degree refuses the weight-mode checkpoint too (and weight mode a batch-mode one),
+    naming runconfig.tensor_parallel_mode and the reshard command, which then works."""
     args = ("--train_input.batch_size=2", *tp(2))
     assert_resume_identical(train, tmp_path, *args)
     ckpt = tmp_path / "res" / "checkpoint_6.h5"
@@ -170,6 +172,27 @@ def test_resume_and_reshard(tmp_path):
     a, b = losses(four.stdout), losses(two.stdout)
     assert len(a) == len(b) == 3
     assert np.allclose(a, b, rtol=1e-5, atol=0), (a, b)
+    # the mode, at the same degree: refused both ways until resharded with the mode
+    batch = ["--tensor-parallel", "2", "--runconfig.tensor_parallel_mode=batch"]
+    bdir = tmp_path / "batch"
+    from_weight = [f"--runconfig.checkpoint_path={ckpt}", f"--runconfig.model_dir={bdir}"]
+    refused = run_mpi(2, ["-m", "simdist.train", *GPT2, *more, *batch, *from_weight], 240)
+    assert refused.returncode == 2, refused.stdout
+    assert (
+        "written with runconfig.tensor_parallel_mode=weight, this run has batch" in refused.stdout
+    )
+    assert f"reshard {ckpt} OUT --tensor-parallel 2 --tensor-parallel-mode batch" in refused.stdout
+    assert not bdir.exists()  # refused before anything is written
+    as_batch = tmp_path / "batch.h5"
+    cmd = [sys.executable, "-m", "simdist.checkpoint", "reshard", str(ckpt), str(as_batch),
+           "--tensor-parallel", "2", "--tensor-parallel-mode", "batch"]  # fmt: skip
+    subprocess.run(cmd, cwd=REPO, check=True, capture_output=True)
+    back = [f"--runconfig.checkpoint_path={as_batch}", f"--runconfig.model_dir={tmp_path / 'w'}"]
+    refused = run_mpi(2, ["-m", "simdist.train", *GPT2, *more, *tp(2), *back], 240)
+    assert refused.returncode == 2, refused.stdout
+    assert "runconfig.tensor_parallel_mode=batch, this run has weight" in refused.stdout
+    resumed = train(2, bdir, *more, *batch, f"--runconfig.checkpoint_path={as_batch}")
+    assert "resumed from" in resumed.stdout and "global_step = 9" in resumed.stdout
 
 
 @pytest.mark.parametrize(
