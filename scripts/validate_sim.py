@@ -13,10 +13,12 @@ Part 2, measured: real training runs on this machine with ``runconfig.device_pro
 (the profile ``python -m simdist.calibrate`` wrote for it), FC-MNIST (default params) and
 gpt2-mini (``--params gpt2_mini``) at np 1, 2, 4, each with the per-replica batch of its
 preset; and both at 2 ranks in tensor-parallel batch mode (``--tensor-parallel 2``) and as a
-2-stage 1F1B pipeline of 4 micro-batches (``--pipeline-parallel 2``; ``--no-parallel``
-leaves these out). Every run's performance.json carries the simulated step (``est_step_time_s``: the
-critical path of the per-step replay of the kernels and collectives that ran) and the
-measured one (first input fetch to the end of the parameter gather, slowest rank). Rows:
+2-stage 1F1B pipeline of 4 micro-batches (``--pipeline-parallel 2``), and gpt2-mini split in
+tensor-parallel weight mode (``--tensor-parallel 2 --tensor-parallel-mode weight``, Megatron's
+split; ``--no-parallel`` leaves these out). Every run's performance.json carries the
+simulated step (``est_step_time_s``: the critical path of the per-step replay of the kernels
+and collectives that ran) and the measured one (first input fetch to the end of the
+parameter gather, slowest rank). Rows:
 
 * ``step``: end to end, target <= 15 %. The simulated step models compute and
   communication; its ``other`` part is host time the device waits for in this synchronous
@@ -27,7 +29,15 @@ measured one (first input fetch to the end of the parameter gather, slowest rank
   (``measured_compute_s``);
 * ``parallel step``: the same for the TP and PP runs, target <= 15 %; a pipeline's
   simulated step is ``simdist.sim.pp_schedule``'s plus its forward/backward phase's
-  measured host time (input fetch, copies, Python between the kernels);
+  measured host time (input fetch, copies, Python between the kernels); weight mode's is
+  the shard's kernels and the group's collectives (``simdist.sim.tp_schedule``);
+* ``plan vs run``: for each weight-mode run, ``python -m simdist.plan --tp 2 --tp-mode
+  weight`` for the run's configuration (read from its params.yaml) against the run's
+  ``est_step_time_s``, target <= 5 %. The weight-mode case runs without gradient clipping
+  (``max_gradient_norm: null``): clipping's scaling pass runs only in steps whose norm
+  exceeds the limit, which a plan cannot know. Both replay the same events through the same step
+  model; the gap is the run's measured host time (``other``), which a plan cannot know
+  (the row notes its share and the device part's own error);
 * ``collective``: all-reduce, reduce-scatter and all-gather of 1, 4 and 16 MiB, ring, rhd
   and shm (on registered buffers, as training runs it), simdist's own collectives timed
   here as the loop runs them (``--collectives-worker`` under mpiexec: buffer just written,
@@ -95,6 +105,9 @@ MODELS_MEASURED = {  # case label -> (params preset, steps per run)
 # tensor (SambaFlow's batch mode) and pipeline parallelism at 2 ranks: case label ->
 # (params preset, steps per run, ranks, train arguments); each keeps its preset's batch
 # (TP: the group's batch divided over its 2 ranks; PP: 4 micro-batches of a quarter)
+# weight mode also gets a plan-vs-run row: without clipping, whose scaling pass runs only
+# when the gradient norm exceeds the limit (data-dependent: a plan cannot know it)
+NO_CLIP = "--optimizer.max_gradient_norm=null"
 PARALLEL_MEASURED = {
     "TP2 (batch) FC-MNIST": ("fc_mnist", 150, 2, ["--tensor-parallel=2"]),
     "TP2 (batch) gpt2-mini": ("gpt2_mini", 12, 2, ["--tensor-parallel=2"]),
@@ -102,7 +115,10 @@ PARALLEL_MEASURED = {
                           "--optimizer.grad_accum_steps=4", "--train_input.batch_size=8"]),
     "PP2 1f1b gpt2-mini": ("gpt2_mini", 12, 2, ["--pipeline-parallel=2",
                            "--optimizer.grad_accum_steps=4", "--train_input.batch_size=2"]),
+    "TP2 (weight) gpt2-mini": ("gpt2_mini", 12, 2, ["--tensor-parallel=2",
+                               "--tensor-parallel-mode=weight", NO_CLIP]),
 }  # fmt: skip
+PLAN_VS_RUN_TARGET = 0.05  # plan mode against the run's own estimate (weight mode)
 COMPUTE_PHASES = ("forward", "backward", "optimizer")
 HOST_PROFILE = "host"  # --profile / --calibrate: the profile the measured part predicts with
 PROBE_LINKS = False  # --calibrate: probe the link on each collective's buffer, between calls
@@ -229,18 +245,18 @@ def measured_training(nps: list[int], repeats: int, work: Path) -> list[dict]:
 def measured_parallel(
     repeats: int, work: Path, cases: dict[str, tuple] | None = None
 ) -> list[dict]:
-    """Step rows of tensor-parallel (batch mode) and pipeline runs on the host profile,
-    target 15 %, as the data-parallel ``step`` rows: the run's simulated step
-    (``est_step_time_s``; tensor parallelism: the data-parallel replay; pipelines:
-    ``simdist.sim.pp_schedule``; both with their measured host time) against the best
-    measured step (``measured_step_time_min_s``) over the runs."""
+    """Step rows of tensor-parallel (batch and weight mode) and pipeline runs on the host
+    profile, target 15 %, as the data-parallel ``step`` rows: the run's simulated step
+    (``est_step_time_s``; batch mode: the data-parallel replay; weight mode: the shard's;
+    pipelines: ``simdist.sim.pp_schedule``; all with their measured host time) against the
+    best measured step (``measured_step_time_min_s``) over the runs. Each weight-mode case
+    adds a ``plan vs run`` row (``plan_vs_run_row``) after its step row."""
     cores = os.cpu_count() or 1
     cases = PARALLEL_MEASURED if cases is None else cases
     runs: dict[str, list[dict]] = {}
     for rep in range(repeats):
         for label, (preset, steps, np_, extra) in cases.items():
-            slug = label.replace(" ", "_").replace("(", "").replace(")", "")
-            perf = _train(preset, np_, steps, work / slug, extra)
+            perf = _train(preset, np_, steps, work / _slug(label), extra)
             runs.setdefault(label, []).append(perf)
             print(
                 f"  [{rep + 1}/{repeats}] {label}: measured "
@@ -268,7 +284,57 @@ def measured_parallel(
                 np=np_,
             )
         )
+        if perfs[0].get("tensor_parallel_mode") == "weight" and perfs[0]["tensor_parallel"] > 1:
+            rows.append(plan_vs_run_row(label, perfs, work / _slug(label), np_))
     return rows
+
+
+def _slug(label: str) -> str:
+    return label.replace(" ", "_").replace("(", "").replace(")", "")
+
+
+def plan_for_run(model_dir: Path, np_: int):
+    """Plan mode for the configuration a run wrote to its params.yaml (GPT-2 presets)."""
+    import yaml
+
+    from simdist.plan import plan
+
+    p = yaml.safe_load((model_dir / "params.yaml").read_text())
+    r, opt, batch = p["runconfig"], p["optimizer"], p["train_input"]["batch_size"]
+    return plan(
+        model=p["model"]["preset"], devices=np_, profile=HOST_PROFILE, tp=r["tensor_parallel"],
+        tp_mode=r["tensor_parallel_mode"], zero=r["zero_opt_level"],
+        batch=batch * opt["grad_accum_steps"], micro_batch=batch, precision=r["precision"],
+        optimizer="adam" if opt["optimizer_type"] == "adamw" else "sgd",
+        algorithm=r["collective_algorithm"],
+    )  # fmt: skip
+
+
+def plan_vs_run_row(label: str, perfs: list[dict], model_dir: Path, np_: int) -> dict:
+    """Plan mode's step for the run's configuration against the run's ``est_step_time_s``
+    (best and median over the runs), target 5 %; ``device_rel_error``: against the run's
+    simulated device time alone (``est_step_time_s`` less its measured ``other``)."""
+    res = plan_for_run(model_dir, np_)
+    ests = sorted(p["est_step_time_s"] for p in perfs)
+    p0 = min(perfs, key=lambda p: p["est_step_time_s"])
+    other = p0["est_step_time_breakdown_s"]["other"]
+    device_err = res.step_s / (p0["est_step_time_s"] - other) - 1
+    share = other / p0["est_step_time_s"]
+    return _row(
+        f"plan vs run {label} np {np_}",
+        "plan vs run",
+        1e3 * res.step_s,
+        1e3 * ests[0],
+        1e3 * ests[len(ests) // 2],
+        "ms",
+        target=PLAN_VS_RUN_TARGET,
+        device_rel_error=device_err,
+        host_share=share,
+        source=f"run's estimate includes {100 * share:.1f} % measured host time; device "
+        f"part {100 * device_err:+.4f} %",
+        np=np_,
+        plan_notes=res.notes,
+    )
 
 
 COLL_OPS = ("allreduce", "reduce_scatter", "allgather")
@@ -581,7 +647,14 @@ def _print(rows: list[dict]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0],
+        epilog="Measured rows: step (np 1, 2, 4), compute (np 1), parallel step (2 ranks: "
+        "TP2 batch mode FC-MNIST and gpt2-mini, PP2 1f1b both, TP2 weight mode gpt2-mini; "
+        "target 15 %), plan vs run (each weight-mode run against python -m simdist.plan "
+        "--tp 2 --tp-mode weight for its configuration, target 5 %), collective. Load on a "
+        "shared machine shows as the gap between best and median; see the module docstring.",
+    )
     ap.add_argument("--part", choices=("published", "measured", "all"), default="all")
     ap.add_argument("--json", metavar="FILE", help="write the rows as JSON")
     ap.add_argument(
@@ -600,7 +673,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--no-parallel",
         action="store_true",
-        help="skip the tensor-parallel and pipeline rows (2 ranks, after the np <= cores cases)",
+        help="skip the tensor-parallel (batch and weight mode, with weight mode's plan-vs-run "
+        "row) and pipeline rows (2 ranks, after the np <= cores cases)",
     )
     ap.add_argument(
         "--profile",
