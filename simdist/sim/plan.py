@@ -351,6 +351,13 @@ class Planner(AnalyticStep):
                 f"and the vocabulary ({spec.vocab}): Megatron's analytic schedule instead"
             )
             return False
+        if c.tp > self.profile.devices_per_node:
+            self.notes.append(
+                f"simdist's weight mode keeps a group on one node, and tp ({c.tp}) exceeds "
+                f"{self.profile.name}'s {self.profile.devices_per_node} devices per node "
+                "(--devices-per-node sets it): Megatron's analytic schedule instead"
+            )
+            return False
         return True
 
     def _simdist_model(self, spec: MLPSpec | TransformerSpec, tp: int = 1) -> Any:
@@ -419,11 +426,6 @@ class Planner(AnalyticStep):
         )
         mem.update(by_category(rank_entries(setup)))
         dpn, ranks = prof.devices_per_node, dp * tp  # weight mode: rank d T + t, shard t
-        if tp > dpn:
-            raise ValueError(
-                f"tp ({tp}) exceeds {prof.name}'s {dpn} devices per node: a weight-mode "
-                "group runs on one node"
-            )
         nodes = tuple(tuple(range(a, min(a + dpn, ranks))) for a in range(0, ranks, dpn))
         net = Network(ranks, 0, "intra" if len(nodes) == 1 else "inter", nodes)
         # profiles keyed by the working set: what the ranks of a node keep resident
