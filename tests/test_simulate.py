@@ -516,14 +516,15 @@ def test_plan_predicts_the_pipeline_runs_step_and_memory(
     assert {k: v for k, v in r.memory_bytes.items() if v} == largest
 
 
-# tensor parallelism, weight mode: (micro-batch, zero level, grad_accum_steps) at TP 2, np 2
-PLAN_VS_RUN_TP = [(2, 0, 1), (1, 2, 2)]
+# tensor parallelism, weight mode, TP 2: (ranks, micro-batch, zero level, grad_accum_steps)
+PLAN_VS_RUN_TP = [(2, 2, 0, 1), (2, 1, 2, 2), (4, 2, 1, 1)]
 
 
-@pytest.mark.parametrize(("batch", "zero", "accum"), PLAN_VS_RUN_TP)
-def test_plan_predicts_the_weight_mode_runs_step_and_memory(tmp_path, batch, zero, accum):
+@pytest.mark.parametrize(("n", "batch", "zero", "accum"), PLAN_VS_RUN_TP)
+def test_plan_predicts_the_weight_mode_runs_step_and_memory(tmp_path, n, batch, zero, accum):
     """``python -m simdist.plan --tp 2 --tp-mode weight`` and a weight-mode run of gpt2-mini
-    at np 2 on the default (host) profile: both play the step's events (the run: what it
+    at np 2 (and DP 2 x TP 2 at np 4, the ranks of one node: ``--devices-per-node 4``, as the
+    run sets it) on the default (host) profile: both play the step's events (the run: what it
     recorded; plan: ``tp_step_events`` on a shard built from the shapes, the group's
     collectives from ``gpt2_tp.group_collectives``) through the same ``StepModel``. The
     run's measured ``other`` time is left out; the rest agrees to 1e-5: the host profile's
@@ -541,14 +542,15 @@ def test_plan_predicts_the_weight_mode_runs_step_and_memory(tmp_path, batch, zer
         "--runconfig.max_steps=2", "--runconfig.save_checkpoints_steps=0",
         "--runconfig.progress_bar=false", f"--runconfig.model_dir={d}",
     ]  # fmt: skip
-    out = run_mpi(2, cmd, timeout=300)
+    out = run_mpi(n, cmd, timeout=300)
     assert out.returncode == 0, out.stdout
     p = perf(d)
     assert p["device_profile"] == "host" and p["tensor_parallel_mode"] == "weight"
+    assert p["replicas"] == n // 2
     r = plan(
-        model="gpt2-mini", devices=2, profile="host", tp=2, tp_mode="weight", zero=zero,
+        model="gpt2-mini", devices=n, profile="host", tp=2, tp_mode="weight", zero=zero,
         batch=batch * accum, micro_batch=batch, precision="fp32", optimizer="adam",
-        algorithm="ring",
+        algorithm="ring", devices_per_node=n,
     )  # fmt: skip
     assert any("tensor-parallel weight-mode step" in n for n in r.notes), r.notes
     parts = p["est_step_time_breakdown_s"]
@@ -556,6 +558,8 @@ def test_plan_predicts_the_weight_mode_runs_step_and_memory(tmp_path, batch, zer
     assert r.step_s == pytest.approx(device_s, rel=1e-5)
     b = r.breakdown_s
     assert b["tp_comm"] > 0 and parts["exposed_comm"] > 0
+    if n > 2:  # the shard's gradient sync over the replicas (beyond the 3 us agreement)
+        assert b["dp_comm_exposed"] > 1e-4
     assert b["tp_comm"] + b["dp_comm_exposed"] == pytest.approx(parts["exposed_comm"], rel=1e-5)
     assert r.params_per_device == p["parameters_per_rank"]
     for mem in (p["device_memory_peak_bytes"], *p["memory_bytes_per_rank"]):
@@ -563,9 +567,10 @@ def test_plan_predicts_the_weight_mode_runs_step_and_memory(tmp_path, batch, zer
             assert r.memory_bytes[cat] == mem.get(cat, 0), cat
         assert 0 <= mem["activations"] - r.memory_bytes["activations"] <= batch * 4096
     # the command line says the same (runconfig.tensor_parallel_mode's values)
-    args = ["--model", "gpt2-mini", "--devices", "2", "--profile", "host", "--tp", "2",
+    args = ["--model", "gpt2-mini", "--devices", str(n), "--profile", "host", "--tp", "2",
             "--tp-mode", "weight", "--zero", str(zero), "--batch", str(batch * accum),
-            "--micro-batch", str(batch), "--precision", "fp32", "--json"]  # fmt: skip
+            "--micro-batch", str(batch), "--precision", "fp32", "--devices-per-node", str(n),
+            "--json"]  # fmt: skip
     assert main(args) == 0
 
 
