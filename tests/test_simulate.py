@@ -530,7 +530,8 @@ def test_plan_predicts_the_weight_mode_runs_step_and_memory(tmp_path, n, batch, 
     run's measured ``other`` time is left out; the rest agrees to 1e-5: the host profile's
     memory efficiency is keyed by the bytes the ranks keep resident, and the run also holds
     the dataset's input batch (a few KiB of 40 MB) that a plan has no dataset for. Memory:
-    the run's own plan of the shard (memplan), byte for byte but that input batch."""
+    the run's own plan of the shard (memplan), byte for byte but that input batch; the
+    group's bytes sent per step exactly."""
     from simdist.plan import main, plan
 
     d = tmp_path / "run"
@@ -562,6 +563,8 @@ def test_plan_predicts_the_weight_mode_runs_step_and_memory(tmp_path, n, batch, 
         assert b["dp_comm_exposed"] > 1e-4
     assert b["tp_comm"] + b["dp_comm_exposed"] == pytest.approx(parts["exposed_comm"], rel=1e-5)
     assert r.params_per_device == p["parameters_per_rank"]
+    # the group's traffic: what simdist's collectives counted, byte for byte
+    assert r.tp_bytes_sent_per_step == p["tensor_parallel_bytes_sent_per_step"]
     for mem in (p["device_memory_peak_bytes"], *p["memory_bytes_per_rank"]):
         for cat in ("parameters", "gradients", "optimizer_state", "workspace", "buckets"):
             assert r.memory_bytes[cat] == mem.get(cat, 0), cat

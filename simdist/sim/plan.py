@@ -152,6 +152,9 @@ class PlanResult:
     mfu: float | None
     notes: list[str] = field(default_factory=list)
     plan_seconds: float = 0.0
+    # weight mode as simdist runs it: bytes a rank sends in its group's collectives per step
+    # (performance.json's tensor_parallel_bytes_sent_per_step)
+    tp_bytes_sent_per_step: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -222,6 +225,7 @@ class Planner(AnalyticStep):
         params = spec.param_count()
         params_dev = math.ceil(params / (c.tp * c.pp))
         self.params_per_device = params_dev  # weight mode: the run's shard (_simdist_step)
+        self.tp_bytes_sent: float | None = None  # weight mode: set by _simdist_step
         mem = dict.fromkeys(CATEGORIES, 0)
         states = model_state_bytes(params_dev, dp, c.zero, c.precision, c.optimizer)
         # profiles keyed by the working set (a CPU's caches): the model states at least
@@ -304,6 +308,7 @@ class Planner(AnalyticStep):
             mfu=mfu,
             notes=self.notes + self._unknown_note(),
             plan_seconds=time.perf_counter() - t0,
+            tp_bytes_sent_per_step=self.tp_bytes_sent,
         )
 
     # ---- a configuration simdist.train runs: the run's step-time model on the shapes
@@ -393,7 +398,7 @@ class Planner(AnalyticStep):
         from .clock import VirtualClock
         from .dp_schedule import dp_step_events
         from .step import StepModel, compute_dtype
-        from .tp_schedule import tp_step_events
+        from .tp_schedule import group_bytes_sent, tp_step_events
 
         c, prof = self.cfg, self.profile
         model = self._simdist_model(spec, tp)
@@ -453,6 +458,7 @@ class Planner(AnalyticStep):
                 model, tp=tp, replicas=dp, level=c.zero, micro_batch=micro, seq=T, accum=m,
                 optimizer_type=opt, algorithm=algorithm, requested=c.algorithm,
             )  # fmt: skip
+            self.tp_bytes_sent = group_bytes_sent(group)
         else:
             events = dp_step_events(
                 model, world=dp, level=c.zero, micro_batch=micro, seq=T, accum=m,
@@ -727,6 +733,10 @@ def format_plan(r: PlanResult) -> str:
         )
         if r.mfu:
             lines.append(f"  model FLOPs utilisation: {100 * r.mfu:.1f} % of peak")
+        if r.tp_bytes_sent_per_step:
+            lines.append(
+                f"  tensor-parallel bytes sent per step and rank: {r.tp_bytes_sent_per_step:,.0f}"
+            )
         for k, v in r.breakdown_s.items():
             if v:
                 lines.append(f"    {k:<22}{v * 1e3:12.3f} ms")

@@ -25,6 +25,7 @@ import numpy as np
 
 from simdist.comm.cost import choose_algorithm
 from simdist.comm.partition import partition
+from simdist.device.schedule import schedule
 from simdist.models.gpt2_tp import group_collectives
 
 from .dp_schedule import dp_step_events
@@ -94,4 +95,24 @@ def tp_step_events(
     return out, group
 
 
-__all__ = ["TP_ALGORITHMS", "group_algorithm", "group_calls", "tp_step_events"]
+def group_bytes_sent(group: list[Coll], rank: int = 0) -> float:
+    """Payload bytes ``rank`` of the group sends in ``group``'s collectives, as simdist's
+    collectives count them (``Collectives.bytes_sent``): each ring / rhd / shm step's
+    outgoing block (``simdist.device.schedule``), and ``allreduce_scalars``'s values to
+    every other rank."""
+    total = 0.0
+    for c in group:
+        if c.op == "allreduce_scalars":
+            total += c.blocks[rank] * (len(c.blocks) - 1)
+        else:
+            total += sum(step[rank][1] for step in schedule(c.op, c.algorithm, c.blocks))
+    return total
+
+
+__all__ = [
+    "TP_ALGORITHMS",
+    "group_algorithm",
+    "group_bytes_sent",
+    "group_calls",
+    "tp_step_events",
+]
