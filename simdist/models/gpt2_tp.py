@@ -366,14 +366,14 @@ def kernel_costs(
 
 
 def group_collectives(cfg: GPT2Config, tp: int, B: int, T: int) -> list[tuple[str, str, int]]:
-    """The group's collective calls of one micro-batch, in the order ``GPT2TP`` issues
-    them: (phase, op, float32 elements of the buffer). Forward: the vocab-parallel
-    embedding's sum, each block's two row-parallel sums (g), then the cross-entropy's row
-    maxima (all-gathered, ``tp`` N values) and its sums of exponentials and target logits
-    (2 N). Backward: the LM head's input gradient and each block's two column-parallel
-    input gradients (f). Plan mode writes a weight-mode step down from this list
-    (``simdist.sim.tp_schedule``); ``tests/test_simulate.py`` checks it against what a run
-    records."""
+    """The group's collective calls of one micro-batch without sequence parallelism, in the
+    order ``GPT2TP`` issues them: (phase, op, float32 elements of the buffer). Forward:
+    the vocab-parallel embedding's sum, each block's two row-parallel sums (g), then the
+    cross-entropy's row maxima (all-gathered, ``tp`` N values) and its sums of
+    exponentials and target logits (2 N). Backward: the LM head's input gradient and each
+    block's two column-parallel input gradients (f). Plan mode writes a weight-mode step
+    down from this list (``simdist.sim.tp_schedule``); ``tests/test_simulate.py`` checks
+    it against what a run records."""
     N, C, L = B * T, cfg.n_embd, cfg.n_layer
     fwd = [("forward", "allreduce", N * C)] * (1 + 2 * L)
     fwd += [("forward", "allgather", tp * N), ("forward", "allreduce", 2 * N)]

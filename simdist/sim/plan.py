@@ -17,11 +17,11 @@ schedules, one set of cost functions (``simdist.device``: kernels, collectives):
   milliseconds.)
 * Tensor-parallel weight mode as ``simdist.train`` runs it (``--tp T --tp-mode weight``,
   fp32, a GPT-2 layout whose heads and vocabulary T divides, ZeRO 0-2 on the data-parallel
-  axis) is planned the same way on rank 0's shard (``simdist.models.gpt2_tp.GPT2TP`` from
-  the shapes): ``simdist.sim.tp_schedule`` adds the group's collectives to the shard's
-  data-parallel events, memory is the shard's plan (``tests/test_simulate.py``: rel 1e-5).
-  ``--tp-mode batch`` (the run's batch mode: the group's devices divide its batch) is data
-  parallelism over every device.
+  axis, no sequence parallelism) is planned the same way on rank 0's shard
+  (``simdist.models.gpt2_tp.GPT2TP`` from the shapes): ``simdist.sim.tp_schedule`` adds
+  the group's collectives to the shard's data-parallel events, memory is the shard's plan
+  (``tests/test_simulate.py``: rel 1e-5). ``--tp-mode batch`` (the run's batch mode: the
+  group's devices divide its batch) is data parallelism over every device.
 * Everything else (mixed precision, Megatron tensor / pipeline parallelism, ZeRO-3,
   recompute, weight streaming) uses the closed forms below (``simdist.sim.plan_analytic``),
   which take milliseconds. What they compute, per device:
