@@ -31,8 +31,9 @@ CPU has bf16 dot products (AVX512_BF16 or AMX, read from /proc/cpuinfo) and a li
 them is installed (``SIMDIST_HALF_GEMM=auto``): oneMKL's ``gemm_bf16bf16f32`` (the ``mkl``
 extra) on an Intel CPU, else oneDNN's ``dnnl_gemm_bf16bf16f32`` (the ``onednn`` extra; the
 one AMD's Zen 4 and 5 get); ``mkl`` or ``onednn`` insists on one, ``fp32`` refuses both.
-The operands are then packed into 16-bit words per call; products of halves are exact in
-float32, so the only difference from the float32-BLAS path is the order of the float32
+The operands are then packed into 16-bit words per call (products with fewer than 96 rows
+or columns stay on sgemm, where the native kernels are slower); products of halves are exact
+in float32, so the only difference from the float32-BLAS path is the order of the float32
 accumulation (tested).
 """
 
@@ -61,6 +62,12 @@ _MODE_SYMBOL = "simdist_gemm_half"  # int32: what gemm does with its operands (b
 # product runs bf16 (packed into 16-bit words for oneMKL or oneDNN), and whether to verify
 # that both operands hold half values.
 PLAIN, FORMAT_BITS, NATIVE_MKL, NATIVE_DNNL, CHECK = 0, 3, 4, 8, 16
+# The native bf16 kernels block C in wide panels: below about 96 rows or columns of C
+# (attention's per-head products at head size 64 or less, a classifier's 10 columns) they
+# ran 1.3-5x slower than sgemm on the same halves (Zen 4, oneDNN 3.2, process time), and
+# above it 1.2-2x faster. Those products stay on the float32 BLAS: equal products, float32
+# sums, a choice made by the shape alone (so runs stay deterministic).
+_NATIVE_MIN = 96
 _MKL_CBWR_STRICT = 0x10000  # mkl_cbwr.h
 
 
@@ -369,7 +376,7 @@ def gemm(a, b, c, alpha, beta):
         _require_half(a, mode & FORMAT_BITS)
         _require_half(b, mode & FORMAT_BITS)
     m32, n32, k32 = np.int32(m), np.int32(n), np.int32(k)
-    if mode & (NATIVE_MKL | NATIVE_DNNL) and k > 0:
+    if mode & (NATIVE_MKL | NATIVE_DNNL) and k > 0 and m >= _NATIVE_MIN and n >= _NATIVE_MIN:
         ha, opa, lda = _pack_bf16(a)
         hb, opb, ldb = _pack_bf16(b)
         if mode & NATIVE_MKL:
