@@ -3,8 +3,66 @@
 numba's on-disk cache key does not include jit options such as fastmath, so they are fixed
 literals here, never read from the environment. ``error_model="numpy"`` keeps divisions and
 square roots free of Python's zero-division checks (several times faster).
+
+Where the compiled code is cached: numba keys a cached function by its own file alone, yet
+the machine code it caches holds every kernel the function calls (numba compiles callees
+into the caller). After an edit to kernels/blas.py, a cache of kernels/linear.py would go on
+running the old ``gemm``; a ``git pull`` onto a used checkout would mix versions. So every
+kernel caches in a directory named by a digest of all kernel sources (kernels/*.py):
+``kernels/__pycache__/simdist-<digest>`` (under ``NUMBA_CACHE_DIR`` when that is set, or the
+user's cache directory when the package's is read-only). Any edit starts a fresh cache; a
+checkout that goes back to earlier sources finds theirs again.
 """
 
-from numba import njit
+from __future__ import annotations
 
-kernel = njit(cache=True, nogil=True, fastmath=False, error_model="numpy", boundscheck=False)
+import hashlib
+import os
+import tempfile
+from pathlib import Path
+
+from numba import config, njit
+
+_HERE = Path(__file__).resolve().parent
+
+
+def _sources_digest() -> str:
+    h = hashlib.sha256()
+    for path in sorted(_HERE.glob("*.py")):
+        h.update(path.name.encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _writable(path: str) -> bool:
+    try:
+        os.makedirs(path, exist_ok=True)
+        tempfile.TemporaryFile(dir=path).close()
+        return True
+    except OSError:
+        return False
+
+
+def _cache_dir() -> str:
+    name = f"simdist-{_sources_digest()}"
+    if config.CACHE_DIR:  # the user's NUMBA_CACHE_DIR
+        return os.path.join(config.CACHE_DIR, name)
+    here = str(_HERE / "__pycache__" / name)
+    if _writable(here):
+        return here
+    return os.path.join(os.path.expanduser("~"), ".cache", "simdist", name)
+
+
+CACHE_DIR = _cache_dir()
+_njit = njit(cache=True, nogil=True, fastmath=False, error_model="numpy", boundscheck=False)
+
+
+def kernel(fn):
+    """``njit`` with the options above, cached in ``CACHE_DIR`` (numba fixes a function's
+    cache location when it is decorated)."""
+    saved = config.CACHE_DIR
+    config.CACHE_DIR = CACHE_DIR
+    try:
+        return _njit(fn)
+    finally:
+        config.CACHE_DIR = saved

@@ -12,6 +12,7 @@ import simdist  # noqa: F401  (pins one thread per rank before numpy/numba load)
 import math
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -728,3 +729,24 @@ def test_registry_skips_only_missing_modules(monkeypatch):
     monkeypatch.setattr(registry.importlib, "import_module", import_with_missing_dependency)
     with pytest.raises(ModuleNotFoundError):
         registry.modules()
+
+
+# ------------------------------------------------------------------ the compiled-code cache
+
+
+def test_kernel_caches_are_keyed_by_every_kernel_source(tmp_path, monkeypatch):
+    """A cached kernel holds the code of the kernels it calls, and numba keys it by its own
+    file only: caches live in a directory named by a digest of all kernel sources, so an
+    edit to blas.py cannot leave linear.py's cache running the old gemm."""
+    from simdist.kernels import _jit
+    from simdist.kernels.linear import linear_forward
+
+    for dispatcher in (gemm, linear_forward):
+        assert dispatcher._cache._cache_path.startswith(_jit.CACHE_DIR)
+    assert Path(_jit.CACHE_DIR).name == f"simdist-{_jit._sources_digest()}"
+    (tmp_path / "blas.py").write_text("x = 1\n")
+    (tmp_path / "linear.py").write_text("y = 2\n")
+    monkeypatch.setattr(_jit, "_HERE", tmp_path)
+    before = _jit._sources_digest()
+    (tmp_path / "blas.py").write_text("x = 3\n")  # the callee changes, the caller does not
+    assert _jit._sources_digest() != before
