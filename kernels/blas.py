@@ -62,11 +62,12 @@ _MODE_SYMBOL = "simdist_gemm_half"  # int32: what gemm does with its operands (b
 # product runs bf16 (packed into 16-bit words for oneMKL or oneDNN), and whether to verify
 # that both operands hold half values.
 PLAIN, FORMAT_BITS, NATIVE_MKL, NATIVE_DNNL, CHECK = 0, 3, 4, 8, 16
-# The native bf16 kernels block C in wide panels: below about 96 rows or columns of C
-# (attention's per-head products at head size 64 or less, a classifier's 10 columns) they
-# ran 1.3-5x slower than sgemm on the same halves (Zen 4, oneDNN 3.2, process time), and
-# above it 1.2-2x faster. Those products stay on the float32 BLAS: equal products, float32
-# sums, a choice made by the shape alone (so runs stay deterministic).
+# The native bf16 kernels block C in wide panels: with fewer than about 96 rows or columns
+# of C (attention's per-head products at head size 64 or less, a classifier's 10 columns)
+# they ran slower than sgemm on the same halves on Zen 4 with oneDNN 3.2, and faster above
+# (single-thread process-time sweep of shapes; the end-to-end effect is what
+# scripts/bench_precision.py measures). Those products stay on the float32 BLAS: equal
+# products, float32 sums, a choice made by the shape alone (runs stay deterministic).
 _NATIVE_MIN = 96
 _MKL_CBWR_STRICT = 0x10000  # mkl_cbwr.h
 

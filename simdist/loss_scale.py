@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -106,6 +107,17 @@ class LossScaler:
         self.clean_steps = int(state["clean_steps"])
         self.overflows_left = int(state["overflows_left"])
         self.skipped_steps = int(state["skipped_steps"])
+
+
+def scaler_report(scaler: LossScaler | None, skipped_at_start: int) -> dict[str, Any]:
+    """performance.json's loss-scaling fields, for every schedule that scales the loss."""
+    if scaler is None:
+        return {}
+    return {
+        "loss_scale": scaler.scale,
+        "skipped_steps": scaler.skipped_steps,  # since the run began (checkpointed)
+        "skipped_steps_this_run": scaler.skipped_steps - skipped_at_start,
+    }
 
 
 def scaler_for(runconfig, precision: str) -> LossScaler | None:

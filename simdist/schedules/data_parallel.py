@@ -35,7 +35,7 @@ from simdist.faults import describe_nonfinite
 from simdist.input_workers import device_input, input_report
 from simdist.kernels.blas import half_operands
 from simdist.kernels.optim import sum_of_squares
-from simdist.loss_scale import scaler_for
+from simdist.loss_scale import scaler_for, scaler_report
 from simdist.memplan import DeviceAllocator, bucket_elements, check_device_memory
 from simdist.models import build_model
 from simdist.models.base import GradientViews
@@ -444,15 +444,6 @@ class DataParallel(Schedule):
                 f"{[hex(d) for d in digests]}"
             )
 
-    def _scaler_report(self) -> dict[str, Any]:
-        if self.scaler is None:
-            return {}
-        return {
-            "loss_scale": self.scaler.scale,
-            "skipped_steps": self.scaler.skipped_steps,  # since the run began (checkpointed)
-            "skipped_steps_this_run": self.scaler.skipped_steps - self.skipped_steps_at_start,
-        }
-
     def summary_scalars(self) -> dict[str, float]:
         """Extra TensorBoard scalars at a summary step."""
         if self.scaler is None:
@@ -514,7 +505,7 @@ class DataParallel(Schedule):
             "zero_opt_level": self.zero_level,
             "precision": self.precision.name,
             "gemm": self.gemm,  # how the matrix products ran (kernels.blas.half_operands)
-            **self._scaler_report(),
+            **scaler_report(self.scaler, self.skipped_steps_at_start),
             "collective_algorithm": r.collective_algorithm,
             "gradient_algorithm": self.sync.algorithm,  # what "auto" resolved to
             "nodes": self.placement.num_nodes,

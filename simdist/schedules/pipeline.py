@@ -69,7 +69,7 @@ from simdist.data.sampler import DistributedSampler
 from simdist.device import DeviceMemory, SimulatedOutOfMemoryError
 from simdist.faults import nonfinite_text
 from simdist.kernels.blas import half_operands
-from simdist.loss_scale import scaler_for
+from simdist.loss_scale import scaler_for, scaler_report
 from simdist.memplan import DeviceAllocator
 from simdist.models import build_model
 from simdist.models.base import GradientViews
@@ -684,14 +684,12 @@ class Pipeline(Schedule):
         return {"loss_scale": self.scaler.scale, "skipped_steps": self.scaler.skipped_steps}
 
     def _scaler_report(self, ranks: list[dict[str, Any]]) -> dict[str, Any]:
-        """performance.json's loss-scaling fields (data parallelism's), and each rank's
-        scale and skip count: the agreement keeps them equal."""
+        """Data parallelism's loss-scaling fields, and each rank's scale and skip count: the
+        agreement keeps them equal."""
         if self.scaler is None:
             return {}
         return {
-            "loss_scale": self.scaler.scale,
-            "skipped_steps": self.scaler.skipped_steps,  # since the run began (checkpointed)
-            "skipped_steps_this_run": self.scaler.skipped_steps - self.skipped_steps_at_start,
+            **scaler_report(self.scaler, self.skipped_steps_at_start),
             "loss_scale_per_rank": [x["loss_scale"] for x in ranks],
             "skipped_steps_per_rank": [x["skipped_steps"] for x in ranks],
         }
