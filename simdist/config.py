@@ -593,12 +593,6 @@ def _check_precision(p: Params) -> None:
             f"{p.model.name} trains in fp32 (runconfig.precision: fp32)",
             "runconfig.precision",
         )
-    if r.execution_mode != "pipelined":
-        raise ConfigError(
-            f"{where}: mixed precision runs pipelined execution so far (this run: "
-            f"{r.execution_mode}); use fp32 there",
-            "runconfig.precision",
-        )
 
 
 def _check_tensor_parallel(p: Params) -> None:

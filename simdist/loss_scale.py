@@ -94,6 +94,12 @@ class LossScaler:
                 self.overflows_left = c.hysteresis
         return True
 
+    def describe(self) -> str:
+        """The scaler as run logs name it."""
+        c = self.config
+        kind = "dynamic loss scale from" if c.dynamic else "static loss scale"
+        return f"{kind} {c.initial_scale:g}"
+
     def state(self) -> dict[str, float]:
         return {
             "scale": self.scale,

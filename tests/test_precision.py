@@ -196,7 +196,6 @@ def test_memory_follows_the_precision_16_psi_and_zero_partitions(tmp_path):
         (["--runconfig.precision=fp16", "--runconfig.initial_loss_scale=0"], "initial_loss"),
         (["--runconfig.loss_scale_backoff_factor=1.5"], "loss_scale_backoff_factor"),
         (["--model.mixed_precision=true", "--runconfig.precision=bf16"], "give one of the two"),
-        (["--runconfig.precision=bf16", "--execution_mode=weight_streaming"], "pipelined"),
         (["--optimizer.learning_rate=[{scheduler: Linear, initial_learning_rate: .inf}]"], "fin"),
     ],
 )

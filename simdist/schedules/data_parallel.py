@@ -163,14 +163,7 @@ class DataParallel(Schedule):
         if self.precision.half is None:
             return ""
         wire = self.precision.half if self.grad_wire else "fp32"
-        scale = "no loss scaling"
-        if self.scaler is not None:
-            c = self.scaler.config
-            scale = (
-                f"dynamic loss scale from {c.initial_scale:g}"
-                if c.dynamic
-                else f"static loss scale {c.initial_scale:g}"
-            )
+        scale = "no loss scaling" if self.scaler is None else self.scaler.describe()
         return f" (fp32 master weights, gradients reduced in {wire}, {scale}; GEMMs {self.gemm})"
 
     def checkpoint_attrs(self) -> dict[str, Any]:

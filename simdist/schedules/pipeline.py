@@ -237,10 +237,7 @@ class Pipeline(Schedule):
     def _scale_note(self) -> str:
         if self.scaler is None:
             return ""
-        c = self.scaler.config
-        if c.dynamic:
-            return f" (dynamic loss scale from {c.initial_scale:g})"
-        return f" (static loss scale {c.initial_scale:g})"
+        return f" ({self.scaler.describe()})"
 
     def where(self) -> str:
         P, T = self.P, self.T

@@ -14,6 +14,14 @@ the simulated step time. A step:
 
 Rank 0 is server 0: it gathers the servers' parameters for checkpoints (optimizer state is
 sharded by server) and writes every artifact, through ``simdist.run.Run``.
+
+Mixed precision (``runconfig.precision``, ``simdist.precision``): the servers keep the fp32
+master in the optimizer state and stream its half rounding as 16-bit words; the devices
+compute as data parallelism's ranks do (half activations, half GEMM operands), store each
+gradient group half before its reduction and send it as half words (float32 with
+``fp32_allreduce``). Under loss scaling the devices scale the loss, the servers unscale the
+summed gradients before the norm, and an overflow on any server skips the step on every
+rank (the agreement's sums carry it); server 0 hands the resumed scaler to the devices.
 """
 
 from __future__ import annotations
@@ -34,8 +42,11 @@ from simdist.data.sampler import DistributedSampler
 from simdist.device import DeviceMemory, format_bytes
 from simdist.faults import nonfinite_text
 from simdist.input_workers import device_input, input_report
+from simdist.kernels.blas import half_operands
+from simdist.loss_scale import scaler_for, scaler_report
 from simdist.models import build_model
 from simdist.optim import Optimizer
+from simdist.precision import Precision, canonical
 from simdist.schedules.base import Schedule, StateShard, StepResult
 from simdist.schedules.streaming_io import GradientStream, ServerShard, WeightWindow
 from simdist.sim.streaming_step import (
@@ -62,6 +73,7 @@ class WeightStreaming(Schedule):
         self.coll = Collectives(groups.active)  # the agreement, summaries and eval sums
         self.device_times: list[StepTime] = []
         self.note = ""
+        self.gemm = "fp32"
 
     # ----------------------------------------------------------------- set-up
     def prepare(self, run) -> None:
@@ -76,6 +88,16 @@ class WeightStreaming(Schedule):
                 "use runconfig.execution_mode=pipelined (weight streaming: gpt2, fc_mnist)"
             )
         self.profile = run.profile
+        self.precision = Precision(canonical(p.runconfig.precision) or "fp32")
+        self.scaler = scaler_for(p.runconfig, self.precision.name)
+        self.skipped_steps_at_start = 0
+        half = self.precision.half is not None
+        self.fmt = self.precision.fmt if half else 0  # weights streamed as half words
+        self.grad_wire = self.fmt if not p.runconfig.fp32_allreduce else 0
+        self.word = self.precision.weight_bytes  # bytes per streamed weight element
+        if half and self.role == DEVICE:
+            self.model.set_precision(self.precision)
+            self.gemm = half_operands(self.fmt)  # every product from here on: half operands
         self.layout = Layout(self.model.parameter_specs(), R)
         self.plan = StreamPlan(self.layout, self.model.stages(), self.model.gradient_groups(), W)
         workers = R * self.roles.workers_per_replica
@@ -84,7 +106,18 @@ class WeightStreaming(Schedule):
             + (f" + {workers} input worker(s)" if workers else "")
             + f", model {self.model.name}, micro-batch {self.micro_batch} x {self.accum} "
             f"accumulation, global batch {run.global_batch}, prefetch depth "
-            f"{self.opts.prefetch_depth}, device profile {self.profile.name}"
+            f"{self.opts.prefetch_depth}, device profile {self.profile.name}, precision "
+            f"{self.precision.name}{self._precision_note()}"
+        )
+
+    def _precision_note(self) -> str:
+        if self.precision.half is None:
+            return ""
+        grads = self.precision.half if self.grad_wire else "fp32"
+        scale = "no loss scaling" if self.scaler is None else self.scaler.describe()
+        return (
+            f" (fp32 master on the servers, weights streamed in {self.precision.half}, "
+            f"gradients reduced and sent in {grads}, {scale})"
         )
 
     def warm(self) -> None:
@@ -96,7 +129,7 @@ class WeightStreaming(Schedule):
         else:
             self._allocate_device(run)
         run.log(
-            f"parameters: {self.layout.numel:,} ({format_bytes(4 * self.layout.numel)}); "
+            f"parameters: {self.layout.numel:,} ({format_bytes(4 * self.layout.numel)} in fp32); "
             f"{self.plan.describe()}; largest stage {self.plan.slot_size:,} parameters"
         )
 
@@ -106,19 +139,22 @@ class WeightStreaming(Schedule):
         cap = prof.streaming.capacity_bytes if prof.streaming else 1 << 62
         self.memory = DeviceMemory(cap, f"{prof.name} weight store")
         self.shard = sh = ServerShard(
-            self.plan, self.groups.index, self.groups, self.accum, self.memory
-        )
+            self.plan, self.groups.index, self.groups, self.accum, self.memory,
+            self.fmt, self.grad_wire,
+        )  # fmt: skip
 
         def alloc(category: str, name: str, n: int) -> np.ndarray:
             return self.memory.allocate(category, f"server.{name}", (n,), F32)
 
-        self.optimizer = Optimizer(p.optimizer, self.layout, sh.lo, sh.hi, alloc)
+        half = self.precision.half is not None
+        self.optimizer = Optimizer(p.optimizer, self.layout, sh.lo, sh.hi, alloc, master=half)
         # every server draws the whole initialisation (one rng stream, as DP) and keeps its
         # range: the parameters then equal DP's bit for bit
         full = np.zeros(self.layout.padded, F32)
         self.model.init_parameters(self.layout.views(full), np.random.default_rng(r.seed))
         sh.params[...] = full[sh.lo : sh.hi]
         del full
+        self._master_from_weights()
         self.state_shard = StateShard(
             self.groups.servers,
             self.groups.index,
@@ -135,7 +171,7 @@ class WeightStreaming(Schedule):
         p, r = self.params, self.params.runconfig
         hint = (
             f"weight streaming keeps {self.opts.prefetch_depth + 1} weight slot(s) of the "
-            f"largest stage ({format_bytes(4 * self.plan.slot_size)} each), "
+            f"largest stage ({format_bytes(self.word * self.plan.slot_size)} each), "
             f"{GRADIENT_SLOTS} gradient slots and the activations on the device: lower "
             "runconfig.prefetch_depth or train_input.batch_size"
         )
@@ -145,11 +181,16 @@ class WeightStreaming(Schedule):
         if algorithm == "auto":  # as GradientSync: by the whole padded buffer
             algorithm = self.dcoll.choose("reduce_scatter", 4 * self.layout.padded)
         self.window = WeightWindow(
-            self.plan, self.groups.stream, self.opts.prefetch_depth, self.memory
+            self.plan, self.groups.stream, self.opts.prefetch_depth, self.memory, self.fmt
         )
-        self.sink = GradientStream(self.plan, self.dcoll, self.groups.grads, algorithm, self.memory)
+        self.sink = GradientStream(
+            self.plan, self.dcoll, self.groups.grads, algorithm, self.memory,
+            self.precision, self.grad_wire,
+        )  # fmt: skip
         self.memory.reserve(
-            "activations", "model.arena", self.model.activation_bytes(self.micro_batch)
+            "activations",
+            "model.arena",
+            self.model.activation_bytes(self.micro_batch) * self.word // 4,
         )
         self.model.allocate(self.micro_batch)
         if self.replicas > 1:
@@ -170,7 +211,7 @@ class WeightStreaming(Schedule):
         numel = {sp.name: sp.numel for sp in self.layout.specs}
         self.traffic = stage_traffic(self.plan.stages, self.model.gradient_groups(), numel)
         self.fwd_s, self.bwd_s, self.note = device_compute(
-            self.model, self.plan.stages, self.profile, self.micro_batch
+            self.model, self.plan.stages, self.profile, self.micro_batch, self.precision.half
         )
 
     def feed(self, run) -> None:
@@ -180,6 +221,9 @@ class WeightStreaming(Schedule):
             )
 
     def start(self, run) -> None:
+        if self.scaler is not None:  # the servers resumed it; the devices scale with it too
+            self.scaler.load(self.comm.bcast(self.scaler.state(), root=0))
+            self.skipped_steps_at_start = self.scaler.skipped_steps
         if self.role == DEVICE:
             self.window.bytes_in = 0
             self.sink.bytes_to_servers = 0
@@ -194,9 +238,22 @@ class WeightStreaming(Schedule):
             own_sumsq, loss = self._server_step(), 0.0
         else:
             own_sumsq, loss = 0.0, self._device_step(step)
-        sumsq, total_loss, stop = guard.check(n, own_sumsq, loss, lambda: nonfinite_text(n))
+        if self.scaler is None:
+            sumsq, total_loss, stop = guard.check(n, own_sumsq, loss, lambda: nonfinite_text(n))
+        else:
+            sumsq, total_loss, stop, overflow = guard.check_overflow(n, own_sumsq, loss)
+            scale = self.scaler.scale
+            if not self.scaler.update(overflow):
+                run.log(
+                    f"global_step {n}: gradients overflowed at loss scale {scale:g}: step "
+                    f"skipped, scale now {self.scaler.scale:g} "
+                    f"({self.scaler.skipped_steps} skipped so far)"
+                )
+                return StepResult(loss, None, stop, mean_loss=total_loss / self.replicas)
         guard.enter("update", n)
-        norm = self._update(sumsq, n, run.learning_rate(step))
+        # the optimizer's own step count: skipped steps never reached it (GradScaler)
+        applied = n - (self.scaler.skipped_steps if self.scaler is not None else 0)
+        norm = self._update(sumsq, applied, run.learning_rate(step))
         return StepResult(loss, norm, stop, mean_loss=total_loss / self.replicas)
 
     def _server_step(self) -> float:
@@ -205,12 +262,15 @@ class WeightStreaming(Schedule):
         for micro in range(self.accum):
             sh.receive(micro)
         g.wait_all(reqs)
+        if self.scaler is not None and self.scaler.scale != 1.0:  # unscaled before the norm
+            np.multiply(sh.grads, np.float32(1.0 / self.scaler.scale), out=sh.grads)
         return sh.sum_of_squares(self.groups.servers)
 
     def _device_step(self, step: int) -> float:
         model, window, sink, plan = self.model, self.window, self.sink, self.plan
         stages = plan.stages
-        dloss = 1.0 / (self.micro_batch * self.accum)  # as the data-parallel step
+        scale = self.scaler.scale if self.scaler is not None else 1.0
+        dloss = scale / (self.micro_batch * self.accum)  # as the data-parallel step
         window.start(plan.train_items(self.accum))
         loss, j = 0.0, 0
         for indices in self.sampler.indices(step):
@@ -235,8 +295,9 @@ class WeightStreaming(Schedule):
 
     def _simulate(self) -> StepTime:
         return device_step(
-            self.traffic, self.fwd_s, self.bwd_s, self.accum, self.profile, self.opts.prefetch_depth
-        )
+            self.traffic, self.fwd_s, self.bwd_s, self.accum, self.profile,
+            self.opts.prefetch_depth, self.word,
+        )  # fmt: skip
 
     def _update(self, sumsq: float, n: int, rate: float) -> float | None:
         """Servers: clip as data parallelism does and apply the optimizer to their range."""
@@ -249,8 +310,24 @@ class WeightStreaming(Schedule):
             coef = o.max_gradient_norm / (norm + 1e-6)  # as torch.nn.utils.clip_grad_norm_
             if coef < 1.0:
                 np.multiply(sh.grads, np.float32(coef), out=sh.grads)
-        self.optimizer.step(sh.params, sh.grads, n, rate)
+        if self.precision.half is None:
+            self.optimizer.step(sh.params, sh.grads, n, rate)
+        else:
+            master = self.optimizer.state["master"]
+            self.optimizer.step(master, sh.grads, n, rate)
+            self.precision.store_into(sh.params, master)
+            sh.pack()
         return norm
+
+    def _master_from_weights(self) -> None:
+        """Mixed precision, servers: the fp32 weights of the range become the master, the
+        weights its half rounding (and their words)."""
+        if self.precision.half is None:
+            return
+        sh = self.shard
+        np.copyto(self.optimizer.state["master"], sh.params)
+        self.precision.store(sh.params)
+        sh.pack()
 
     # ----------------------------------------------------------------- around the steps
     def checkpoint_parameters(self, run) -> dict[str, np.ndarray] | None:
@@ -267,7 +344,35 @@ class WeightStreaming(Schedule):
         return self.layout.views(full)
 
     def checkpoint_attrs(self) -> dict[str, Any]:
-        return {"execution_mode": "weight_streaming", "weight_servers": self.roles.servers}
+        attrs = {
+            "execution_mode": "weight_streaming",
+            "weight_servers": self.roles.servers,
+            "precision": self.precision.name,
+        }
+        if self.scaler is not None:
+            attrs.update({f"loss_scaler.{k}": v for k, v in self.scaler.state().items()})
+        return attrs
+
+    def restore(self, run, path, attrs: dict[str, Any], loaded: set[str]) -> None:
+        """Servers, after ``Run`` read their range: the loss scaler (handed to the devices
+        in ``start``), and the master from the parameters of a checkpoint without one."""
+        if self.scaler is not None and "loss_scaler.scale" in attrs:
+            self.scaler.load({k: attrs[f"loss_scaler.{k}"] for k in self.scaler.state()})
+        if self.precision.half is not None and "master" not in loaded:
+            self._master_from_weights()
+            if self.groups.index == 0:
+                run.log(
+                    f"{path} was written in {attrs.get('precision', 'fp32')}: its parameters "
+                    f"become the fp32 master weights of this {self.precision.name} run"
+                )
+        elif self.precision.half is not None:  # the weights streamed are the master's
+            self.precision.store_into(self.shard.params, self.optimizer.state["master"])
+            self.shard.pack()
+
+    def summary_scalars(self) -> dict[str, float]:
+        if self.scaler is None:
+            return {}
+        return {"loss_scale": self.scaler.scale, "skipped_steps": self.scaler.skipped_steps}
 
     def eval_sums(self, run) -> np.ndarray:
         """Each device scores a contiguous share of the held-out set (as data parallelism
@@ -335,6 +440,7 @@ class WeightStreaming(Schedule):
                 "sim_gradient_wait_s": sum(s.gradient_wait_s for s in sim),
                 "sim_drain_s": sum(s.drain_s for s in sim),
                 "note": self.note,
+                "gemm": self.gemm,
             }
             inputs = input_report(
                 self.groups.devices, self.data.wait_s, t.train_time, self.roles.workers_per_replica
@@ -348,7 +454,7 @@ class WeightStreaming(Schedule):
         inputs = self.comm.recv(source=self.roles.servers, tag=11)
         devices = [d for role, d, _ in gathered if role == DEVICE]
         per = max(steps, 1)
-        analysis = {k: 4 * v for k, v in self.plan.streamed_elements(self.accum).items()}
+        analysis = {k: self.word * v for k, v in self.plan.streamed_elements(self.accum).items()}
         d0 = devices[0]
         return {
             "execution_mode": "weight_streaming",
@@ -361,8 +467,12 @@ class WeightStreaming(Schedule):
             "global_batch_size": run.global_batch,
             "micro_batch_size": self.micro_batch,
             "grad_accum_steps": self.accum,
+            "precision": self.precision.name,
+            "gemm": d0["gemm"],  # how the devices' matrix products ran (kernels.blas)
+            **scaler_report(self.scaler, self.skipped_steps_at_start),
             "parameters": self.layout.numel,
             "parameter_bytes": 4 * self.layout.numel,
+            "streamed_bytes_per_element": self.word,
             "step_time_s": t.train_time / per,
             "simulated_step_time_s": d0["sim_total_s"] / per,
             "simulated_compute_s_per_step": d0["sim_compute_s"] / per,

@@ -246,7 +246,8 @@ class Planner(AnalyticStep):
             if prof.streaming is None:
                 raise ValueError(
                     f"{prof.name} has no weight store: weight streaming on it is planned only "
-                    "for a model and precision simdist runs (a GPT-2 layout, --precision fp32)"
+                    "for a model simdist runs streamed (a GPT-2 layout without --tp, --pp, "
+                    "--interleave or --recompute)"
                 )
             step, model_flops = self._weight_streaming(spec, mem, micro, seq, m, breakdown)
         else:
@@ -587,13 +588,13 @@ class Planner(AnalyticStep):
 
     # ---- weight streaming simdist runs: the run's streaming step on the shapes
     def _simdist_streams(self, spec: Any) -> bool:
-        """Would ``simdist.train --execution_mode weight_streaming`` run this (fp32, a
-        GPT-2-layout model, no tensor or pipeline split)? Then the plan is the run's step."""
+        """Would ``simdist.train --execution_mode weight_streaming`` run this (a GPT-2-layout
+        model in fp32, bf16 or fp16, no tensor or pipeline split)? Then the plan is the run's
+        step."""
         c = self.cfg
         return (
             isinstance(spec, TransformerSpec)
             and is_gpt2_layout(spec)
-            and c.precision == "fp32"
             and c.tp == c.pp == c.interleave == 1
             and c.recompute == "none"
         )
@@ -620,9 +621,10 @@ class Planner(AnalyticStep):
         stages = model.stages()
         numel = {s.name: s.numel for s in model.parameter_specs()}
         traffic = stage_traffic(stages, model.gradient_groups(), numel)
-        fwd, bwd, note = device_compute(model, stages, prof, micro)
-        t = device_step(traffic, fwd, bwd, m, prof, c.prefetch_depth)
-        for entry, n in device_footprint(model, dp, micro, c.prefetch_depth).items():
+        half = self.dtype if self.elem == 2 else None  # the run's runconfig.precision
+        fwd, bwd, note = device_compute(model, stages, prof, micro, half)
+        t = device_step(traffic, fwd, bwd, m, prof, c.prefetch_depth, self.elem)
+        for entry, n in device_footprint(model, dp, micro, c.prefetch_depth, self.elem).items():
             mem[FOOTPRINT_CATEGORY[entry]] += n
         out.update(
             compute=t.compute_s,

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from simdist.device import CostModel, DeviceProfile
 from simdist.models.base import GradientGroup
 from simdist.models.stages import Stage
+from simdist.sim.step import compute_dtype
 
 GRADIENT_SLOTS = 2  # one group's gradients in flight while the next is computed
 
@@ -173,26 +174,37 @@ def device_step(
     accum: int,
     profile: DeviceProfile,
     depth: int,
+    word: int = 4,
 ) -> StepTime:
     """One device's step: the profile's streaming link (MemoryX to system; a profile
-    without one streams over its host link, with that link's latency)."""
+    without one streams over its host link, with that link's latency); ``word`` bytes per
+    streamed element (2 in mixed precision)."""
     if profile.streaming is not None:
         bandwidth, latency = profile.streaming.bandwidth, 0.0  # no latency published
     else:
         bandwidth, latency = profile.host.bandwidth, profile.host.latency
-    return simulate_step(step_work(traffic, fwd_s, bwd_s, accum), depth, bandwidth, latency)
+    work = step_work(traffic, fwd_s, bwd_s, accum, word)
+    return simulate_step(work, depth, bandwidth, latency)
 
 
-def device_compute(model, stages: list[Stage], profile: DeviceProfile, batch: int) -> tuple:
-    """``stage_compute_times`` on the profile's fp32 cost model (the run's precision)."""
-    return stage_compute_times(model, stages, CostModel(profile, "fp32"), batch)
+def device_compute(
+    model, stages: list[Stage], profile: DeviceProfile, batch: int, half: str | None = None
+) -> tuple:
+    """``stage_compute_times`` on the profile's cost model at the run's precision (``half``:
+    a mixed-precision run's format, timed at the profile's half rates where it has them)."""
+    dtype, notes = compute_dtype(profile, half)
+    fwd, bwd, note = stage_compute_times(model, stages, CostModel(profile, dtype), batch)
+    return fwd, bwd, "; ".join([note, *notes])
 
 
-def device_footprint(model, replicas: int, micro_batch: int, depth: int) -> dict[str, int]:
+def device_footprint(
+    model, replicas: int, micro_batch: int, depth: int, word: int = 4
+) -> dict[str, int]:
     """Bytes a weight-streaming device accounts, by entry (what the schedule allocates:
     ``prefetch_depth + 1`` weight slots of the largest stage, ``GRADIENT_SLOTS`` slots of the
     largest shared gradient group, the held groups, the activation arena and, with several
-    devices, the reduce-scatter's scratch); nothing is allocated here."""
+    devices, the reduce-scatter's scratch), at ``word`` bytes per weight, gradient and
+    activation element; nothing is allocated here."""
     from simdist.comm.p2p import DEPTH, SEGMENT
 
     numel = {s.name: s.numel for s in model.parameter_specs()}
@@ -200,10 +212,10 @@ def device_footprint(model, replicas: int, micro_batch: int, depth: int) -> dict
     traffic = stage_traffic(model.stages(), groups, numel)
     sizes = [(sum(numel[n] for n in g.names), g.held) for g in groups]
     out = {
-        "window.weights": 4 * (depth + 1) * max(traffic.forward_in + traffic.backward_in),
-        "window.gradients": 4 * GRADIENT_SLOTS * max((n for n, h in sizes if not h), default=0),
-        "window.held_gradients": 4 * sum(n for n, h in sizes if h),
-        "model.arena": int(model.activation_bytes(micro_batch)),
+        "window.weights": word * (depth + 1) * max(traffic.forward_in + traffic.backward_in),
+        "window.gradients": word * GRADIENT_SLOTS * max((n for n, h in sizes if not h), default=0),
+        "window.held_gradients": word * sum(n for n, h in sizes if h),
+        "model.arena": int(model.activation_bytes(micro_batch)) * word // 4,
     }
     if replicas > 1:
         out["collectives.scratch"] = 4 * DEPTH * SEGMENT
