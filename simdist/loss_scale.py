@@ -94,12 +94,6 @@ class LossScaler:
                 self.overflows_left = c.hysteresis
         return True
 
-    def describe(self) -> str:
-        """The scaler as run logs name it."""
-        c = self.config
-        kind = "dynamic loss scale from" if c.dynamic else "static loss scale"
-        return f"{kind} {c.initial_scale:g}"
-
     def state(self) -> dict[str, float]:
         return {
             "scale": self.scale,
@@ -113,6 +107,14 @@ class LossScaler:
         self.clean_steps = int(state["clean_steps"])
         self.overflows_left = int(state["overflows_left"])
         self.skipped_steps = int(state["skipped_steps"])
+
+
+def describe_scaling(scaler: LossScaler | None) -> str:
+    """The run's loss scaling as its log names it."""
+    if scaler is None:
+        return "no loss scaling"
+    c = scaler.config
+    return f"{'dynamic loss scale from' if c.dynamic else 'static loss scale'} {c.initial_scale:g}"
 
 
 def scaler_report(scaler: LossScaler | None, skipped_at_start: int) -> dict[str, Any]:

@@ -64,6 +64,22 @@ def assert_scaler_agrees(d: Path, ranks: int) -> dict:
     return perf
 
 
+def resumed_as_straight(tmp_path: Path, n: int, args: list[str], split: int, end: int):
+    """``n`` ranks straight to step ``end`` (model_dir ``full``) and stopped at ``split``
+    then resumed (``res``), overflows on both sides: the same losses, skips and final
+    bits. Returns the three runs."""
+    full = train(n, tmp_path / "full", FC, *args, f"--runconfig.max_steps={end}")
+    first = train(n, tmp_path / "res", FC, *args, f"--runconfig.max_steps={split}")
+    second = train(n, tmp_path / "res", FC, *args, f"--runconfig.max_steps={end}")
+    assert "resumed from" in second.stdout
+    assert losses(full.stdout) == losses(first.stdout) + losses(second.stdout)
+    assert skips(full.stdout) == {**skips(first.stdout), **skips(second.stdout)}
+    steps = skips(full.stdout)
+    assert any(s <= split for s in steps) and any(s > split for s in steps)
+    assert_same_state(final_state(tmp_path / "full"), final_state(tmp_path / "res"), "resumed")
+    return full, first, second
+
+
 def test_fp16_gpt2_mini_pipeline_equals_one_rank_with_the_scale_sequence(tmp_path):
     """gpt2-mini at P = 2 (the tied embedding's gradient crosses the pipeline scaled) in fp16
     with the scale growing after every clean step: the bits of one rank, and its scales."""
@@ -131,14 +147,7 @@ def test_fp16_pipeline_resume_restores_the_scaler_bitwise(tmp_path):
     losses, bits, skipped steps and scales; the checkpoint holds the scaler."""
     args = [*FC, *FP16, *OVERFLOWING, "--runconfig.save_checkpoints_steps=4",
             "--runconfig.mode=train", "--pipeline-parallel=2"]  # fmt: skip
-    full = train(2, tmp_path / "full", FC, *args, "--runconfig.max_steps=8")
-    first = train(2, tmp_path / "res", FC, *args, "--runconfig.max_steps=4")
-    second = train(2, tmp_path / "res", FC, *args, "--runconfig.max_steps=8")
-    assert "resumed from" in second.stdout
-    assert losses(full.stdout) == losses(first.stdout) + losses(second.stdout)
-    assert skips(full.stdout) == {**skips(first.stdout), **skips(second.stdout)}
-    assert any(s <= 4 for s in skips(full.stdout)) and any(s > 4 for s in skips(full.stdout))
-    assert_same_state(final_state(tmp_path / "full"), final_state(tmp_path / "res"), "resumed")
+    resumed_as_straight(tmp_path, 2, args, 4, 8)
     with h5py.File(tmp_path / "res" / "checkpoint_4.h5") as f:
         assert f.attrs["precision"] == "fp16"
         state4 = {k: float(f.attrs[f"loss_scaler.{k}"]) for k in ("scale", "skipped_steps")}

@@ -16,7 +16,7 @@ import pytest
 from model_runs import assert_same_state
 from mpi_launch import run_mpi
 from test_pipeline import FC, losses, train
-from test_pipeline_fp16 import OVERFLOWING, scale_sequence, skips
+from test_pipeline_fp16 import OVERFLOWING, resumed_as_straight, scale_sequence, skips
 from test_streaming import PIPELINED, STREAM, TINY, assert_same_bits, state
 from test_train import final_state
 
@@ -95,14 +95,7 @@ def test_fp16_streamed_resume_hands_the_scaler_to_the_devices(tmp_path):
     loss with it, so losses, skips and bits equal the straight run."""
     args = [*FC, *FP16, *OVERFLOWING, "--runconfig.save_checkpoints_steps=3",
             "--runconfig.mode=train", "--execution_mode=weight_streaming"]  # fmt: skip
-    full = train(3, tmp_path / "full", FC, *args, "--runconfig.max_steps=6")
-    first = train(3, tmp_path / "res", FC, *args, "--runconfig.max_steps=3")
-    second = train(3, tmp_path / "res", FC, *args, "--runconfig.max_steps=6")
-    assert "resumed from" in second.stdout
-    assert any(s <= 3 for s in skips(full.stdout)) and any(s > 3 for s in skips(full.stdout))
-    assert skips(full.stdout) == {**skips(first.stdout), **skips(second.stdout)}
-    assert losses(full.stdout) == losses(first.stdout) + losses(second.stdout)
-    assert_same_state(final_state(tmp_path / "full"), final_state(tmp_path / "res"), "resumed")
+    resumed_as_straight(tmp_path, 3, args, 3, 6)
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])

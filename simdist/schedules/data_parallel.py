@@ -35,7 +35,7 @@ from simdist.faults import describe_nonfinite
 from simdist.input_workers import device_input, input_report
 from simdist.kernels.blas import half_operands
 from simdist.kernels.optim import sum_of_squares
-from simdist.loss_scale import scaler_for, scaler_report
+from simdist.loss_scale import describe_scaling, scaler_for, scaler_report
 from simdist.memplan import DeviceAllocator, bucket_elements, check_device_memory
 from simdist.models import build_model
 from simdist.models.base import GradientViews
@@ -163,7 +163,7 @@ class DataParallel(Schedule):
         if self.precision.half is None:
             return ""
         wire = self.precision.half if self.grad_wire else "fp32"
-        scale = "no loss scaling" if self.scaler is None else self.scaler.describe()
+        scale = describe_scaling(self.scaler)
         return f" (fp32 master weights, gradients reduced in {wire}, {scale}; GEMMs {self.gemm})"
 
     def checkpoint_attrs(self) -> dict[str, Any]:

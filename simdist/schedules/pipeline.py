@@ -69,7 +69,7 @@ from simdist.data.sampler import DistributedSampler
 from simdist.device import DeviceMemory, SimulatedOutOfMemoryError
 from simdist.faults import nonfinite_text
 from simdist.kernels.blas import half_operands
-from simdist.loss_scale import scaler_for, scaler_report
+from simdist.loss_scale import describe_scaling, scaler_for, scaler_report
 from simdist.memplan import DeviceAllocator
 from simdist.models import build_model
 from simdist.models.base import GradientViews
@@ -237,7 +237,7 @@ class Pipeline(Schedule):
     def _scale_note(self) -> str:
         if self.scaler is None:
             return ""
-        return f" ({self.scaler.describe()})"
+        return f" ({describe_scaling(self.scaler)})"
 
     def where(self) -> str:
         P, T = self.P, self.T

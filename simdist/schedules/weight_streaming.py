@@ -43,7 +43,7 @@ from simdist.device import DeviceMemory, format_bytes
 from simdist.faults import nonfinite_text
 from simdist.input_workers import device_input, input_report
 from simdist.kernels.blas import half_operands
-from simdist.loss_scale import scaler_for, scaler_report
+from simdist.loss_scale import describe_scaling, scaler_for, scaler_report
 from simdist.models import build_model
 from simdist.optim import Optimizer
 from simdist.precision import Precision, canonical
@@ -114,10 +114,9 @@ class WeightStreaming(Schedule):
         if self.precision.half is None:
             return ""
         grads = self.precision.half if self.grad_wire else "fp32"
-        scale = "no loss scaling" if self.scaler is None else self.scaler.describe()
         return (
             f" (fp32 master on the servers, weights streamed in {self.precision.half}, "
-            f"gradients reduced and sent in {grads}, {scale})"
+            f"gradients reduced and sent in {grads}, {describe_scaling(self.scaler)})"
         )
 
     def warm(self) -> None:
