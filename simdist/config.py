@@ -659,11 +659,6 @@ def _check_pipeline_parallel(r: RunConfig) -> None:
             f"micro-batches itself), not runconfig.input_workers_per_replica="
             f"{r.input_workers_per_replica}; set it to 0"
         )
-    elif r.zero_opt_level > 2:
-        why = (
-            f"runs ZeRO 0, 1 or 2 on the data-parallel axis, not zero_opt_level="
-            f"{r.zero_opt_level} (set runconfig.zero_opt_level to 0, 1 or 2)"
-        )
     if why:
         raise ConfigError(
             f"runconfig.pipeline_parallel={r.pipeline_parallel} {why}",

@@ -74,6 +74,7 @@ from simdist.memplan import DeviceAllocator
 from simdist.models import build_model
 from simdist.models.base import GradientViews
 from simdist.optim import Optimizer
+from simdist.param_gather import BACKWARD, FORWARD, Gather, GatherPlan, WindowCache, stage_gathers
 from simdist.precision import Precision, canonical
 from simdist.schedules.base import Schedule, StateShard, StepResult
 from simdist.schedules.data_parallel import tensor_parallel_groups
@@ -276,7 +277,11 @@ class Pipeline(Schedule):
         plo, phi = a + int(self.bounds[d]), a + int(self.bounds[d + 1])
         self.own = (plo, phi)  # the reduced gradients this rank counts in the norm
         self.update = (plo, phi) if self.zero_level >= 1 else (a, b)
-        self.params_flat = alloc("parameters", "params", b - a)
+        zero3 = self.zero_level == 3
+        # ZeRO-3: the parameters held between stages are the rank's slice of the range
+        self.poff = plo if zero3 else a  # the flat index of self.params_flat[0]
+        self.params_flat = alloc("parameters", "param_slice" if zero3 else "params",
+                                 (phi - plo) if zero3 else b - a)  # fmt: skip
         specs = {sp.name: sp for sp in layout.specs}
 
         def views(buf: np.ndarray) -> dict[str, np.ndarray]:
@@ -287,11 +292,11 @@ class Pipeline(Schedule):
                     out[n] = buf[off : off + specs[n].numel].reshape(specs[n].shape)
             return out
 
-        self.pviews = views(self.params_flat)
+        self.pviews = {} if zero3 else views(self.params_flat)
         # tied copies (last stage) and the owner's receive buffers (first stage)
         self.tied_users = [(n, u) for n, own, u in plan.tied if own == s]
         self.tied_copies = [(n, own) for n, own, u in plan.tied if u == s]
-        if self.zero_level == 2:
+        if self.zero_level >= 2:
             # the step's gradients: this rank's slice; each micro-batch's gradients go to a
             # bucket over the stage's range, reduce-scattered into the slice after its
             # backward (as data parallelism's ZeRO-2 does per gradient group)
@@ -306,9 +311,12 @@ class Pipeline(Schedule):
             views(self.grads if self.micro_grads is None else self.micro_grads)
         )
         self._tied_send: dict[str, list[np.ndarray]] = {}
+        if zero3:
+            self._allocate_gathers(alloc)
         for n, _ in self.tied_copies:
             shape = specs[n].shape
-            self.pviews[n] = alloc("parameters", f"tied.{n}", specs[n].numel).reshape(shape)
+            if not zero3:  # ZeRO-3: a slice of the tied group instead (_allocate_gathers)
+                self.pviews[n] = alloc("parameters", f"tied.{n}", specs[n].numel).reshape(shape)
             # two buffers: the send of micro-batch j may still run while j + 1 writes
             self._tied_send[n] = [
                 alloc("gradients", f"tied_grad.{n}.{i}", specs[n].numel).reshape(shape)
@@ -350,9 +358,13 @@ class Pipeline(Schedule):
         # and keeps its range and its tied copies
         full = np.zeros(layout.padded, F32)
         self.model.init_parameters(layout.views(full), np.random.default_rng(r.seed))
-        self.params_flat[...] = full[a:b]
-        for n, _ in self.tied_copies:
-            self.pviews[n][...] = layout.views(full)[n]
+        self.params_flat[...] = full[self.poff : self.poff + self.params_flat.size]
+        if zero3:
+            for lo, buf in self.tied_slices.values():
+                buf[...] = full[lo : lo + buf.size]
+        else:
+            for n, _ in self.tied_copies:
+                self.pviews[n][...] = layout.views(full)[n]
         del full
         if half:  # fp32 master of the range it updates; the weights are its half rounding
             self._master_from_weights()
@@ -364,7 +376,7 @@ class Pipeline(Schedule):
             self.optimizer.state,
             sharded=True,
             params=self.params_flat,
-            params_lo=a,
+            params_lo=self.poff,
         )
         self.k0, self.k1 = plan.ranges[s]
         self.p2p_bytes = 0
@@ -375,6 +387,89 @@ class Pipeline(Schedule):
             f"the flat layout, {nslots} activation slot(s); memory per rank (rank 0): "
             + ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in self.memory.bytes.items())
         )
+
+    def _allocate_gathers(self, alloc) -> None:
+        """ZeRO-3: the gather schedule of this rank's model stages (``simdist.param_gather``
+        on the stage range: its stages, every gradient group of the model as the unit),
+        its two windows, and the slices of tied groups a later stage reads.
+
+        The tied parameter (gpt2's wte, owned by stage 0, read again by the last stage's
+        head) is partitioned on the last stage too: its rank of replica d keeps the tied
+        gradient group's slice d (the group's range cut at the same DP boundaries as the
+        owner's; the unit of a gather is a whole group, so gpt2's wpe comes along) and
+        receives it from stage 0 of replica d after every update, 1/D of the tensor, then
+        all-gathers it over its own stage group before the head runs. Why: wte is the
+        largest tensor, and a whole copy on the last stage would undo ZeRO-3 there; the
+        gathered blocks are the owner's bits, so the head computes from the values ZeRO
+        0-2 hold. The head's gradient of it still travels whole to the owner each
+        micro-batch (as at ZeRO 0-2): the owner adds it into its micro-batch gradient
+        before its own backward, the one-rank summation order, before the reduce-scatter.
+        """
+        layout, s, d = self.layout, self.stage, self.replica
+        k0, k1 = self.plan.ranges[s]
+        self.gplan = GatherPlan(layout, self.model.stages()[k0:k1], self.model.gradient_groups())
+        group_of = {n: i for i, names in enumerate(self.gplan.names) for n in names}
+        lo_d, hi_d = int(layout.bounds[d]), int(layout.bounds[d + 1])
+
+        def mine(gi: int) -> tuple[int, int]:  # the group's elements in this replica's slice
+            ga, gb = self.gplan.ranges[gi]
+            return max(ga, lo_d), max(max(ga, lo_d), min(gb, hi_d))
+
+        # tied groups: received here (last stage) or sent from here (first stage)
+        self.tied_slices: dict[int, tuple[int, np.ndarray]] = {}
+        for gi in sorted({group_of[n] for n, _ in self.tied_copies}):
+            lo, hi = mine(gi)
+            self.tied_slices[gi] = (lo, alloc("parameters", f"tied_slice.{gi}", hi - lo))
+        self.tied_out = [
+            (*mine(gi), user)
+            for gi, user in sorted({(group_of[n], u) for n, u in self.tied_users})
+        ]
+        for gi in sorted({g for u in self.gplan.forward + self.gplan.backward for g in u}):
+            ga, gb = self.gplan.ranges[gi]
+            if gi not in self.tied_slices and not (self.lo <= ga and gb <= self.hi):
+                raise ConfigError(
+                    f"model {self.model.name!r}: gradient group {self.gplan.names[gi]} is not "
+                    f"inside pipeline stage {s}'s flat range; ZeRO-3 cannot gather it there",
+                    "runconfig.zero_opt_level",
+                )
+        width = self.gplan.window
+        buf = alloc("parameters", "param_window", 2 * width)
+        self.windows = [buf[:width], buf[width:]]
+        self.wviews: list[dict[str, np.ndarray]] = [{}, {}]
+        self.cache = WindowCache(self.gplan)
+        self.gathers = 0  # all-gathers so far (performance.json: per step)
+
+    def _stage_params(self, k: int, phase: str) -> dict[str, np.ndarray]:
+        """The parameters model stage ``k`` reads in ``phase``: ZeRO-3 gathers them (and
+        prefetches the next use in one micro-batch's forward-then-backward order; across
+        1F1B's interleaving the cache simply gathers what is not resident), else the
+        rank's own views."""
+        if self.zero_level < 3:
+            return self.pviews
+        w, gathers = stage_gathers(self.gplan, self.cache, k - self.k0, phase, True)
+        for g in gathers:
+            self._gather(g)
+        return self.wviews[w] if w is not None else {}
+
+    def _gather(self, g: Gather) -> None:
+        """One group all-gathered over the stage's replicas into its window (each rank's
+        block from its slice; in mixed precision the half values move as 16-bit words)."""
+        region = self.windows[g.window][g.offset : g.offset + g.b - g.a]
+        bounds = self.gplan.block_bounds(g.group)
+        lo, src = self.tied_slices.get(g.group, (self.poff, self.params_flat))
+        b0, b1 = int(bounds[self.replica]), int(bounds[self.replica + 1])
+        if b1 > b0:
+            np.copyto(region[b0:b1], src[g.a + b0 - lo : g.a + b1 - lo])
+        with self.dcoll.half_wire(self.param_wire):
+            self.dcoll.allgather(region, bounds=bounds, algorithm=self.algorithm)
+        self.gathers += 1
+        if g.offset == 0:  # the window is being reloaded: its old views are gone
+            self.wviews[g.window] = {}
+        views = self.wviews[g.window]
+        specs = {sp.name: sp for sp in self.layout.specs}
+        for n in self.gplan.names[g.group]:
+            start = self.layout.offsets[n] - g.a
+            views[n] = region[start : start + specs[n].numel].reshape(specs[n].shape)
 
     def feed(self, run) -> None:
         self._send_tied()  # a resumed owner's values reach the copies
@@ -396,6 +491,8 @@ class Pipeline(Schedule):
         # the loss scale; every activation gradient sent back carries the scale
         self._dloss = scale / (self.micro_batch * self.m)
         guard.enter("forward_backward", n)
+        if self.zero_level == 3:  # the parameters changed: gathers start from empty windows
+            self.cache.invalidate()
         t0, wait0, busy0 = time.perf_counter(), self.wait_s, self.busy_s
         self._loss = 0.0
         self._pending: list[list[Any]] = [[] for _ in self.slots]
@@ -446,7 +543,7 @@ class Pipeline(Schedule):
                 return StepResult(loss, None, stop, mean_loss=total_loss / self.replicas)
         norm = self._clip(grads, sumsq)
         guard.enter("update", n)
-        owned = self.params_flat[ulo - self.lo : uhi - self.lo]
+        owned = self.params_flat[ulo - self.poff : uhi - self.poff]
         lr = run.learning_rate(step)
         # the optimizer's own step count: skipped steps never reached it (GradScaler)
         applied = n - (self.scaler.skipped_steps if self.scaler is not None else 0)
@@ -456,7 +553,7 @@ class Pipeline(Schedule):
             self.optimizer.step(self.optimizer.state["master"], g, applied, lr)
             self.precision.store_into(owned, self.optimizer.state["master"])
         guard.enter("gather_parameters", n)
-        if self.zero_level >= 1:
+        if self.zero_level in (1, 2):  # ZeRO-3: each stage gathers its own before it runs
             with self.dcoll.half_wire(self.param_wire):  # half values: exact in half words
                 self.dcoll.allgather(self.params_flat, bounds=self.bounds, algorithm=self.algorithm)
         self._send_tied()
@@ -509,7 +606,7 @@ class Pipeline(Schedule):
         out = None
         t = time.perf_counter()
         for k in range(self.k0, self.k1):
-            out = model.forward_stage(k, self.pviews)
+            out = model.forward_stage(k, self._stage_params(k, FORWARD))
         self.busy_s += time.perf_counter() - t
         if s < self.P - 1:
             model.hold_for_backward()
@@ -539,13 +636,13 @@ class Pipeline(Schedule):
                 np.copyto(g[n], self._tied_recv[n][slot])
         t = time.perf_counter()
         for k in range(self.k1 - 1, self.k0 - 1, -1):
-            model.backward_stage(k, self.pviews, g, dloss)
+            model.backward_stage(k, self._stage_params(k, BACKWARD), g, dloss)
         self.busy_s += time.perf_counter() - t
         if s > 0:
             self._pending[slot].append(self._send(model.stage_input_grad(self.k0), s - 1, TAG_GRAD))
         for n, _ in self.tied_copies:
             self._tied_send_reqs[j % 2].append(self._send(g[n], 0, TAG_TIED_GRAD))
-        if self.zero_level == 2:
+        if self.zero_level >= 2:
             t = time.perf_counter()
             self._reduce_micro(j)
             self.busy_s += time.perf_counter() - t
@@ -556,7 +653,7 @@ class Pipeline(Schedule):
                 np.add(self.grads, self.micro_grads, out=self.grads)
 
     def _reduce_micro(self, j: int) -> None:
-        """ZeRO-2: micro-batch j's gradients reduce-scattered (averaged) over the stage's
+        """ZeRO-2/3: micro-batch j's gradients reduce-scattered (averaged) over the stage's
         slice boundaries and added to this rank's slice in micro-batch order."""
         self.precision.store(self.micro_grads)  # mixed precision: reduced half
         if self.replicas == 1:
@@ -612,30 +709,54 @@ class Pipeline(Schedule):
         return norm
 
     def _send_tied(self) -> None:
-        """The owner's values of tied parameters to their copies (after each update)."""
+        """The owner's values of tied parameters to their copies (after each update; ZeRO-3:
+        its slice of each tied group to the same replica's copy of that slice)."""
+        if self.zero_level == 3:
+            for lo, hi, user in self.tied_out:
+                if hi > lo:
+                    part = self.params_flat[lo - self.poff : hi - self.poff]
+                    self.pipe.Send(part, dest=user, tag=TAG_TIED)
+            for gi, (_, buf) in self.tied_slices.items():
+                if buf.size:
+                    own = self.plan.owner[self.gplan.names[gi][0]]
+                    self.pipe.Recv(buf, source=own, tag=TAG_TIED)
+            return
         for n, user in self.tied_users:
             self.pipe.Send(self.pviews[n], dest=user, tag=TAG_TIED)
         for n, own in self.tied_copies:
             self.pipe.Recv(self.pviews[n], source=own, tag=TAG_TIED)
 
     # ----------------------------------------------------------------- around the steps
-    def _gather_full(self) -> np.ndarray | None:
-        """This replica's parameters, whole, on its stage 0 (None elsewhere)."""
+    def _range_values(self) -> np.ndarray:
+        """This rank's stage range of parameters, whole (ZeRO-3: its replicas' slices
+        all-gathered over the stage group, a temporary; collective there)."""
+        if self.zero_level < 3:
+            return self.params_flat
+        out = np.zeros(self.hi - self.lo, F32)
+        plo, phi = self.own
+        out[plo - self.lo : phi - self.lo] = self.params_flat
+        self.dcoll.allgather(out, bounds=self.bounds, algorithm=self.algorithm)
+        return out
+
+    def _gather_full(self, mine: np.ndarray) -> np.ndarray | None:
+        """This replica's parameters, whole, on its stage 0 (None elsewhere); ``mine``:
+        this rank's stage range (``_range_values``)."""
         if self.stage > 0:
-            self.pipe.Send(self.params_flat, dest=0, tag=TAG_GATHER)
+            self.pipe.Send(mine, dest=0, tag=TAG_GATHER)
             return None
         full = np.zeros(self.layout.padded, F32)
         for s, (a, b) in enumerate(self.plan.flat):
             if s == 0:
-                full[a:b] = self.params_flat
+                full[a:b] = mine
             else:
                 self.pipe.Recv(full[a:b], source=s, tag=TAG_GATHER)
         return full
 
     def checkpoint_parameters(self, run) -> dict[str, np.ndarray] | None:
+        mine = self._range_values()  # ZeRO-3: every replica joins its stage's gather
         if self.replica != 0:
             return None
-        full = self._gather_full()
+        full = self._gather_full(mine)
         return None if full is None else self.layout.views(full)
 
     def _master_from_weights(self) -> None:
@@ -643,10 +764,16 @@ class Pipeline(Schedule):
         master, and every weight it holds (its range, its tied copies) their half rounding
         (all ranks round the same values)."""
         ulo, uhi = self.update
-        np.copyto(self.optimizer.state["master"], self.params_flat[ulo - self.lo : uhi - self.lo])
+        np.copyto(
+            self.optimizer.state["master"], self.params_flat[ulo - self.poff : uhi - self.poff]
+        )
         self.precision.store(self.params_flat)
-        for n, _ in self.tied_copies:
-            self.precision.store(self.pviews[n].reshape(-1))
+        if self.zero_level == 3:
+            for _, buf in self.tied_slices.values():
+                self.precision.store(buf)
+        else:
+            for n, _ in self.tied_copies:
+                self.precision.store(self.pviews[n].reshape(-1))
 
     def restore(self, run, path, attrs: dict[str, Any], loaded: set[str]) -> None:
         """After ``Run`` read a checkpoint: the loss scaler's state (as data parallelism
@@ -694,7 +821,7 @@ class Pipeline(Schedule):
     def eval_sums(self, run) -> np.ndarray:
         """Each replica's stage 0 gathers the replica's parameters and scores the replica's
         contiguous share of the held-out set, as a data-parallel rank does."""
-        full = self._gather_full()
+        full = self._gather_full(self._range_values())
         if full is None:
             return np.zeros(4, np.float64)
         n, D, d = self.data.num_eval, self.replicas, self.replica
