@@ -382,8 +382,9 @@ class Pipeline(Schedule):
         self.p2p_bytes = 0
         self.wait_s = 0.0
         self.fb_steps: list[tuple[float, float]] = []  # (forward/backward time, waits) per step
+        held = f"[{a:,}, {b:,})" if not zero3 else f"its slice [{plo:,}, {phi:,}) of [{a:,}, {b:,})"
         run.log(
-            f"parameters: {layout.numel:,}; stage {s} of replica {d} holds [{a:,}, {b:,}) of "
+            f"parameters: {layout.numel:,}; stage {s} of replica {d} holds {held} of "
             f"the flat layout, {nslots} activation slot(s); memory per rank (rank 0): "
             + ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in self.memory.bytes.items())
         )
@@ -480,7 +481,8 @@ class Pipeline(Schedule):
         self.wait_s = 0.0
         self.fb_steps = []
         self.walls: list[float] = []
-        self.busy_s = 0.0  # forward/backward phase: kernels, send waits, ZeRO-2's syncs
+        self.gathers = 0  # ZeRO-3's parameter all-gathers
+        self.busy_s = 0.0  # forward/backward phase: kernels, send waits, ZeRO-2/3's syncs
         self.host_steps: list[float] = []  # per step: the phase's rest (fetch, Python, copies)
 
     # ----------------------------------------------------------------- the step
@@ -890,6 +892,14 @@ class Pipeline(Schedule):
             "est_send_back_s": est.send_back_s,
             "est_gradient_sync_s": est.sync_s,
             "est_optimizer_s": est.optimizer_s,
+            **(
+                {  # per stage: a step's parameter all-gathers (count, seconds)
+                    "est_param_gathers_per_step": est.param_gathers,
+                    "est_param_gather_s": est.param_gather_s,
+                }
+                if self.zero_level == 3
+                else {}
+            ),
             "est_note": f"{'; '.join(est.notes)}; sends and collectives over the {link} link; "
             + (f"{self.precision.name} timed as fp32; " if self.precision.half else "")
             + "input, host time, gradient accumulation and the norm relay not simulated",
@@ -913,6 +923,7 @@ class Pipeline(Schedule):
             "host_s": float(np.mean(self.host_steps)) if self.host_steps else 0.0,
             "receive_wait_fraction": self.wait_s / fb if fb > 0 else 0.0,
             "p2p_bytes_per_step": self.p2p_bytes / per,
+            "param_gathers_per_step": self.gathers / per if self.zero_level == 3 else 0,
             "comm_bytes_sent_per_step": sent / per,
             "memory_bytes": dict(self.memory.bytes),
             "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
@@ -963,6 +974,11 @@ class Pipeline(Schedule):
             "peak_rss_bytes": max(x["peak_rss_bytes"] for x in ranks),
             "comm_bytes_sent_per_step": max(x["comm_bytes_sent_per_step"] for x in ranks),
             "pipeline_bytes_sent_per_step": [x["p2p_bytes_per_step"] for x in ranks],
+            **(
+                {"param_gathers_per_step_per_rank": [x["param_gathers_per_step"] for x in ranks]}
+                if self.zero_level == 3
+                else {}
+            ),
             "host": socket.gethostname(),
         }
 

@@ -506,7 +506,7 @@ class Planner(AnalyticStep):
     # ---- pipelines simdist runs: the run's pipeline step on the shapes
     def _simdist_pipelines(self, spec: Any) -> bool:
         """Would ``simdist.train --pipeline-parallel P`` run this (fp32, a model simdist
-        pipelines, ZeRO 0-2 on the data-parallel axis, no tensor split)? Then the plan is
+        pipelines, ZeRO 0-3 on the data-parallel axis, no tensor split)? Then the plan is
         the run's own simulated step (``simdist.sim.pp_schedule``)."""
         c = self.cfg
         model_ok = isinstance(spec, MLPSpec) or (
@@ -516,7 +516,6 @@ class Planner(AnalyticStep):
             model_ok
             and c.pp > 1
             and c.precision == "fp32"
-            and c.zero <= 2
             and c.tp == c.interleave == 1
             and c.recompute == "none"
             and not c.sequence_parallel

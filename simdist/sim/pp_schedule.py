@@ -30,6 +30,7 @@ allocates, by category), so plan mode reports the run's memory per rank too.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +41,7 @@ from simdist.config import ConfigError
 from simdist.device import CostModel, DeviceProfile
 from simdist.device.collective import CollectiveCall, Network, collective_seconds
 from simdist.device.profile import ProfileError
+from simdist.param_gather import BACKWARD, FORWARD, GatherPlan, WindowCache, stage_gathers
 
 AGREEMENT_VALUES = 3  # the loop's per-step check: sum of squares, loss, stop signal
 
@@ -175,6 +177,12 @@ class Op:
     end: float
     sent: float | None = None  # None: no input message (first stage's F, last stage's B)
     arrived: float | None = None
+    # ZeRO-3: (what, start, duration) of the op's parts in order, "gather" (one parameter
+    # all-gather) or "compute" (one model stage); empty: the op computes throughout
+    segments: list[tuple[str, float, float]] = field(default_factory=list)
+
+
+Segments = Callable[[str, int, int], list[tuple[str, float]]]
 
 
 def pipeline_ops(
@@ -184,11 +192,14 @@ def pipeline_ops(
     micro: int,
     send: list[float],
     send_back: list[float] | None = None,
+    segments: Segments | None = None,
 ) -> list[Op]:
     """The schedule on the simulated device: stage s takes ``fwd[s]`` / ``bwd[s]`` seconds
     per micro-batch, a message across boundary s -> s + 1 ``send[s]`` (back, s + 1 -> s:
     ``send_back[s]``, default the same); each op starts when its stage is free and its
-    input has arrived. Ops in the order placed."""
+    input has arrived. ``segments(op, s, j)``, where given, replaces the op's cost by its
+    parts ("gather" | "compute", seconds), asked for in each stage's schedule order (ZeRO-3:
+    its gathers follow the window cache). Ops in the order placed."""
     back = send if send_back is None else send_back
     P = len(fwd)
     ops = [schedule_ops(kind, P, s, micro) for s in range(P)]
@@ -212,9 +223,16 @@ def pipeline_ops(
                 sent = None if dep is None else done[dep]
                 ready = 0.0 if sent is None else sent + wire
                 start = max(free[s], ready)
+                parts: list[tuple[str, float, float]] = []
+                if segments is not None:
+                    at = start
+                    for what, dur in segments(op, s, j):
+                        parts.append((what, at, dur))
+                        at += dur
+                    cost = at - start
                 free[s] = done[(op, s, j)] = start + cost
                 out.append(
-                    Op(s, op, j, start, free[s], sent, None if sent is None else sent + wire)
+                    Op(s, op, j, start, free[s], sent, None if sent is None else sent + wire, parts)
                 )
                 pos[s] += 1
                 left -= 1
@@ -270,6 +288,9 @@ class PipelineStep:
     gather_s: list[float]  # ZeRO-1/2's parameter all-gather
     tied_s: float  # the tied embedding's new value, first -> last stage
     step_s: float
+    # ZeRO-3, per stage: the parameter all-gathers of a step (count, seconds)
+    param_gathers: list[int] = field(default_factory=list)
+    param_gather_s: list[float] = field(default_factory=list)
     # per stage: (name, start, duration, track) of the events after the forward/backward
     tail: list[list[tuple[str, float, float, str]]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -325,10 +346,6 @@ def pipeline_step(
     send = [link_seconds(profile, link_class, f_b) for f_b, _ in sizes]
     back = [link_seconds(profile, link_class, b_b) for _, b_b in sizes]
     notes = [note]
-    ops = pipeline_ops(kind, fwd, bwd, micro, send, back)
-    span = max(o.end for o in ops)
-    busy = [micro * (x + y) for x, y in zip(fwd, bwd, strict=True)]
-
     cost = CostModel(profile, "fp32")
     layout = Layout(model.parameter_specs(), replicas)
     D = replicas
@@ -354,6 +371,37 @@ def pipeline_step(
             notes.append(f"compute not modelled: {err}")
             return 0.0
 
+    segments, gathers = None, [0] * P
+    gather_s = [0.0] * P
+    if zero == 3:  # each op gathers its model stages' parameters, as the run's window cache
+        plans = [
+            GatherPlan(layout, model.stages()[k0:k1], model.gradient_groups())
+            for k0, k1 in plan.ranges
+        ]
+        caches = [WindowCache(g) for g in plans]  # empty at the start of the step
+
+        def segments(op: str, s: int, j: int) -> list[tuple[str, float]]:
+            k0, k1 = plan.ranges[s]
+            order = range(k0, k1) if op == "F" else range(k1 - 1, k0 - 1, -1)
+            phase, times = (FORWARD, f) if op == "F" else (BACKWARD, b)
+            out: list[tuple[str, float]] = []
+            for k in order:
+                for g in stage_gathers(plans[s], caches[s], k - k0, phase, True)[1]:
+                    t = coll("allgather", _blocks(plans[s].block_bounds(g.group)), D, algorithm)
+                    out.append(("gather", t))
+                    gathers[s] += 1
+                    gather_s[s] += t
+                out.append(("compute", times[k]))
+            return out
+
+        notes.append(
+            "ZeRO-3: each op's parameter all-gathers run blocking before the model stage "
+            "that reads them, in the run's window-cache order"
+        )
+    ops = pipeline_ops(kind, fwd, bwd, micro, send, back, segments)
+    span = max(o.end for o in ops)
+    busy = [micro * (x + y) for x, y in zip(fwd, bwd, strict=True)]
+
     tail: list[list[tuple[str, float, float, str]]] = []
     sync, opt, gather, stage_end = [], [], [], []
     per_flop, per_byte = (14.0, 28.0) if optimizer_type == "adamw" else (6.0, 20.0)
@@ -364,10 +412,11 @@ def pipeline_step(
         rs = coll("reduce_scatter", blocks, D, algorithm)
         events: list[tuple[str, float, float, str]] = []
         end = max(o.end for o in ops if o.stage == s)
-        if zero == 2:  # after each backward, blocking: the stage's later ops wait for it
+        if zero >= 2:  # after each backward, blocking: the stage's later ops wait for it
             shift = 0.0
             for o in [o for o in ops if o.stage == s]:
                 o.start, o.end = o.start + shift, o.end + shift
+                o.segments = [(w, a0 + shift, d0) for w, a0, d0 in o.segments]
                 if o.op == "B" and rs > 0:
                     events.append(("gradient sync", o.end, rs, "comm"))
                     shift += rs
@@ -382,9 +431,9 @@ def pipeline_step(
         stage_end.append(end)
         n = int(bounds[1] - bounds[0]) if zero >= 1 else bb - a  # the range it updates
         opt.append(vector(per_flop * n, per_byte * n))
-        gather.append(coll("allgather", blocks, D, algorithm) if zero >= 1 else 0.0)
+        gather.append(coll("allgather", blocks, D, algorithm) if zero in (1, 2) else 0.0)
         tail.append(events)
-    if zero == 2:  # ZeRO-2 shifted the ops; the makespan follows
+    if zero >= 2:  # ZeRO-2/3 shifted the ops; the makespan follows
         span = max(o.end for o in ops)
     check = coll("allreduce_scalars", (8 * AGREEMENT_VALUES,) * (D * P), D * P, "native")
     t_check = max(stage_end)
@@ -398,6 +447,8 @@ def pipeline_step(
         ends.append(t_upd + opt[s] + gather[s])
     numel = {sp.name: sp.numel for sp in layout.specs}
     tied_bytes = sum(4 * numel[n] for n, _, _ in plan.tied)
+    if zero == 3:  # replica 0's slice of each tied group
+        tied_bytes = 4 * sum(hi - lo for lo, hi in tied_group_slices(model, layout, plan, 0))
     tied = link_seconds(profile, link_class, tied_bytes) if tied_bytes else 0.0
     if tied > 0:  # the owner (stage 0) sends once it has updated; the copy receives
         t0 = ends[0]
@@ -418,9 +469,28 @@ def pipeline_step(
         gather_s=gather,
         tied_s=tied,
         step_s=step,
+        param_gathers=gathers,
+        param_gather_s=gather_s,
         tail=tail,
         notes=notes,
     )
+
+
+def tied_group_slices(model: Any, layout: Layout, plan: Any, replica: int) -> list[tuple[int, int]]:
+    """ZeRO-3: the flat ranges [lo, hi) of the tied gradient groups (each group holding a
+    tied parameter, once) in ``replica``'s slice: what stage 0 sends to the last stage
+    after an update, and what the last stage keeps (``Pipeline._allocate_gathers``)."""
+    groups = [tuple(g.names) for g in model.gradient_groups()]
+    tied = {n for n, _, _ in plan.tied}
+    lo_d, hi_d = int(layout.bounds[replica]), int(layout.bounds[replica + 1])
+    out = []
+    for names in groups:
+        if tied & set(names):
+            ga = layout.offsets[names[0]]
+            gb = ga + sum(sp.numel for sp in layout.specs if sp.name in set(names))
+            lo = max(ga, lo_d)
+            out.append((lo, max(lo, min(gb, hi_d))))
+    return out
 
 
 def stage_memory(
@@ -437,9 +507,10 @@ def stage_memory(
     optimizer_type: str = "adamw",
 ) -> dict[str, int]:
     """Bytes the rank of ``stage`` (of replica ``replica``) accounts, by category: what
-    ``Pipeline._allocate`` allocates (its flat range of parameters, gradients, ZeRO-2's
-    slice and micro-batch bucket, optimizer state over the range it updates, the tied
-    copies and their gradient buffers, one activation arena per micro-batch in flight)."""
+    ``Pipeline._allocate`` allocates (its flat range of parameters, ZeRO-3: its slice of
+    it, the tied groups' slices and two gather windows; gradients, ZeRO-2/3's slice and
+    micro-batch bucket, optimizer state over the range it updates, the tied copies and
+    their gradient buffers, one activation arena per micro-batch in flight)."""
     a, b = plan.flat[stage]
     P = len(plan.ranges)
     bounds = np.clip(layout.bounds - a, 0, b - a)
@@ -449,7 +520,12 @@ def stage_memory(
     users = sum(numel[n] for n, own_s, _ in plan.tied if own_s == stage)
     nslots = slots_needed(kind, P, stage, micro)
     out = {"parameters": 4 * ((b - a) + copies), "gradients": 0, "buckets": 0}
-    if zero == 2:
+    if zero == 3:  # its slice, its slices of tied groups (last stage) and two windows
+        k0, k1 = plan.ranges[stage]
+        window = GatherPlan(layout, model.stages()[k0:k1], model.gradient_groups()).window
+        tied = sum(hi - lo for lo, hi in tied_group_slices(model, layout, plan, replica))
+        out["parameters"] = 4 * (own + (tied if copies else 0) + 2 * window)
+    if zero >= 2:
         out["gradients"] = 4 * own
         out["buckets"] = 4 * (b - a)
     else:
@@ -480,8 +556,15 @@ def pipeline_trace(
         t0 = k * step.step_s
         for o in step.ops:
             what = "forward" if o.op == "F" else "backward"
-            ev(o.stage, f"{o.op}{o.micro}", t0 + o.start, o.end - o.start, "compute", what,
-               stage=o.stage, micro_batch=o.micro, step=k + 1)  # fmt: skip
+            # ZeRO-3: the op's parameter gathers on the communication track, its model
+            # stages' compute between them; else one compute event
+            for part, start, dur in o.segments or [("compute", o.start, o.end - o.start)]:
+                if part == "gather":
+                    ev(o.stage, "params.allgather", t0 + start, dur, "comm", "gather",
+                       phase=what, micro_batch=o.micro, step=k + 1)  # fmt: skip
+                    continue
+                ev(o.stage, f"{o.op}{o.micro}", t0 + start, dur, "compute", what,
+                   stage=o.stage, micro_batch=o.micro, step=k + 1)  # fmt: skip
             if o.sent is None or o.arrived is None:
                 continue
             src = o.stage - 1 if o.op == "F" else o.stage + 1
