@@ -470,6 +470,7 @@ PLAN_VS_RUN_PP = [
     ("gpt2-mini", ["--params=gpt2_mini", "--train_input.batch_size=1"], 2, "gpipe", 0, 2),
     ("fc-mnist", ["--params=fc_mnist", "--train_input.batch_size=8"], 4, "1f1b", 2, 4),
     ("fc-mnist", ["--params=fc_mnist", "--train_input.batch_size=8"], 4, "gpipe", 1, 4),
+    ("gpt2-mini", ["--params=gpt2_mini", "--train_input.batch_size=1"], 4, "1f1b", 3, 4),
 ]
 
 

@@ -422,8 +422,7 @@ class Pipeline(Schedule):
             lo, hi = mine(gi)
             self.tied_slices[gi] = (lo, alloc("parameters", f"tied_slice.{gi}", hi - lo))
         self.tied_out = [
-            (*mine(gi), user)
-            for gi, user in sorted({(group_of[n], u) for n, u in self.tied_users})
+            (*mine(gi), user) for gi, user in sorted({(group_of[n], u) for n, u in self.tied_users})
         ]
         for gi in sorted({g for u in self.gplan.forward + self.gplan.backward for g in u}):
             ga, gb = self.gplan.ranges[gi]
