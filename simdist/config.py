@@ -477,7 +477,7 @@ NOTES: dict[str, str] = {
         "tensor_parallel > 1, weight mode; model.block_size divisible by tensor_parallel"
     ),
     "runconfig.pipeline_parallel": (
-        "stages per replica; ranks: TP innermost, then PP, then DP; ZeRO 0-2"
+        "stages per replica; ranks: TP innermost, then PP, then DP; ZeRO 0-3"
     ),
     "runconfig.pipeline_schedule": "micro-batches: optimizer.grad_accum_steps",
     "runconfig.precision": (

@@ -26,7 +26,11 @@ the stage's DP group reduce-scatters (and, ZeRO-0, all-gathers) the stage's grad
 the flat layout's slice boundaries at D ranks (ZeRO-2: each micro-batch's, right after its
 backward, into the rank's slice), the ranks agree on the norm and loss, clip, update their
 range (ZeRO-1/2: their slice, then all-gather the stage's parameters), and the owner of a
-tied parameter sends its new value to the copies. In mixed precision
+tied parameter sends its new value to the copies. ZeRO-3 reduces as ZeRO-2 and keeps only
+the rank's slice of its range between stages: each model stage's forward and backward first
+all-gathers the gradient groups it reads over the stage group into one of two windows
+(``simdist.param_gather`` on the rank's model stages; ``_allocate_gathers`` says what the
+tied parameter does), and nothing is gathered after the update. In mixed precision
 (``simdist.precision``) the update runs on the optimizer's fp32 master, the weights are its
 half rounding, and the gradients are stored half before their reduction, as in
 ``data_parallel``. Under loss scaling (fp16; ``simdist.loss_scale``) the last stage's

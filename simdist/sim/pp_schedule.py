@@ -9,16 +9,20 @@ replicas run the same ops at the same simulated times):
 * the forward/backward phase: each op of ``schedule_ops`` on its stage, a stage's forward
   and backward per micro-batch from the model's kernel costs summed over the stage's model
   stages (``simdist.sim.streaming_step.stage_compute_times``), an op starting when its
-  stage is free and its input has arrived over the link (latency + bytes x beta);
+  stage is free and its input has arrived over the link (latency + bytes x beta); ZeRO-3
+  adds each model stage's parameter all-gathers before it computes, in the order the run's
+  window cache issues them (``simdist.param_gather``, replayed per stage in its schedule
+  order from empty windows, as the run starts every step);
 * each stage's gradient sync over its D replicas as soon as its own last backward is done:
   ZeRO-0 reduce-scatter + all-gather of the stage's range cut at the slice boundaries,
-  ZeRO-1 the reduce-scatter; ZeRO-2 reduce-scatters every micro-batch right after its
+  ZeRO-1 the reduce-scatter; ZeRO-2 (and 3) reduce-scatters every micro-batch right after its
   backward, placed on the stage after that op (serial with the stage's compute: the run
   issues it blocking);
 * the loop's agreement (3 float64 values over every rank), then each stage's optimizer
   pass over the range it updates (AdamW 14 FLOPs and 28 bytes an element, SGD 6 and 20),
   ZeRO-1/2's parameter all-gather, and the tied embedding's new value sent from the first
-  to the last stage. The step ends when the slowest stage is done.
+  to the last stage (ZeRO-3: replica 0's slice of its gradient group). The step ends
+  when the slowest stage is done.
 
 Left out (small next to these, or host work a plan cannot know): the micro-batch gradient
 accumulation passes, the clipping norm's sum of squares and its float64 relay along the
