@@ -172,3 +172,20 @@ def test_memory_gathers_trace_and_plan_of_a_zero3_pipeline(tmp_path):
             assert r.breakdown_s[key] == pytest.approx(value, rel=1e-9, abs=1e-15), key
     largest = max(p["memory_bytes_per_rank"], key=lambda x: sum(x.values()))
     assert {k: v for k, v in r.memory_bytes.items() if v} == largest
+
+
+def test_fp16_zero3_overflow_skips_as_zero2(tmp_path):
+    """fp16 with loss scaling at D 2 x P 2: the gathers move the fp16 weights as 16-bit
+    words; overflowing steps are skipped on every rank exactly as ZeRO-2 skips them (the
+    same skip lines and scales, the same bits after 6 steps)."""
+    from test_pipeline_fp16 import FP16, OVERFLOWING, skips
+
+    args = ["--runconfig.max_steps=6", "--runconfig.mode=train", *FP16, *OVERFLOWING]
+    out = {}
+    for z in (2, 3):
+        d = tmp_path / f"z{z}"
+        r = train(4, d, FC, *args, *PP2, f"--zero_opt_level={z}")
+        out[z] = (skips(r.stdout), losses(r.stdout), final_state(d))
+    assert out[2][0], "the check needs an overflow"
+    assert out[3][0] == out[2][0] and out[3][1] == out[2][1]
+    assert_same_state(out[3][2], out[2][2], "fp16 ZeRO-3 vs ZeRO-2")
