@@ -464,26 +464,35 @@ def test_plan_predicts_the_runs_simulated_step_time(tmp_path, model, args, zero,
         )
 
 
-# pipelines: (plan model, run args, ranks, pipeline schedule, zero level, micro-batches)
+# pipelines: (plan model, run args, ranks, pipeline schedule, zero level, micro-batches,
+# precision)
+GPT2_PP = ["--params=gpt2_mini", "--train_input.batch_size=1"]
+FC_PP = ["--params=fc_mnist", "--train_input.batch_size=8"]
 PLAN_VS_RUN_PP = [
-    ("gpt2-mini", ["--params=gpt2_mini", "--train_input.batch_size=1"], 2, "1f1b", 0, 4),
-    ("gpt2-mini", ["--params=gpt2_mini", "--train_input.batch_size=1"], 2, "gpipe", 0, 2),
-    ("fc-mnist", ["--params=fc_mnist", "--train_input.batch_size=8"], 4, "1f1b", 2, 4),
-    ("fc-mnist", ["--params=fc_mnist", "--train_input.batch_size=8"], 4, "gpipe", 1, 4),
-    ("gpt2-mini", ["--params=gpt2_mini", "--train_input.batch_size=1"], 4, "1f1b", 3, 4),
+    ("gpt2-mini", GPT2_PP, 2, "1f1b", 0, 4, "fp32"),
+    ("gpt2-mini", GPT2_PP, 2, "gpipe", 0, 2, "fp32"),
+    ("fc-mnist", FC_PP, 4, "1f1b", 2, 4, "fp32"),
+    ("fc-mnist", FC_PP, 4, "gpipe", 1, 4, "fp32"),
+    ("gpt2-mini", GPT2_PP, 4, "1f1b", 3, 4, "fp32"),
+    ("gpt2-mini", GPT2_PP, 4, "1f1b", 3, 4, "bf16"),
+    ("fc-mnist", FC_PP, 4, "1f1b", 0, 4, "fp16"),
 ]
 
 
-@pytest.mark.parametrize(("model", "args", "n", "kind", "zero", "accum"), PLAN_VS_RUN_PP)
+@pytest.mark.parametrize(
+    ("model", "args", "n", "kind", "zero", "accum", "precision"), PLAN_VS_RUN_PP
+)
 def test_plan_predicts_the_pipeline_runs_step_and_memory(
-    tmp_path, model, args, n, kind, zero, accum
+    tmp_path, model, args, n, kind, zero, accum, precision
 ):
     """``python -m simdist.plan --pp 2`` and a pipeline run (P 2, with DP 2 at 4 ranks) of
     the same configuration: the run's simulated step (``est_device_step_time_s``:
     ``est_step_time_s`` less the measured host time a plan cannot know) and its phases
     equal the plan's (both call ``simdist.sim.pp_schedule.pipeline_step`` with the run's
     stage split, the run on its live model, the plan on one built from the shapes: rel
-    1e-9), and the plan's memory is the run's largest rank's accounting, byte for byte."""
+    1e-9), and the plan's memory is the run's largest rank's accounting, byte for byte.
+    In bf16 / fp16 both time the kernels at the profile's half rates and move 2-byte
+    activations, weights and gradients; the memory is 2 bytes an element plus the master."""
     from simdist.plan import plan
 
     d = tmp_path / "run"
@@ -493,16 +502,17 @@ def test_plan_predicts_the_pipeline_runs_step_and_memory(
         f"--optimizer.grad_accum_steps={accum}", "--runconfig.collective_algorithm=ring",
         "--runconfig.mode=train", "--runconfig.max_steps=2",
         "--runconfig.save_checkpoints_steps=0", "--runconfig.progress_bar=false",
-        f"--runconfig.model_dir={d}",
+        f"--runconfig.precision={precision}", f"--runconfig.model_dir={d}",
     ]  # fmt: skip
     out = run_mpi(n, cmd, timeout=300)
     assert out.returncode == 0, out.stdout
     p = perf(d)
     batch = int(args[1].split("=")[1])
+    half = None if precision == "fp32" else precision
     r = plan(
         model=model, devices=n, profile="a100-80gb", zero=zero, pp=2, pipeline_schedule=kind,
-        batch=batch * accum, micro_batch=batch, precision="fp32", optimizer="adam",
-        algorithm="ring",
+        batch=batch * accum, micro_batch=batch, precision="mixed" if half else "fp32",
+        half=half, optimizer="adam", algorithm="ring",
     )  # fmt: skip
     assert any("simdist's own pipeline step" in x for x in r.notes), r.notes
     parts = p["est_step_time_breakdown_s"]  # "other": the run's measured host time
@@ -515,6 +525,15 @@ def test_plan_predicts_the_pipeline_runs_step_and_memory(
         assert p["est_step_time_breakdown_s"]["gradient_sync_exposed"] > 0
     largest = max(p["memory_bytes_per_rank"], key=lambda x: sum(x.values()))
     assert {k: v for k, v in r.memory_bytes.items() if v} == largest
+    if half:  # the same layout in fp32: slower kernels and sends, twice the bytes
+        f = plan(
+            model=model, devices=n, profile="a100-80gb", zero=zero, pp=2,
+            pipeline_schedule=kind, batch=batch * accum, micro_batch=batch,
+            precision="fp32", optimizer="adam", algorithm="ring",
+        )  # fmt: skip
+        assert r.breakdown_s["forward_backward"] < f.breakdown_s["forward_backward"]
+        assert 2 * r.memory_bytes["parameters"] == f.memory_bytes["parameters"]
+        assert 2 * r.memory_bytes["activations"] == f.memory_bytes["activations"]
 
 
 # tensor parallelism, weight mode, TP 2: (ranks, micro-batch, zero level, grad_accum_steps)

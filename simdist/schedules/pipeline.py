@@ -865,6 +865,8 @@ class Pipeline(Schedule):
             optimizer_type=self.params.optimizer.optimizer_type,
             algorithm=self.algorithm,
             link_class=link,
+            half=self.precision.half,
+            half_gradients=bool(self.grad_wire),
         )
         traced = min(r.trace_steps, steps)
         if traced:
@@ -904,7 +906,6 @@ class Pipeline(Schedule):
                 else {}
             ),
             "est_note": f"{'; '.join(est.notes)}; sends and collectives over the {link} link; "
-            + (f"{self.precision.name} timed as fp32; " if self.precision.half else "")
             + "input, host time, gradient accumulation and the norm relay not simulated",
             "timeline": TIMELINE if traced else None,
         }

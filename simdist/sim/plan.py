@@ -505,9 +505,9 @@ class Planner(AnalyticStep):
 
     # ---- pipelines simdist runs: the run's pipeline step on the shapes
     def _simdist_pipelines(self, spec: Any) -> bool:
-        """Would ``simdist.train --pipeline-parallel P`` run this (fp32, a model simdist
-        pipelines, ZeRO 0-3 on the data-parallel axis, no tensor split)? Then the plan is
-        the run's own simulated step (``simdist.sim.pp_schedule``)."""
+        """Would ``simdist.train --pipeline-parallel P`` run this (a model simdist pipelines,
+        in fp32, bf16 or fp16, ZeRO 0-3 on the data-parallel axis, no tensor split)? Then the
+        plan is the run's own simulated step (``simdist.sim.pp_schedule``)."""
         c = self.cfg
         model_ok = isinstance(spec, MLPSpec) or (
             isinstance(spec, TransformerSpec) and is_gpt2_layout(spec)
@@ -515,7 +515,6 @@ class Planner(AnalyticStep):
         return (
             model_ok
             and c.pp > 1
-            and c.precision == "fp32"
             and c.tp == c.interleave == 1
             and c.recompute == "none"
             and not c.sequence_parallel
@@ -557,6 +556,7 @@ class Planner(AnalyticStep):
             model, prof, split, kind=c.pipeline_schedule, micro=m, micro_batch=micro,
             replicas=dp, zero=c.zero, optimizer_type=opt, algorithm=algorithm,
             link_class="intra" if nodes == 1 else "inter",
+            half=self.dtype if self.elem == 2 else None,  # the run's runconfig.precision
         )  # fmt: skip
         per_rank = [
             stage_memory(
@@ -570,6 +570,7 @@ class Planner(AnalyticStep):
                 zero=c.zero,
                 replica=d,
                 optimizer_type=opt,
+                elem=self.elem,
             )  # fmt: skip
             for d in range(dp)
             for s in range(c.pp)

@@ -46,6 +46,7 @@ from simdist.device import CostModel, DeviceProfile
 from simdist.device.collective import CollectiveCall, Network, collective_seconds
 from simdist.device.profile import ProfileError
 from simdist.param_gather import BACKWARD, FORWARD, GatherPlan, WindowCache, stage_gathers
+from simdist.sim.step import compute_dtype
 
 AGREEMENT_VALUES = 3  # the loop's per-step check: sum of squares, loss, stop signal
 
@@ -336,21 +337,31 @@ def pipeline_step(
     optimizer_type: str,
     algorithm: str,
     link_class: str,
+    half: str | None = None,
+    half_gradients: bool = True,
 ) -> PipelineStep:
     """The step described in the module docstring. ``plan``: the run's ``StagePlan``;
     ``replicas``: D x T (the stage groups' size); ``algorithm``: the gradient collectives'
-    resolved algorithm; ``link_class``: intra or inter (sends and collectives)."""
+    resolved algorithm; ``link_class``: intra or inter (sends and collectives). ``half``: a
+    mixed-precision run's format: kernels at the profile's half rates, activations,
+    weights and (``half_gradients``: unless ``fp32_allreduce``) gradients at 2 bytes on
+    every link, as the device holds them."""
     from .streaming_step import device_compute
 
     P = len(plan.ranges)
-    f, b, note = device_compute(model, model.stages(), profile, micro_batch)
+    elem = 2 if half else 4  # bytes of an activation or weight on the device
+    gelem = 2 if half and half_gradients else 4  # of a gradient in its collectives
+    f, b, note = device_compute(model, model.stages(), profile, micro_batch, half)
     fwd = [sum(f[k0:k1]) for k0, k1 in plan.ranges]
     bwd = [sum(b[k0:k1]) for k0, k1 in plan.ranges]
-    sizes = [boundary_bytes(model, k0, micro_batch) for k0, _ in plan.ranges[1:]]
+    sizes = [
+        (f_b * elem // 4, b_b * elem // 4)
+        for f_b, b_b in (boundary_bytes(model, k0, micro_batch) for k0, _ in plan.ranges[1:])
+    ]
     send = [link_seconds(profile, link_class, f_b) for f_b, _ in sizes]
     back = [link_seconds(profile, link_class, b_b) for _, b_b in sizes]
     notes = [note]
-    cost = CostModel(profile, "fp32")
+    cost = CostModel(profile, compute_dtype(profile, half)[0])
     layout = Layout(model.parameter_specs(), replicas)
     D = replicas
 
@@ -391,7 +402,8 @@ def pipeline_step(
             out: list[tuple[str, float]] = []
             for k in order:
                 for g in stage_gathers(plans[s], caches[s], k - k0, phase, True)[1]:
-                    t = coll("allgather", _blocks(plans[s].block_bounds(g.group)), D, algorithm)
+                    blocks = _blocks(plans[s].block_bounds(g.group), elem)
+                    t = coll("allgather", blocks, D, algorithm)
                     out.append(("gather", t))
                     gathers[s] += 1
                     gather_s[s] += t
@@ -412,7 +424,7 @@ def pipeline_step(
     for s in range(P):
         a, bb = plan.flat[s]
         bounds = np.clip(layout.bounds - a, 0, bb - a)
-        blocks = _blocks(bounds)
+        blocks = _blocks(bounds, gelem)  # the gradients' collectives
         rs = coll("reduce_scatter", blocks, D, algorithm)
         events: list[tuple[str, float, float, str]] = []
         end = max(o.end for o in ops if o.stage == s)
@@ -435,7 +447,8 @@ def pipeline_step(
         stage_end.append(end)
         n = int(bounds[1] - bounds[0]) if zero >= 1 else bb - a  # the range it updates
         opt.append(vector(per_flop * n, per_byte * n))
-        gather.append(coll("allgather", blocks, D, algorithm) if zero in (1, 2) else 0.0)
+        pblocks = _blocks(bounds, elem)  # the updated parameters' gather
+        gather.append(coll("allgather", pblocks, D, algorithm) if zero in (1, 2) else 0.0)
         tail.append(events)
     if zero >= 2:  # ZeRO-2/3 shifted the ops; the makespan follows
         span = max(o.end for o in ops)
@@ -450,9 +463,9 @@ def pipeline_step(
             tail[s].append(("params.allgather", t_upd + opt[s], gather[s], "comm"))
         ends.append(t_upd + opt[s] + gather[s])
     numel = {sp.name: sp.numel for sp in layout.specs}
-    tied_bytes = sum(4 * numel[n] for n, _, _ in plan.tied)
+    tied_bytes = sum(elem * numel[n] for n, _, _ in plan.tied)
     if zero == 3:  # replica 0's slice of each tied group
-        tied_bytes = 4 * sum(hi - lo for lo, hi in tied_group_slices(model, layout, plan, 0))
+        tied_bytes = elem * sum(hi - lo for lo, hi in tied_group_slices(model, layout, plan, 0))
     tied = link_seconds(profile, link_class, tied_bytes) if tied_bytes else 0.0
     if tied > 0:  # the owner (stage 0) sends once it has updated; the copy receives
         t0 = ends[0]
@@ -509,12 +522,15 @@ def stage_memory(
     zero: int,
     replica: int = 0,
     optimizer_type: str = "adamw",
+    elem: int = 4,
 ) -> dict[str, int]:
     """Bytes the rank of ``stage`` (of replica ``replica``) accounts, by category: what
     ``Pipeline._allocate`` allocates (its flat range of parameters, ZeRO-3: its slice of
     it, the tied groups' slices and two gather windows; gradients, ZeRO-2/3's slice and
     micro-batch bucket, optimizer state over the range it updates, the tied copies and
-    their gradient buffers, one activation arena per micro-batch in flight)."""
+    their gradient buffers, one activation arena per micro-batch in flight). ``elem``: bytes
+    of a weight, gradient and activation (2 in mixed precision, whose optimizer state also
+    holds the fp32 master)."""
     a, b = plan.flat[stage]
     P = len(plan.ranges)
     bounds = np.clip(layout.bounds - a, 0, b - a)
@@ -523,21 +539,22 @@ def stage_memory(
     copies = sum(numel[n] for n, _, user in plan.tied if user == stage)
     users = sum(numel[n] for n, own_s, _ in plan.tied if own_s == stage)
     nslots = slots_needed(kind, P, stage, micro)
-    out = {"parameters": 4 * ((b - a) + copies), "gradients": 0, "buckets": 0}
+    out = {"parameters": elem * ((b - a) + copies), "gradients": 0, "buckets": 0}
     if zero == 3:  # its slice, its slices of tied groups (last stage) and two windows
         k0, k1 = plan.ranges[stage]
         window = GatherPlan(layout, model.stages()[k0:k1], model.gradient_groups()).window
         tied = sum(hi - lo for lo, hi in tied_group_slices(model, layout, plan, replica))
-        out["parameters"] = 4 * (own + (tied if copies else 0) + 2 * window)
+        out["parameters"] = elem * (own + (tied if copies else 0) + 2 * window)
     if zero >= 2:
-        out["gradients"] = 4 * own
-        out["buckets"] = 4 * (b - a)
+        out["gradients"] = elem * own
+        out["buckets"] = elem * (b - a)
     else:
-        out["gradients"] = 4 * ((b - a) + ((b - a) if micro > 1 else 0))
-    out["gradients"] += 4 * (2 * copies + nslots * users)
+        out["gradients"] = elem * ((b - a) + ((b - a) if micro > 1 else 0))
+    out["gradients"] += elem * (2 * copies + nslots * users)
     updated = own if zero >= 1 else b - a
-    out["optimizer_state"] = 4 * updated * (2 if optimizer_type == "adamw" else 1)
-    out["activations"] = nslots * int(model.activation_bytes(micro_batch))
+    states = (2 if optimizer_type == "adamw" else 1) + (1 if elem == 2 else 0)  # + master
+    out["optimizer_state"] = 4 * updated * states
+    out["activations"] = nslots * int(model.activation_bytes(micro_batch)) * elem // 4
     return {k: v for k, v in out.items() if v}  # as DeviceAllocator.bytes lists them
 
 
