@@ -365,9 +365,12 @@ def kernel_costs(
     return out
 
 
-def group_collectives(cfg: GPT2Config, tp: int, B: int, T: int) -> list[tuple[str, str, int]]:
+def group_collectives(
+    cfg: GPT2Config, tp: int, B: int, T: int
+) -> list[tuple[str, str, int, bool]]:
     """The group's collective calls of one micro-batch without sequence parallelism, in the
-    order ``GPT2TP`` issues them: (phase, op, float32 elements of the buffer). Forward:
+    order ``GPT2TP`` issues them: (phase, op, elements of the buffer, whether it carries
+    activations: on a half wire in mixed precision, the cross-entropy's float32). Forward:
     the vocab-parallel embedding's sum, each block's two row-parallel sums (g), then the
     cross-entropy's row maxima (all-gathered, ``tp`` N values) and its sums of
     exponentials and target logits (2 N). Backward: the LM head's input gradient and each
@@ -375,9 +378,9 @@ def group_collectives(cfg: GPT2Config, tp: int, B: int, T: int) -> list[tuple[st
     down from this list (``simdist.sim.tp_schedule``); ``tests/test_simulate.py`` checks
     it against what a run records."""
     N, C, L = B * T, cfg.n_embd, cfg.n_layer
-    fwd = [("forward", "allreduce", N * C)] * (1 + 2 * L)
-    fwd += [("forward", "allgather", tp * N), ("forward", "allreduce", 2 * N)]
-    bwd = [("backward", "allreduce", N * C)] * (1 + 2 * L)
+    fwd = [("forward", "allreduce", N * C, True)] * (1 + 2 * L)
+    fwd += [("forward", "allgather", tp * N, False), ("forward", "allreduce", 2 * N, False)]
+    bwd = [("backward", "allreduce", N * C, True)] * (1 + 2 * L)
     return fwd + bwd
 
 

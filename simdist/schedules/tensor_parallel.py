@@ -59,7 +59,7 @@ from simdist.device.collective import Network
 from simdist.faults import nonfinite_text
 from simdist.kernels.blas import half_operands
 from simdist.kernels.optim import sum_of_squares
-from simdist.loss_scale import scaler_for
+from simdist.loss_scale import scaler_for, scaler_report
 from simdist.memplan import DeviceAllocator, check_device_memory
 from simdist.models import gpt2_tp
 from simdist.models.gpt2 import build_gpt2, parameter_specs
@@ -417,6 +417,7 @@ class TensorParallelWeight(DataParallel):
                 "memory_bytes": dict(self.memory.bytes),
                 "parameters": self.layout.numel,
                 "tp_bytes": tp_sent / steps,
+                **scaler_report(self.scaler, self.skipped_steps_at_start),
             },
             root=0,
         )
@@ -436,6 +437,9 @@ class TensorParallelWeight(DataParallel):
                 "comm_bytes_sent_per_step": out["comm_bytes_sent_per_step"] + tp_sent / steps,
             }
         )
+        if self.scaler is not None:  # every rank's scaler (the same when they agreed)
+            out["loss_scale_per_rank"] = [x["loss_scale"] for x in per_rank]
+            out["skipped_steps_per_rank"] = [x["skipped_steps"] for x in per_rank]
         return out
 
     def start(self, run) -> None:
