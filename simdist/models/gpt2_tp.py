@@ -365,9 +365,7 @@ def kernel_costs(
     return out
 
 
-def group_collectives(
-    cfg: GPT2Config, tp: int, B: int, T: int
-) -> list[tuple[str, str, int, bool]]:
+def group_collectives(cfg: GPT2Config, tp: int, B: int, T: int) -> list[tuple[str, str, int, bool]]:
     """The group's collective calls of one micro-batch without sequence parallelism, in the
     order ``GPT2TP`` issues them: (phase, op, elements of the buffer, whether it carries
     activations: on a half wire in mixed precision, the cross-entropy's float32). Forward:
