@@ -33,6 +33,16 @@ data-parallel reduction (sums in either order; with ZeRO-2 the bucket's reduce-s
 has already left only this rank's slice, the same offsets on every shard) and before the
 norm and the update, so the copies again receive the same bits.
 
+Mixed precision (``runconfig.precision`` bf16 / fp16) is data parallelism's
+(``simdist.precision``): the fp32 master is optimizer state of the shard's update range,
+the weights its half rounding, the gradients stored half and reduced in half unless
+``fp32_allreduce`` (the sequence-parallel row shares' sum over the group too); the model
+stores its activations half and runs the group's activation collectives on a half wire
+(``GPT2TP.set_precision``). fp16 scales the loss: an Inf or NaN in any shard's gradients
+reaches the whole group through the norm's sum over it, and every replica through the
+per-step agreement, so every rank skips the same steps. Checkpoints record the precision
+and the scaler; the master is saved whole like the other optimizer state.
+
 The simulated device: each rank's memory holds its shard (parameters, gradients,
 optimizer state) and its shard's activation arena; its kernels are the shard's
 (``gpt2_tp.kernel_costs``); the group's all-reduces are recorded during forward and

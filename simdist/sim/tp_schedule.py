@@ -11,6 +11,10 @@ D replicas on the shard's flat layout (``dp_step_events`` on the shard model,
 * the clipping norm's sum over the group (one float64 per rank, ``allreduce_scalars``)
   between the gradient sync and the loop's per-step agreement.
 
+In bf16 / fp16 the data-parallel events move 2-byte gradients and parameters and the
+group's activation collectives 16-bit words, as the run's half wires do; the
+cross-entropy's sums stay float32 (``group_collectives`` marks which is which).
+
 ``StepModel`` places them as it places any recorded collective: a phase's all-gathers
 before its kernels, the rest after them, exposed (Megatron's are blocking).
 ``tests/test_simulate.py`` runs the configuration and checks that the run's simulated step
