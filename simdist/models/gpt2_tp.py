@@ -702,7 +702,8 @@ class GPT2TP(GPT2):
         vocab_softmax_partial(v.probs, sums[0], v.logits, row_max)
         local, mask = self._local_tokens(v.targets)
         sums[1] = np.where(mask, v.logits[np.arange(N), local], F32(0.0))
-        self._allreduce(sums)  # sums of exponentials; the target's logit from its owner
+        # sums of exponentials; the target's logit from its owner: float32 in every precision
+        self.coll.allreduce(sums.reshape(-1))
         vocab_softmax_finish(v.losses, v.probs, sums[0], sums[1], row_max)
 
     def eval_stats(self) -> tuple[float, int]:
