@@ -616,9 +616,8 @@ def _check_tensor_parallel(p: Params) -> None:
 
 def _check_weight_mode(p: Params) -> None:
     """What tensor parallelism in weight mode (``simdist.schedules.tensor_parallel``)
-    supports; the split itself is checked on the resolved model (heads, vocabulary)."""
-    from simdist.precision import canonical
-
+    supports (every precision); the split itself is checked on the resolved model (heads,
+    vocabulary)."""
     r = p.runconfig
     where = "runconfig.tensor_parallel_mode=weight"
     why, key = None, "runconfig.tensor_parallel_mode"
@@ -626,11 +625,6 @@ def _check_weight_mode(p: Params) -> None:
         why = (
             f"(layers split Megatron-style) runs model.name gpt2 only, not {p.model.name}; "
             "use tensor_parallel_mode batch for it"
-        )
-    elif canonical(r.precision) != "fp32":
-        why, key = (
-            f"trains in fp32 only, not runconfig.precision={r.precision}",
-            "runconfig.precision",
         )
     elif r.pipeline_parallel > 1:
         why = "does not combine with runconfig.pipeline_parallel (set it to 1)"

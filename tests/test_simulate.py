@@ -536,12 +536,21 @@ def test_plan_predicts_the_pipeline_runs_step_and_memory(
         assert 2 * r.memory_bytes["activations"] == f.memory_bytes["activations"]
 
 
-# tensor parallelism, weight mode, TP 2: (ranks, micro-batch, zero level, grad_accum_steps)
-PLAN_VS_RUN_TP = [(2, 2, 0, 1), (2, 1, 2, 2), (4, 2, 1, 1)]
+# tensor parallelism, weight mode, TP 2: (ranks, micro-batch, zero level, grad_accum_steps,
+# precision)
+PLAN_VS_RUN_TP = [
+    (2, 2, 0, 1, "fp32"),
+    (2, 1, 2, 2, "fp32"),
+    (4, 2, 1, 1, "fp32"),
+    (2, 2, 0, 1, "bf16"),
+    (4, 1, 2, 2, "bf16"),
+]
 
 
-@pytest.mark.parametrize(("n", "batch", "zero", "accum"), PLAN_VS_RUN_TP)
-def test_plan_predicts_the_weight_mode_runs_step_and_memory(tmp_path, n, batch, zero, accum):
+@pytest.mark.parametrize(("n", "batch", "zero", "accum", "precision"), PLAN_VS_RUN_TP)
+def test_plan_predicts_the_weight_mode_runs_step_and_memory(
+    tmp_path, n, batch, zero, accum, precision
+):
     """``python -m simdist.plan --tp 2 --tp-mode weight`` and a weight-mode run of gpt2-mini
     at np 2 (and DP 2 x TP 2 at np 4, the ranks of one node: ``--devices-per-node 4``, as the
     run sets it) on the default (host) profile: both play the step's events (the run: what it
@@ -551,7 +560,9 @@ def test_plan_predicts_the_weight_mode_runs_step_and_memory(tmp_path, n, batch, 
     memory efficiency is keyed by the bytes the ranks keep resident, and the run also holds
     the dataset's input batch (a few KiB of 40 MB) that a plan has no dataset for. Memory:
     the run's own plan of the shard (memplan), byte for byte but that input batch; the
-    group's bytes sent per step exactly."""
+    group's bytes sent per step exactly. In bf16 the same, with the half format's compute
+    rates, 2-byte weights and gradients, and the group's activation collectives in 16-bit
+    words (the cross-entropy's sums float32)."""
     from simdist.plan import main, plan
 
     d = tmp_path / "run"
@@ -562,15 +573,19 @@ def test_plan_predicts_the_weight_mode_runs_step_and_memory(tmp_path, n, batch, 
         "--runconfig.collective_algorithm=ring", "--runconfig.mode=train",
         "--runconfig.max_steps=2", "--runconfig.save_checkpoints_steps=0",
         "--runconfig.progress_bar=false", f"--runconfig.model_dir={d}",
+        f"--runconfig.precision={precision}",
     ]  # fmt: skip
     out = run_mpi(n, cmd, timeout=300)
     assert out.returncode == 0, out.stdout
     p = perf(d)
     assert p["device_profile"] == "host" and p["tensor_parallel_mode"] == "weight"
+    assert p["precision"] == precision
     assert p["replicas"] == n // 2
     r = plan(
         model="gpt2-mini", devices=n, profile="host", tp=2, tp_mode="weight", zero=zero,
-        batch=batch * accum, micro_batch=batch, precision="fp32", optimizer="adam",
+        batch=batch * accum, micro_batch=batch,
+        precision="fp32" if precision == "fp32" else "mixed",
+        half=None if precision == "fp32" else precision, optimizer="adam",
         algorithm="ring", devices_per_node=n,
     )  # fmt: skip
     assert any("tensor-parallel weight-mode step" in n for n in r.notes), r.notes
@@ -592,7 +607,7 @@ def test_plan_predicts_the_weight_mode_runs_step_and_memory(tmp_path, n, batch, 
     # the command line says the same (runconfig.tensor_parallel_mode's values)
     args = ["--model", "gpt2-mini", "--devices", str(n), "--profile", "host", "--tp", "2",
             "--tp-mode", "weight", "--zero", str(zero), "--batch", str(batch * accum),
-            "--micro-batch", str(batch), "--precision", "fp32", "--devices-per-node", str(n),
+            "--micro-batch", str(batch), "--precision", precision, "--devices-per-node", str(n),
             "--json"]  # fmt: skip
     assert main(args) == 0
 

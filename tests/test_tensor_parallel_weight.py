@@ -201,7 +201,6 @@ def test_resume_and_reshard(tmp_path):
         (4, ["--model.n_head=2", *tp(4)], "=4 (weight mode) must divide model.n_head (2)"),
         (2, ["--model.vocab_size=257", *tp(2)], "must divide model.vocab_size (257)"),
         (2, ["--params=fc_mnist", *tp(2)], "runs model.name gpt2 only, not fc_mnist"),
-        (2, ["--runconfig.precision=bf16", *tp(2)], "trains in fp32 only"),
         (2, ["--zero_opt_level=3", *tp(2)], "runs ZeRO 0-2 on the data-parallel axis"),
         (4, ["--runconfig.pipeline_parallel=2", *tp(2)], "not combine with runconfig.pipeline"),
         (2, ["--runconfig.ranks_per_node=1", *tp(2)], "ranks [0, 1] span nodes [0, 1]"),

@@ -365,9 +365,10 @@ def kernel_costs(
     return out
 
 
-def group_collectives(cfg: GPT2Config, tp: int, B: int, T: int) -> list[tuple[str, str, int]]:
+def group_collectives(cfg: GPT2Config, tp: int, B: int, T: int) -> list[tuple[str, str, int, bool]]:
     """The group's collective calls of one micro-batch without sequence parallelism, in the
-    order ``GPT2TP`` issues them: (phase, op, float32 elements of the buffer). Forward:
+    order ``GPT2TP`` issues them: (phase, op, elements of the buffer, whether it carries
+    activations: on a half wire in mixed precision, the cross-entropy's float32). Forward:
     the vocab-parallel embedding's sum, each block's two row-parallel sums (g), then the
     cross-entropy's row maxima (all-gathered, ``tp`` N values) and its sums of
     exponentials and target logits (2 N). Backward: the LM head's input gradient and each
@@ -375,9 +376,9 @@ def group_collectives(cfg: GPT2Config, tp: int, B: int, T: int) -> list[tuple[st
     down from this list (``simdist.sim.tp_schedule``); ``tests/test_simulate.py`` checks
     it against what a run records."""
     N, C, L = B * T, cfg.n_embd, cfg.n_layer
-    fwd = [("forward", "allreduce", N * C)] * (1 + 2 * L)
-    fwd += [("forward", "allgather", tp * N), ("forward", "allreduce", 2 * N)]
-    bwd = [("backward", "allreduce", N * C)] * (1 + 2 * L)
+    fwd = [("forward", "allreduce", N * C, True)] * (1 + 2 * L)
+    fwd += [("forward", "allgather", tp * N, False), ("forward", "allreduce", 2 * N, False)]
+    bwd = [("backward", "allreduce", N * C, True)] * (1 + 2 * L)
     return fwd + bwd
 
 
@@ -405,6 +406,20 @@ class GPT2TP(GPT2):
         self._zero_bias = np.zeros(config.n_embd, F32)
         self.coll: Any = None
         self._scratch: dict[str, np.ndarray] = {}
+        self._wire = 0  # the activation collectives' format (set_precision; 0: float32)
+
+    def set_precision(self, precision) -> None:
+        """``GPT2.set_precision`` (every activation and activation gradient stored in the
+        half format), and the group's activation collectives on a half wire. Megatron-LM
+        runs its f / g collectives (``reduce_from_tensor_model_parallel_region``, the
+        sequence-parallel all-gathers and reduce-scatters) on the bf16 / fp16 tensors the
+        GEMMs wrote: NCCL moves 16-bit words and sums in the half format. simdist does the
+        same: the row-parallel partial sums are stored half where the GEMM writes them and
+        reduced with every partial sum rounded (``Collectives.half_wire``). The
+        vocab-parallel cross-entropy's sums stay float32, as Megatron's (it upcasts the
+        logits, ``fp16_lm_cross_entropy`` off), and as the one-rank loss reads them."""
+        super().set_precision(precision)
+        self._wire = precision.fmt if precision.half is not None else 0
 
     def bind(self, coll) -> None:
         """The tensor-parallel group's collectives (ranks in group order)."""
@@ -480,18 +495,22 @@ class GPT2TP(GPT2):
 
     # -------------------------------------------------------------- the group's sums
     def _allreduce(self, buf: np.ndarray) -> None:
-        self.coll.allreduce(buf.reshape(-1))
+        """An activation (or activation gradient) summed over the group: f or g."""
+        with self.coll.half_wire(self._wire):
+            self.coll.allreduce(buf.reshape(-1))
 
     def _reduce_scatter(self, v) -> np.ndarray:
         """Sequence parallelism's g: the partial sums in ``v.dln`` (N, C) summed over the
         group; returns this rank's rows of the sum (a view of ``v.dln``)."""
-        mine = self.coll.reduce_scatter(v.dln.reshape(-1), bounds=v.bounds)
+        with self.coll.half_wire(self._wire):
+            mine = self.coll.reduce_scatter(v.dln.reshape(-1), bounds=v.bounds)
         return mine.reshape(-1, self.config.n_embd)
 
     def _all_gather(self, v, rows: np.ndarray) -> np.ndarray:
         """Sequence parallelism's f: every rank's ``rows`` concatenated in ``v.gathered``."""
         np.copyto(v.gathered[v.rows], rows)
-        self.coll.allgather(v.gathered.reshape(-1), bounds=v.bounds)
+        with self.coll.half_wire(self._wire):  # half values: exact in 16-bit words
+            self.coll.allgather(v.gathered.reshape(-1), bounds=v.bounds)
         return v.gathered
 
     def _row_bias(self, bias: np.ndarray) -> np.ndarray:
@@ -514,12 +533,14 @@ class GPT2TP(GPT2):
             return
         cfg = self.config
         L = cfg.n_layer
+        st = self._store  # mixed precision: stored half, as the one-rank gpt2 stores it
         if k == 0:  # vocab-parallel embedding: own rows, zeros elsewhere, summed; + wpe
             local, mask = self._local_tokens(v.tokens)
             np.take(params["wte.weight"], local, axis=0, out=v.encoded2)
             v.encoded2[~mask] = 0.0
-            self._allreduce(v.encoded)
+            self._allreduce(v.encoded)  # one half row and zeros: exact
             v.encoded += params["wpe.weight"][: v.T]
+            st(v.encoded)  # wte + wpe rounded once, as embedding_forward's
             return
         if k == L + 1:
             residual_layernorm_forward(
@@ -532,7 +553,9 @@ class GPT2TP(GPT2):
                 params["ln_f.weight"],
                 params["ln_f.bias"],
             )
+            st(v.res3[L - 1], v.lnf)
             lm_head_forward(v.logits, v.lnf, params["wte.weight"])  # this vocabulary's
+            st(v.logits)
             self._cross_entropy(v)
             return
         i = k - 1
@@ -543,6 +566,7 @@ class GPT2TP(GPT2):
             layernorm_forward(
                 v.ln1[0], v.ln1_mean[0], v.ln1_rstd[0], v.encoded2, params[ln1w], params[ln1b]
             )
+            st(v.ln1[0])
         else:
             residual_layernorm_forward(
                 v.res3[i - 1],
@@ -554,9 +578,13 @@ class GPT2TP(GPT2):
                 params[ln1w],
                 params[ln1b],
             )
+            st(v.res3[i - 1], v.ln1[i])
         linear_forward(v.qkv2[i], v.ln1[i], params[attnw], params[attnb])  # column-parallel
+        st(v.qkv2[i])
         attention_forward(v.atty[i], v.att[i], v.qkv[i], cfg.n_head // self._tp)
+        st(v.atty[i])
         linear_forward(v.res2[i], v.atty2[i], params[aprojw], self._row_bias(params[aprojb]))
+        st(v.res2[i])  # the GEMM's half output: the partial sums reduced in half (g)
         self._allreduce(v.res2[i])  # g: the row-parallel partial sums
         residual_layernorm_forward(
             v.res2[i],
@@ -568,9 +596,13 @@ class GPT2TP(GPT2):
             params[ln2w],
             params[ln2b],
         )
+        st(v.res2[i], v.ln2[i])
         linear_forward(v.fch[i], v.ln2[i], params[fcw], params[fcb])
+        st(v.fch[i])
         gelu_forward(v.fch_gelu1[i], v.fch1[i])
+        st(v.fch_gelu[i])
         linear_forward(v.res3[i], v.fch_gelu[i], params[mprojw], self._row_bias(params[mprojb]))
+        st(v.res3[i])
         self._allreduce(v.res3[i])
 
     def _forward_stage_sequence(self, v: _SequenceViews, k: int, params) -> None:
@@ -579,6 +611,7 @@ class GPT2TP(GPT2):
         column-parallel layers, reduce-scatters after the row-parallel ones."""
         cfg = self.config
         L = cfg.n_layer
+        st = self._store
         if k == 0:  # the owned rows summed by a reduce-scatter; + wpe on this rank's rows
             local, mask = self._local_tokens(v.tokens)
             np.take(params["wte.weight"], local, axis=0, out=v.dln)
@@ -586,6 +619,7 @@ class GPT2TP(GPT2):
             mine, wpe = self._reduce_scatter(v), params["wpe.weight"]
             for lo, hi, pos in v.runs:
                 np.add(mine[lo:hi], wpe[pos : pos + hi - lo], out=v.encoded[lo:hi])
+            st(v.encoded)
             return
         if k == L + 1:  # ln_f on this rank's rows, straight into the gather buffer
             residual_layernorm_forward(
@@ -598,8 +632,11 @@ class GPT2TP(GPT2):
                 params["ln_f.weight"],
                 params["ln_f.bias"],
             )
-            self.coll.allgather(v.lnf.reshape(-1), bounds=v.bounds)
+            st(v.res3[L - 1], v.lnf[v.rows])
+            with self.coll.half_wire(self._wire):
+                self.coll.allgather(v.lnf.reshape(-1), bounds=v.bounds)
             lm_head_forward(v.logits, v.lnf, params["wte.weight"])
+            st(v.logits)
             self._cross_entropy(v)
             return
         i = k - 1
@@ -610,6 +647,7 @@ class GPT2TP(GPT2):
             layernorm_forward(
                 v.ln1[0], v.ln1_mean[0], v.ln1_rstd[0], v.encoded, params[ln1w], params[ln1b]
             )
+            st(v.ln1[0])
         else:
             residual_layernorm_forward(
                 v.res3[i - 1],
@@ -621,10 +659,14 @@ class GPT2TP(GPT2):
                 params[ln1w],
                 params[ln1b],
             )
+            st(v.res3[i - 1], v.ln1[i])
         full = self._all_gather(v, v.ln1[i])  # f
         linear_forward(v.qkv2[i], full, params[attnw], params[attnb])
+        st(v.qkv2[i])
         attention_forward(v.atty[i], v.att[i], v.qkv[i], cfg.n_head // self._tp)
+        st(v.atty[i])
         linear_forward(v.dln, v.atty2[i], params[aprojw], self._row_bias(params[aprojb]))
+        st(v.dln)  # the GEMM's half output, reduce-scattered in half (g)
         residual_layernorm_forward(
             v.res2[i],
             v.ln2[i],
@@ -635,10 +677,14 @@ class GPT2TP(GPT2):
             params[ln2w],
             params[ln2b],
         )
+        st(v.res2[i], v.ln2[i])
         full = self._all_gather(v, v.ln2[i])  # f
         linear_forward(v.fch[i], full, params[fcw], params[fcb])
+        st(v.fch[i])
         gelu_forward(v.fch_gelu1[i], v.fch1[i])
+        st(v.fch_gelu[i])
         linear_forward(v.dln, v.fch_gelu[i], params[mprojw], self._row_bias(params[mprojb]))
+        st(v.dln)
         np.copyto(v.res3[i], self._reduce_scatter(v))  # g; the next stage adds the residual
 
     def _cross_entropy(self, v) -> None:
@@ -656,7 +702,8 @@ class GPT2TP(GPT2):
         vocab_softmax_partial(v.probs, sums[0], v.logits, row_max)
         local, mask = self._local_tokens(v.targets)
         sums[1] = np.where(mask, v.logits[np.arange(N), local], F32(0.0))
-        self._allreduce(sums)  # sums of exponentials; the target's logit from its owner
+        # sums of exponentials; the target's logit from its owner: float32 in every precision
+        self.coll.allreduce(sums.reshape(-1))
         vocab_softmax_finish(v.losses, v.probs, sums[0], sums[1], row_max)
 
     def eval_stats(self) -> tuple[float, int]:
@@ -685,9 +732,12 @@ class GPT2TP(GPT2):
             return
         cfg = self.config
         L = cfg.n_layer
+        st = self._store
         if k == L + 1:  # head: this vocabulary's logits; lnf's gradient summed (f)
             dlogits = self._head_logit_gradient(v, dloss)
+            st(dlogits)
             lm_head_backward(v.dln, grads["wte.weight"], dlogits, v.lnf, params["wte.weight"])
+            st(v.dln)
             self._allreduce(v.dln)
             layernorm_backward(
                 v.dres,
@@ -699,6 +749,7 @@ class GPT2TP(GPT2):
                 v.lnf_mean,
                 v.lnf_rstd,
             )
+            st(v.dres)
             grads.done(("ln_f.weight", "ln_f.bias"))
             return
         if k == 0:  # the owned tokens' rows of wte; wpe whole (dres is the same everywhere)
@@ -717,8 +768,11 @@ class GPT2TP(GPT2):
         linear_backward(
             v.dfch_gelu, grads[mprojw], grads[mprojb], v.dres, v.fch_gelu[i], params[mprojw]
         )
+        st(v.dfch_gelu)
         gelu_backward(v.dfch1, v.fch1[i], v.dfch_gelu1)
+        st(v.dfch)
         linear_backward(v.dln, grads[fcw], grads[fcb], v.dfch, v.ln2[i], params[fcw])
+        st(v.dln)  # the partial input gradient, reduced in half (f's backward)
         self._allreduce(v.dln)  # f
         layernorm_backward_accumulate(
             v.dres,
@@ -730,11 +784,15 @@ class GPT2TP(GPT2):
             v.ln2_mean[i],
             v.ln2_rstd[i],
         )
+        st(v.dres)
         linear_backward(v.datty2, grads[aprojw], grads[aprojb], v.dres, v.atty2[i], params[aprojw])
+        st(v.datty2)
         attention_backward(
             v.dqkv, v.datty, v.qkv[i], v.att[i], v.att_dscores, cfg.n_head // self._tp
         )
+        st(v.dqkv)
         linear_backward(v.dln, grads[attnw], grads[attnb], v.dqkv2, v.ln1[i], params[attnw])
+        st(v.dln)
         self._allreduce(v.dln)  # f
         layernorm_backward_accumulate(
             v.dres,
@@ -746,6 +804,7 @@ class GPT2TP(GPT2):
             v.ln1_mean[i],
             v.ln1_rstd[i],
         )
+        st(v.dres)
         grads.done(self._layer_names[i])
 
     def _head_logit_gradient(self, v, dloss: float) -> np.ndarray:
@@ -764,9 +823,12 @@ class GPT2TP(GPT2):
         are gathered again for the column-parallel weight gradients. The LayerNorms' and
         wpe's gradients are this rank's rows' share (the schedule sums them)."""
         L = self.config.n_layer
+        st = self._store
         if k == L + 1:
             dlogits = self._head_logit_gradient(v, dloss)
+            st(dlogits)
             lm_head_backward(v.dln, grads["wte.weight"], dlogits, v.lnf, params["wte.weight"])
+            st(v.dln)
             layernorm_backward(
                 v.dres,
                 grads["ln_f.weight"],
@@ -777,6 +839,7 @@ class GPT2TP(GPT2):
                 v.lnf_mean,
                 v.lnf_rstd,
             )
+            st(v.dres)
             grads.done(("ln_f.weight", "ln_f.bias"))
             return
         if k == 0:  # wpe from this rank's rows; wte's owned rows from every row (gathered)
@@ -797,9 +860,12 @@ class GPT2TP(GPT2):
         full = self._all_gather(v, v.dres)  # g's backward
         linear_backward(v.dfch_gelu, grads[mprojw], grads[mprojb], full, v.fch_gelu[i],
                         params[mprojw])  # fmt: skip
+        st(v.dfch_gelu)
         gelu_backward(v.dfch1, v.fch1[i], v.dfch_gelu1)
+        st(v.dfch)
         full = self._all_gather(v, v.ln2[i])  # c_fc's input again, for its weight gradient
         linear_backward(v.dln, grads[fcw], grads[fcb], v.dfch, full, params[fcw])
+        st(v.dln)
         layernorm_backward_accumulate(
             v.dres,
             grads[ln2w],
@@ -810,11 +876,15 @@ class GPT2TP(GPT2):
             v.ln2_mean[i],
             v.ln2_rstd[i],
         )
+        st(v.dres)
         full = self._all_gather(v, v.dres)
         linear_backward(v.datty2, grads[aprojw], grads[aprojb], full, v.atty2[i], params[aprojw])
+        st(v.datty2)
         attention_backward(v.dqkv, v.datty, v.qkv[i], v.att[i], v.att_dscores, nh)
+        st(v.dqkv)
         full = self._all_gather(v, v.ln1[i])
         linear_backward(v.dln, grads[attnw], grads[attnb], v.dqkv2, full, params[attnw])
+        st(v.dln)
         layernorm_backward_accumulate(
             v.dres,
             grads[ln1w],
@@ -825,6 +895,7 @@ class GPT2TP(GPT2):
             v.ln1_mean[i],
             v.ln1_rstd[i],
         )
+        st(v.dres)
         grads.done(self._layer_names[i])
 
     def stage_input(self, k: int) -> list[np.ndarray]:

@@ -33,6 +33,16 @@ data-parallel reduction (sums in either order; with ZeRO-2 the bucket's reduce-s
 has already left only this rank's slice, the same offsets on every shard) and before the
 norm and the update, so the copies again receive the same bits.
 
+Mixed precision (``runconfig.precision`` bf16 / fp16) is data parallelism's
+(``simdist.precision``): the fp32 master is optimizer state of the shard's update range,
+the weights its half rounding, the gradients stored half and reduced in half unless
+``fp32_allreduce`` (the sequence-parallel row shares' sum over the group too); the model
+stores its activations half and runs the group's activation collectives on a half wire
+(``GPT2TP.set_precision``). fp16 scales the loss: an Inf or NaN in any shard's gradients
+reaches the whole group through the norm's sum over it, and every replica through the
+per-step agreement, so every rank skips the same steps. Checkpoints record the precision
+and the scaler; the master is saved whole like the other optimizer state.
+
 The simulated device: each rank's memory holds its shard (parameters, gradients,
 optimizer state) and its shard's activation arena; its kernels are the shard's
 (``gpt2_tp.kernel_costs``); the group's all-reduces are recorded during forward and
@@ -59,11 +69,12 @@ from simdist.device.collective import Network
 from simdist.faults import nonfinite_text
 from simdist.kernels.blas import half_operands
 from simdist.kernels.optim import sum_of_squares
+from simdist.loss_scale import scaler_for, scaler_report
 from simdist.memplan import DeviceAllocator, check_device_memory
 from simdist.models import gpt2_tp
 from simdist.models.gpt2 import build_gpt2, parameter_specs
 from simdist.models.gpt2_tp import GPT2TP, extract, insert, shard_index
-from simdist.precision import Precision
+from simdist.precision import Precision, canonical
 from simdist.schedules.base import StateShard, StepResult
 from simdist.schedules.data_parallel import DataParallel, tensor_parallel_groups
 
@@ -142,15 +153,21 @@ class TensorParallelWeight(DataParallel):
             r.check_collectives,
             placement=sub_placement(place, tp_members, self.tp_rank),
         )
-        self.precision = Precision("fp32")  # config: weight mode trains in fp32
-        self.scaler = None
+        # mixed precision as data parallelism runs it (``DataParallel.prepare``): fp32
+        # master, half weights and activations, gradients reduced in half unless
+        # fp32_allreduce; the group's activation collectives in half (``GPT2TP.set_precision``)
+        self.precision = Precision(canonical(r.precision) or "fp32")
+        self.scaler = scaler_for(r, self.precision.name)
         self.skipped_steps_at_start = 0
-        self.grad_wire = self.param_wire = 0
-        self.gemm = half_operands(None)  # plain float32 products (performance.json: gemm)
-        self.device = simulate.create_device(run.profile, self.comm, place, None)
+        half = self.precision.half is not None
+        self.grad_wire = self.precision.fmt if half and not r.fp32_allreduce else 0
+        self.param_wire = self.precision.fmt if half else 0
+        self.gemm = half_operands(self.precision.fmt if half else None)
+        self.device = simulate.create_device(run.profile, self.comm, place, self.precision.half)
         self.memory = DeviceAllocator(self.device.memory, self.coll)
         whole = build_gpt2(self.params.model).config
         self.model = GPT2TP(whole, self.T, self.tp_rank, r.sequence_parallel)
+        self.model.set_precision(self.precision)
         self.data = build_dataset(self.params, self.micro_batch)
         self._choose_shared_buffers(run)
         check_device_memory(self)  # the shard's tensors, before any buffer exists
@@ -174,8 +191,8 @@ class TensorParallelWeight(DataParallel):
             f"simdist: {self.D} replica(s), model {self.model.name}, micro-batch "
             f"{self.micro_batch} x {self.params.optimizer.grad_accum_steps} accumulation, "
             f"global batch {run.global_batch} ({origin}), ZeRO-{self.zero_level} on the "
-            f"data-parallel axis, collectives {r.collective_algorithm}, precision fp32; "
-            f"data: {self.data.source}"
+            f"data-parallel axis, collectives {r.collective_algorithm}, precision "
+            f"{self.precision.name}{self._precision_note()}; data: {self.data.source}"
         )
 
     def warm(self) -> None:
@@ -234,7 +251,9 @@ class TensorParallelWeight(DataParallel):
 
     def restore(self, run, path, attrs: dict[str, Any], loaded: set[str]) -> None:
         """This rank's slice of the whole tensors ``Run`` read: parameters, and the
-        optimizer state of its update range."""
+        optimizer state of its update range (mixed precision: the fp32 master among it);
+        then ``DataParallel.restore``: the loss scaler, and the master of a checkpoint
+        written in fp32 taken from its parameters."""
         own, full = self.state_shard, self.checkpoint_layout
         whole = full.views(own.params)
         for name, split in self.model.index.items():
@@ -247,6 +266,7 @@ class TensorParallelWeight(DataParallel):
             for name, split in self.model.index.items():
                 views[name][...] = extract(src[name], split)
             self.optimizer.state[key][...] = local[lo:hi]
+        super().restore(run, path, attrs, loaded)
 
     def feed(self, run) -> None:
         super().feed(run)
@@ -258,7 +278,9 @@ class TensorParallelWeight(DataParallel):
     def step(self, run, step: int, guard) -> StepResult:
         p, model, sync = self.params, self.model, self.sync
         n, accum = step + 1, p.optimizer.grad_accum_steps
-        dloss = 1.0 / (self.micro_batch * accum)  # mean over this replica's samples
+        scale = self.scaler.scale if self.scaler is not None else 1.0
+        # mean over this replica's samples (times the loss scale)
+        dloss = scale / (self.micro_batch * accum)
         hook = guard.hook
         guard.enter("forward_backward", n)
         loss = 0.0
@@ -267,23 +289,51 @@ class TensorParallelWeight(DataParallel):
             if hook:
                 hook.at_batch(n, micro, x)
             loss += model.forward(self.pviews, x, y) / accum
-            model.backward(self.pviews, self.gradients(micro), dloss)
+            with self.coll.half_wire(self.grad_wire):  # ZeRO-2 reduces during backward
+                model.backward(self.pviews, self.gradients(micro), dloss)
             self.accumulate_gradients(micro)
         guard.enter("reduce_gradients", n)
-        grads, _ = sync.reduce_gradients(self.grads)  # averaged over the D replicas
+        if self.grads is not None:  # mixed precision: stored half (ZeRO-2: per group)
+            self.precision.store(self.grads)
+        with self.coll.half_wire(self.grad_wire):
+            grads, _ = sync.reduce_gradients(self.grads)  # averaged over the D replicas
         if self._row_share_parts:
-            self._sum_row_shares(grads)
+            with self.tp_coll.half_wire(self.grad_wire):  # a gradient collective too
+                self._sum_row_shares(grads)
+        if scale != 1.0:  # unscaled before the norm, clipping and the update (GradScaler)
+            np.multiply(grads, F32(1.0 / scale), out=grads)
         # this replica slice's share of the norm: split elements of every shard, the
-        # replicated ones once (shard 0's); the same total on every rank of the group
+        # replicated ones once (shard 0's); the same total on every rank of the group (an
+        # overflow anywhere in the group makes it Inf or NaN on all of them)
         split = sum(sum_of_squares(grads[a:b]) for a, b in self._norm_parts)
         own_sumsq = float(self.tp_rec.allreduce_scalars(np.array([split]))[0])
         # every shard holds the same loss: the agreement sums it over the D replicas
-        sumsq, _, stop = guard.check(n, own_sumsq, loss, lambda: nonfinite_text(n))
+        if self.scaler is None:
+            sumsq, _, stop = guard.check(n, own_sumsq, loss, lambda: nonfinite_text(n))
+        else:  # the group's sum carries an overflow to every shard, the agreement to all
+            sumsq, _, stop, overflow = guard.check_overflow(n, own_sumsq, loss)
+            if not self.scaler.update(overflow):
+                run.log(
+                    f"global_step {n}: gradients overflowed at loss scale {scale:g}: step "
+                    f"skipped, scale now {self.scaler.scale:g} "
+                    f"({self.scaler.skipped_steps} skipped so far)"
+                )
+                with self.coll.half_wire(self.param_wire):
+                    sync.gather_parameters(self.params_flat)
+                return StepResult(loss, None, stop)
         norm = self.clip(grads, sumsq)
         guard.enter("update", n)
-        self.optimizer.step(self.owned_parameters(), grads, n, run.learning_rate(step))
+        # the optimizer's own step count: skipped steps never reached it (GradScaler)
+        applied = n - (self.scaler.skipped_steps if self.scaler is not None else 0)
+        if self.precision.half is None:
+            self.optimizer.step(self.owned_parameters(), grads, applied, run.learning_rate(step))
+        else:  # the fp32 master updated; the weights its half rounding
+            master = self.optimizer.state["master"]
+            self.optimizer.step(master, grads, applied, run.learning_rate(step))
+            self.precision.store_into(self.owned_parameters(), master)
         guard.enter("gather_parameters", n)
-        sync.gather_parameters(self.params_flat)
+        with self.coll.half_wire(self.param_wire):  # half values: exact in half words
+            sync.gather_parameters(self.params_flat)
         return StepResult(loss, norm, stop)
 
     def _sum_row_shares(self, grads: np.ndarray) -> None:
@@ -317,7 +367,10 @@ class TensorParallelWeight(DataParallel):
 
     # ----------------------------------------------------------------- around the steps
     def checkpoint_attrs(self) -> dict[str, Any]:
-        return {"tensor_parallel": self.T, "tensor_parallel_mode": "weight", "precision": "fp32"}
+        """Data parallelism's (precision, the loss scaler's state), in weight mode."""
+        attrs = super().checkpoint_attrs()
+        attrs.update({"tensor_parallel": self.T, "tensor_parallel_mode": "weight"})
+        return attrs
 
     def checkpoint_parameters(self, run) -> dict[str, np.ndarray] | None:
         """Rank 0: the whole parameters ``before_checkpoint`` assembled."""
@@ -374,6 +427,7 @@ class TensorParallelWeight(DataParallel):
                 "memory_bytes": dict(self.memory.bytes),
                 "parameters": self.layout.numel,
                 "tp_bytes": tp_sent / steps,
+                **scaler_report(self.scaler, self.skipped_steps_at_start),
             },
             root=0,
         )
@@ -393,6 +447,9 @@ class TensorParallelWeight(DataParallel):
                 "comm_bytes_sent_per_step": out["comm_bytes_sent_per_step"] + tp_sent / steps,
             }
         )
+        if self.scaler is not None:  # every rank's scaler (the same when they agreed)
+            out["loss_scale_per_rank"] = [x["loss_scale"] for x in per_rank]
+            out["skipped_steps_per_rank"] = [x["skipped_steps"] for x in per_rank]
         return out
 
     def start(self, run) -> None:

@@ -334,15 +334,15 @@ class Planner(AnalyticStep):
 
     def _simdist_splits(self, spec: Any) -> bool:
         """Would ``simdist.train --tensor-parallel T --tensor-parallel-mode weight`` run this
-        (fp32 GPT-2 layout, T dividing the heads and the vocabulary, ZeRO 0-2 on the
-        data-parallel axis, no pipeline)? Then the plan is the run's own step."""
+        (GPT-2 layout in fp32, bf16 or fp16, T dividing the heads and the vocabulary, ZeRO
+        0-2 on the data-parallel axis, no pipeline)? Then the plan is the run's own step."""
         c = self.cfg
         if not (
             isinstance(spec, TransformerSpec)
             and is_gpt2_layout(spec)
             and c.tp > 1
             and c.tp_mode == "weight"
-            and c.precision == "fp32"
+            and (c.precision == "fp32" or c.half is not None)
             and c.zero <= 2
             and c.pp == c.interleave == 1
             and c.recompute == "none"
@@ -458,6 +458,7 @@ class Planner(AnalyticStep):
             events, group = tp_step_events(
                 model, tp=tp, replicas=dp, level=c.zero, micro_batch=micro, seq=T, accum=m,
                 optimizer_type=opt, algorithm=algorithm, requested=c.algorithm,
+                grad_bytes=self.elem, param_bytes=self.elem, act_bytes=self.elem,
             )  # fmt: skip
             self.tp_bytes_sent = group_bytes_sent(group)
         else:

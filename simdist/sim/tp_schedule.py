@@ -11,6 +11,10 @@ D replicas on the shard's flat layout (``dp_step_events`` on the shard model,
 * the clipping norm's sum over the group (one float64 per rank, ``allreduce_scalars``)
   between the gradient sync and the loop's per-step agreement.
 
+In bf16 / fp16 the data-parallel events move 2-byte gradients and parameters and the
+group's activation collectives 16-bit words, as the run's half wires do; the
+cross-entropy's sums stay float32 (``group_collectives`` marks which is which).
+
 ``StepModel`` places them as it places any recorded collective: a phase's all-gathers
 before its kernels, the rest after them, exposed (Megatron's are blocking).
 ``tests/test_simulate.py`` runs the configuration and checks that the run's simulated step
@@ -44,12 +48,15 @@ def group_algorithm(requested: str, op: str, nbytes: int, tp: int) -> str:
 
 
 def group_calls(
-    model: Any, tp: int, micro_batch: int, seq: int, algorithm: str
+    model: Any, tp: int, micro_batch: int, seq: int, algorithm: str, act_bytes: int = 4
 ) -> dict[str, list[Coll]]:
-    """Phase -> the group's collectives of one micro-batch, in issue order."""
+    """Phase -> the group's collectives of one micro-batch, in issue order;
+    ``act_bytes``: bytes per element of the activation collectives (2 on mixed
+    precision's half wire; the cross-entropy's sums stay float32)."""
     out: dict[str, list[Coll]] = {"forward": [], "backward": []}
-    for phase, op, n in group_collectives(model.config, tp, micro_batch, seq):
-        blocks = tuple(int(x) for x in 4 * np.diff(partition(n, tp)))
+    for phase, op, n, activation in group_collectives(model.config, tp, micro_batch, seq):
+        elem = act_bytes if activation else 4
+        blocks = tuple(int(x) for x in elem * np.diff(partition(n, tp)))
         alg = group_algorithm(algorithm, op, 4 * n, tp)
         out[phase].append(Coll(op, alg, blocks, False, phase, 0.0, 0.0))
     return out
@@ -67,20 +74,25 @@ def tp_step_events(
     optimizer_type: str = "adamw",
     algorithm: str = "ring",
     requested: str | None = None,
+    grad_bytes: int = 4,
+    param_bytes: int = 4,
+    act_bytes: int = 4,
 ) -> tuple[list[Span | Coll], list[Coll]]:
     """(one step of rank 0 as the run records it, the group's collectives among them).
 
     ``model``: the shard (``GPT2TP``, nothing allocated); ``algorithm``: the
     data-parallel axis's, resolved (``dp_step_events``); ``requested``: the run's
     ``collective_algorithm`` as given (the group resolves it itself; default
-    ``algorithm``)."""
+    ``algorithm``); ``grad_bytes`` / ``param_bytes`` as ``dp_step_events``'s,
+    ``act_bytes`` as ``group_calls``'s (mixed precision: 2)."""
     if level not in (0, 1, 2):
         raise ValueError(f"weight mode runs ZeRO 0-2 on the data-parallel axis, got {level}")
     events = dp_step_events(
         model, world=replicas, level=level, micro_batch=micro_batch, seq=seq, accum=accum,
-        optimizer_type=optimizer_type, algorithm=algorithm,
+        optimizer_type=optimizer_type, algorithm=algorithm, grad_bytes=grad_bytes,
+        param_bytes=param_bytes,
     )  # fmt: skip
-    calls = group_calls(model, tp, micro_batch, seq, requested or algorithm)
+    calls = group_calls(model, tp, micro_batch, seq, requested or algorithm, act_bytes)
     norm = Coll("allreduce_scalars", "native", (8,) * tp, False, None, 0.0, 0.0)
     out: list[Span | Coll] = []
     group: list[Coll] = []
