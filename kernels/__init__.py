@@ -12,11 +12,3 @@ Conventions (every kernel module follows them):
 - float32 throughout: constants are ``np.float32``; no float64 arithmetic leaks;
 - all jit options live in ``_jit.py`` (numba's cache key ignores them).
 """
-
-if __name__ != "simdist.kernels":  # e.g. ``PYTHONPATH=. python -c "import kernels"``
-    # A second copy of the modules would share their numba cache files with simdist.kernels
-    # while compiling its own globals (the gemm mode word, the BLAS symbols) into them.
-    raise ImportError(
-        f"the kernels folder was imported as {__name__!r}; import it as simdist.kernels "
-        "(the package installs it there: pip install -e .)"
-    )

@@ -734,19 +734,6 @@ def test_registry_skips_only_missing_modules(monkeypatch):
 # ------------------------------------------------------------------ the compiled-code cache
 
 
-def test_the_kernels_folder_refuses_a_top_level_import():
-    """Imported as ``kernels`` (the repository on PYTHONPATH) the modules would be a second
-    copy sharing simdist.kernels' cache files: refused, naming the import to use."""
-    import subprocess
-    import sys
-
-    root = Path(__file__).resolve().parents[1]
-    out = subprocess.run([sys.executable, "-c", "import kernels.linear"], cwd=root,
-                         capture_output=True, text=True, timeout=120)  # fmt: skip
-    assert out.returncode == 1
-    assert "import it as simdist.kernels" in out.stderr, out.stderr
-
-
 def test_kernel_caches_are_keyed_by_every_kernel_source(tmp_path, monkeypatch):
     """A cached kernel holds the code of the kernels it calls, and numba keys it by its own
     file only: caches live in a directory named by a digest of all kernel sources, so an
