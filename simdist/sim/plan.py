@@ -507,8 +507,9 @@ class Planner(AnalyticStep):
     # ---- pipelines simdist runs: the run's pipeline step on the shapes
     def _simdist_pipelines(self, spec: Any) -> bool:
         """Would ``simdist.train --pipeline-parallel P`` run this (a model simdist pipelines,
-        in fp32, bf16 or fp16, ZeRO 0-3 on the data-parallel axis, no tensor split)? Then the
-        plan is the run's own simulated step (``simdist.sim.pp_schedule``)."""
+        in fp32 or mixed precision with its half format named, ZeRO 0-3 on the data-parallel
+        axis, no tensor split)? Then the plan is the run's own simulated step
+        (``simdist.sim.pp_schedule``)."""
         c = self.cfg
         model_ok = isinstance(spec, MLPSpec) or (
             isinstance(spec, TransformerSpec) and is_gpt2_layout(spec)
@@ -516,6 +517,7 @@ class Planner(AnalyticStep):
         return (
             model_ok
             and c.pp > 1
+            and (c.precision == "fp32" or c.half is not None)  # as _simdist_runs
             and c.tp == c.interleave == 1
             and c.recompute == "none"
             and not c.sequence_parallel
@@ -590,12 +592,13 @@ class Planner(AnalyticStep):
     # ---- weight streaming simdist runs: the run's streaming step on the shapes
     def _simdist_streams(self, spec: Any) -> bool:
         """Would ``simdist.train --execution_mode weight_streaming`` run this (a GPT-2-layout
-        model in fp32, bf16 or fp16, no tensor or pipeline split)? Then the plan is the run's
-        step."""
+        model in fp32 or mixed precision with its half format named, no tensor or pipeline
+        split)? Then the plan is the run's step."""
         c = self.cfg
         return (
             isinstance(spec, TransformerSpec)
             and is_gpt2_layout(spec)
+            and (c.precision == "fp32" or c.half is not None)  # as _simdist_runs
             and c.tp == c.pp == c.interleave == 1
             and c.recompute == "none"
         )
