@@ -31,13 +31,14 @@ parameter gather, slowest rank). Rows:
   simulated step is ``simdist.sim.pp_schedule``'s plus its forward/backward phase's
   measured host time (input fetch, copies, Python between the kernels); weight mode's is
   the shard's kernels and the group's collectives (``simdist.sim.tp_schedule``);
-* ``plan vs run``: for each weight-mode run, ``python -m simdist.plan --tp 2 --tp-mode
-  weight`` for the run's configuration (read from its params.yaml) against the run's
-  ``est_step_time_s``, target <= 5 %. The weight-mode case runs without gradient clipping
-  (``max_gradient_norm: null``): clipping's scaling pass runs only in steps whose norm
-  exceeds the limit, which a plan cannot know. Both replay the same events through the same step
-  model; the gap is the run's measured host time (``other``), which a plan cannot know
-  (the row notes its share and the device part's own error);
+* ``plan vs run``: for each weight-mode and pipeline run, ``python -m simdist.plan --tp 2
+  --tp-mode weight`` (``--pp 2``) for the run's configuration (read from its params.yaml)
+  against the run's ``est_step_time_s``, target <= 5 %. The weight-mode case runs
+  without gradient clipping (``max_gradient_norm: null``): clipping's scaling pass runs
+  only in steps whose norm exceeds the limit, which a plan cannot know. Both replay the
+  same events through the same step model; the gap is the run's measured host time
+  (``other``), which a plan cannot know (the row notes its share and the device part's
+  own error);
 * ``collective``: all-reduce, reduce-scatter and all-gather of 1, 4 and 16 MiB, ring, rhd
   and shm (on registered buffers, as training runs it), simdist's own collectives timed
   here as the loop runs them (``--collectives-worker`` under mpiexec: buffer just written,
@@ -105,8 +106,9 @@ MODELS_MEASURED = {  # case label -> (params preset, steps per run)
 # tensor (SambaFlow's batch mode) and pipeline parallelism at 2 ranks: case label ->
 # (params preset, steps per run, ranks, train arguments); each keeps its preset's batch
 # (TP: the group's batch divided over its 2 ranks; PP: 4 micro-batches of a quarter)
-# weight mode also gets a plan-vs-run row: without clipping, whose scaling pass runs only
-# when the gradient norm exceeds the limit (data-dependent: a plan cannot know it)
+# weight mode and pipelines also get a plan-vs-run row; weight mode runs without clipping,
+# whose scaling pass runs only when the gradient norm exceeds the limit (data-dependent: a
+# plan cannot know it; the pipeline's step does not model that pass)
 NO_CLIP = "--optimizer.max_gradient_norm=null"
 PARALLEL_MEASURED = {
     "TP2 (batch) FC-MNIST": ("fc_mnist", 150, 2, ["--tensor-parallel=2"]),
@@ -249,8 +251,8 @@ def measured_parallel(
     profile, target 15 %, as the data-parallel ``step`` rows: the run's simulated step
     (``est_step_time_s``; batch mode: the data-parallel replay; weight mode: the shard's;
     pipelines: ``simdist.sim.pp_schedule``; all with their measured host time) against the
-    best measured step (``measured_step_time_min_s``) over the runs. Each weight-mode case
-    adds a ``plan vs run`` row (``plan_vs_run_row``) after its step row."""
+    best measured step (``measured_step_time_min_s``) over the runs. Each weight-mode and
+    pipeline case adds a ``plan vs run`` row (``plan_vs_run_row``) after its step row."""
     cores = os.cpu_count() or 1
     cases = PARALLEL_MEASURED if cases is None else cases
     runs: dict[str, list[dict]] = {}
@@ -284,7 +286,9 @@ def measured_parallel(
                 np=np_,
             )
         )
-        if perfs[0].get("tensor_parallel_mode") == "weight" and perfs[0]["tensor_parallel"] > 1:
+        p0 = perfs[0]
+        weight = p0.get("tensor_parallel_mode") == "weight" and p0["tensor_parallel"] > 1
+        if weight or p0.get("pipeline_parallel", 1) > 1:
             rows.append(plan_vs_run_row(label, perfs, work / _slug(label), np_))
     return rows
 
@@ -294,16 +298,19 @@ def _slug(label: str) -> str:
 
 
 def plan_for_run(model_dir: Path, np_: int):
-    """Plan mode for the configuration a run wrote to its params.yaml (GPT-2 presets)."""
+    """Plan mode for the configuration a run wrote to its params.yaml (GPT-2 presets and
+    FC-MNIST; tensor-parallel weight mode and pipelines)."""
     import yaml
 
     from simdist.plan import plan
 
     p = yaml.safe_load((model_dir / "params.yaml").read_text())
     r, opt, batch = p["runconfig"], p["optimizer"], p["train_input"]["batch_size"]
+    model = p["model"].get("preset") or p["model"]["name"].replace("_", "-")
     return plan(
-        model=p["model"]["preset"], devices=np_, profile=HOST_PROFILE, tp=r["tensor_parallel"],
-        tp_mode=r["tensor_parallel_mode"], zero=r["zero_opt_level"],
+        model=model, devices=np_, profile=HOST_PROFILE, tp=r["tensor_parallel"],
+        tp_mode=r["tensor_parallel_mode"], pp=r["pipeline_parallel"],
+        pipeline_schedule=r["pipeline_schedule"], zero=r["zero_opt_level"],
         batch=batch * opt["grad_accum_steps"], micro_batch=batch, precision=r["precision"],
         optimizer="adam" if opt["optimizer_type"] == "adamw" else "sgd",
         algorithm=r["collective_algorithm"],
@@ -651,9 +658,10 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__.split("\n")[0],
         epilog="Measured rows: step (np 1, 2, 4), compute (np 1), parallel step (2 ranks: "
         "TP2 batch mode FC-MNIST and gpt2-mini, PP2 1f1b both, TP2 weight mode gpt2-mini; "
-        "target 15 %), plan vs run (each weight-mode run against python -m simdist.plan "
-        "--tp 2 --tp-mode weight for its configuration, target 5 %), collective. Load on a "
-        "shared machine shows as the gap between best and median; see the module docstring.",
+        "target 15 %), plan vs run (each weight-mode and pipeline run against python -m "
+        "simdist.plan --tp 2 --tp-mode weight / --pp 2 for its configuration, target 5 %), "
+        "collective. Load on a shared machine shows as the gap between best and median; see "
+        "the module docstring.",
     )
     ap.add_argument("--part", choices=("published", "measured", "all"), default="all")
     ap.add_argument("--json", metavar="FILE", help="write the rows as JSON")
@@ -673,8 +681,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--no-parallel",
         action="store_true",
-        help="skip the tensor-parallel (batch and weight mode, with weight mode's plan-vs-run "
-        "row) and pipeline rows (2 ranks, after the np <= cores cases)",
+        help="skip the tensor-parallel (batch and weight mode) and pipeline rows (with "
+        "their plan-vs-run rows; 2 ranks, after the np <= cores cases)",
     )
     ap.add_argument(
         "--profile",

@@ -9,10 +9,10 @@ What is measured (one thread, as each simdist rank runs):
   of N; the best rate is the matrix peak and each size's fraction of it forms the size-keyed
   efficiency table (so the host profile's table, unlike the GPU ones, is fitted to
   whole-kernel times and is used with the roofline max). A second sweep times GEMMs with one
-  small dimension s = 16 … 512 (the other two 512) for each axis (m, k, n) and each layout
-  the kernels use (a @ b, a @ b.T, a.T @ b): ``matrix_shape_efficiency``, used for the
-  models' GEMMs, whose shapes are known (32 rows run at about half the rate of 32 inner
-  dimensions).
+  small dimension s = 4 … 512 (a pipeline's micro-batch of a few rows included; the other
+  two 512) for each axis (m, k, n) and each layout the kernels use (a @ b, a @ b.T,
+  a.T @ b): ``matrix_shape_efficiency``, used for the models' GEMMs, whose shapes are known
+  (32 rows run at about half the rate of 32 inner dimensions).
 * Elementwise: a numba degree-8 polynomial per element on a cache-resident array (the SIMD
   peak, ``vector_tflops``) and the Python-to-kernel call overhead (``kernel_launch_us``,
   added per call: ``launch_mode: serial``); reductions, which stay scalar without fastmath
@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     mem_sizes = [2**18, 2**24] if args.quick else [2**k for k in (18, 20, 21, 22, 23, 24, 25, 26)]
     # several rounds over all sizes, best per size: a burst of load from other processes
     # then spoils one round of one size instead of the whole point
-    shape_sizes = [32, 128] if args.quick else [16, 32, 64, 128, 256, 512]
+    shape_sizes = [32, 128] if args.quick else [4, 8, 16, 32, 64, 128, 256, 512]
     gemm: dict[int, float] = {}
     shapes: dict[str, dict[str, dict[int, float]]] = {}
     memory: dict[str, dict[int, float]] = {"copy": {}, "add": {}}

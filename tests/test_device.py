@@ -817,10 +817,10 @@ def test_validate_sim_parallel_rows_on_a_tiny_config(tmp_path, monkeypatch, caps
     (gpt2-mini for weight mode), 3 steps: one ``parallel step`` row per case with the run's
     simulated and measured step (the pipeline's prediction holds no measured part), printed
     with the summary line the other kinds get; every prediction includes its measured host
-    time, as DP's do. The weight-mode case adds a ``plan vs run`` row: plan mode for the
-    run's configuration against the run's ``est_step_time_s``, whose device part it equals
-    (rel 1e-5, as tests/test_simulate.py checks), so its error is the run's measured host
-    share (below 5 % only on an idle machine: not asserted)."""
+    time, as DP's do. The pipeline and weight-mode cases add a ``plan vs run`` row each:
+    plan mode for the run's configuration against the run's ``est_step_time_s``, whose
+    device part it equals (rel 1e-5, as tests/test_simulate.py checks), so its error is the
+    run's measured host share (below 5 % only on an idle machine: not asserted)."""
     mod = _validate_sim_module(monkeypatch)
     cases = {
         "TP2 (batch) tiny": ("fc_mnist", 3, 2, ["--tensor-parallel=2"]),
@@ -834,26 +834,28 @@ def test_validate_sim_parallel_rows_on_a_tiny_config(tmp_path, monkeypatch, caps
     assert [r["case"] for r in rows] == [
         "step TP2 (batch) tiny np 2",
         "step PP2 1f1b tiny np 2",
+        "plan vs run PP2 1f1b tiny np 2",
         "step TP2 (weight) tiny np 2",
         "plan vs run TP2 (weight) tiny np 2",
     ]
-    for r in rows[:3]:
+    tp, pp, pp_plan, tpw, tpw_plan = rows
+    for r in (tp, pp, tpw):
         assert r["kind"] == "parallel step" and r["target"] == 0.15 and r["np"] == 2
         assert r["predicted"] > 0 and 0 < r["measured"] <= r["measured_median"]
         assert r["rel_error"] == pytest.approx((r["predicted"] - r["measured"]) / r["measured"])
-    tp, pp, tpw, plan = rows
     assert tp["measured_share"] > 0 and "other" in tp["breakdown_ms"]
     assert pp["measured_share"] > 0 and "forward_backward" in pp["breakdown_ms"]
     assert tpw["measured_share"] > 0 and "other" in tpw["breakdown_ms"]
-    assert plan["kind"] == "plan vs run" and plan["target"] == 0.05
-    assert plan["measured"] == pytest.approx(tpw["predicted"])  # the run's est_step_time_s
-    assert abs(plan["device_rel_error"]) <= 1e-5
-    # what is left is the run's measured host time, which a plan cannot know
-    assert plan["rel_error"] == pytest.approx(-plan["host_share"], abs=1e-5)  # |device| <= 1e-5
+    for row, run in ((pp_plan, pp), (tpw_plan, tpw)):
+        assert row["kind"] == "plan vs run" and row["target"] == 0.05
+        assert row["measured"] == pytest.approx(run["predicted"])  # the run's est_step_time_s
+        assert abs(row["device_rel_error"]) <= 1e-5
+        # what is left is the run's measured host time, which a plan cannot know
+        assert row["rel_error"] == pytest.approx(-row["host_share"], abs=1e-5)
     mod._print(rows)
     out = capsys.readouterr().out
     assert "step PP2 1f1b tiny np 2" in out and "parallel step" in out
-    assert "plan vs run TP2 (weight) tiny np 2" in out and "plan vs run" in out
+    assert "plan vs run PP2 1f1b tiny np 2" in out and tpw_plan["case"] in out
 
 
 def test_validate_sim_collectives_worker_probes_each_cases_buffer(tmp_path, monkeypatch):

@@ -24,9 +24,13 @@ replicas run the same ops at the same simulated times):
   to the last stage (ZeRO-3: replica 0's slice of its gradient group). The step ends
   when the slowest stage is done.
 
-Left out (small next to these, or host work a plan cannot know): the micro-batch gradient
-accumulation passes, the clipping norm's sum of squares and its float64 relay along the
-pipeline, input fetch and host time.
+ZeRO-0/1 with several micro-batches add each backward's gradients into the stage's sum (one
+elementwise pass on the backward op; the first micro-batch's a copy); after its gradient
+sync each stage adds its part of the norm's float64 sum of squares, in flat order, passing
+the four lanes to the next stage (the agreement starts when the last stage has the sum).
+
+Left out (host work a plan cannot know): input fetch and the loop's Python; a run adds its
+measured host time to the estimate.
 
 ``stage_memory`` is the bytes a stage's rank accounts (what the run's ``_allocate``
 allocates, by category), so plan mode reports the run's memory per rank too.
@@ -303,11 +307,13 @@ class PipelineStep:
     def breakdown(self) -> dict[str, float]:
         sync_end = max(self.tail_end("gradient sync"))
         fb = self.forward_backward_s
+        norm_end = max(self.tail_end("gradient norm"))
         return {
             "forward_backward": fb,
             "gradient_sync_exposed": sync_end - fb,
+            "gradient_norm": norm_end - sync_end,
             "step_check": self.step_check_s,
-            "update": self.step_s - sync_end - self.step_check_s,
+            "update": self.step_s - norm_end - self.step_check_s,
         }
 
     def tail_end(self, name: str) -> list[float]:
@@ -414,6 +420,10 @@ def pipeline_step(
             "ZeRO-3: each op's parameter all-gathers run blocking before the model stage "
             "that reads them, in the run's window-cache order"
         )
+    if zero < 2 and micro > 1:  # each backward's gradients added into the stage's sum
+        for s, (a, bb) in enumerate(plan.flat):  # (the first copied: 2 of the add's 3 streams)
+            n = bb - a
+            bwd[s] += vector(n * (micro - 1) / micro, elem * n * (3 * micro - 1) / micro)
     ops = pipeline_ops(kind, fwd, bwd, micro, send, back, segments)
     span = max(o.end for o in ops)
     busy = [micro * (x + y) for x, y in zip(fwd, bwd, strict=True)]
@@ -452,8 +462,25 @@ def pipeline_step(
         tail.append(events)
     if zero >= 2:  # ZeRO-2/3 shifted the ops; the makespan follows
         span = max(o.end for o in ops)
+    # the norm's sum of squares: each stage's float64 lanes over the part it counts, passed
+    # on to the next stage (blocking, in flat order: the one-piece sum's bits)
+    sq_dtype = "fp64" if "fp64" in profile.scalar_flops else None
+    hop = link_seconds(profile, link_class, 8 * 4)  # four float64 lanes
+    relay = 0.0
+    for s in range(P):
+        a, bb = plan.flat[s]
+        bounds = np.clip(layout.bounds - a, 0, bb - a)
+        n = float(bounds[1] - bounds[0])
+        try:
+            t_sq = cost.compute_time(2 * n, 4 * n, "vector", sq_dtype, serial_flops=2 * n)
+        except ProfileError as err:
+            notes.append(f"compute not modelled: {err}")
+            t_sq = 0.0
+        start = max(stage_end[s], relay + hop if s > 0 else 0.0)
+        tail[s].append(("gradient norm", start, t_sq, "compute"))
+        relay = start + t_sq
     check = coll("allreduce_scalars", (8 * AGREEMENT_VALUES,) * (D * P), D * P, "native")
-    t_check = max(stage_end)
+    t_check = relay  # the last stage holds the sum once every stage has added its part
     t_upd = t_check + check
     ends = []
     for s in range(P):
