@@ -537,19 +537,21 @@ def test_plan_predicts_the_pipeline_runs_step_and_memory(
 
 
 # tensor parallelism, weight mode, TP 2: (ranks, micro-batch, zero level, grad_accum_steps,
-# precision)
+# precision, sequence parallelism)
 PLAN_VS_RUN_TP = [
-    (2, 2, 0, 1, "fp32"),
-    (2, 1, 2, 2, "fp32"),
-    (4, 2, 1, 1, "fp32"),
-    (2, 2, 0, 1, "bf16"),
-    (4, 1, 2, 2, "bf16"),
+    (2, 2, 0, 1, "fp32", False),
+    (2, 1, 2, 2, "fp32", False),
+    (4, 2, 1, 1, "fp32", False),
+    (2, 2, 0, 1, "bf16", False),
+    (4, 1, 2, 2, "bf16", False),
+    (2, 2, 0, 1, "fp32", True),
+    (4, 1, 2, 2, "bf16", True),
 ]
 
 
-@pytest.mark.parametrize(("n", "batch", "zero", "accum", "precision"), PLAN_VS_RUN_TP)
+@pytest.mark.parametrize(("n", "batch", "zero", "accum", "precision", "sp"), PLAN_VS_RUN_TP)
 def test_plan_predicts_the_weight_mode_runs_step_and_memory(
-    tmp_path, n, batch, zero, accum, precision
+    tmp_path, n, batch, zero, accum, precision, sp
 ):
     """``python -m simdist.plan --tp 2 --tp-mode weight`` and a weight-mode run of gpt2-mini
     at np 2 (and DP 2 x TP 2 at np 4, the ranks of one node: ``--devices-per-node 4``, as the
@@ -562,7 +564,9 @@ def test_plan_predicts_the_weight_mode_runs_step_and_memory(
     the run's own plan of the shard (memplan), byte for byte but that input batch; the
     group's bytes sent per step exactly. In bf16 the same, with the half format's compute
     rates, 2-byte weights and gradients, and the group's activation collectives in 16-bit
-    words (the cross-entropy's sums float32)."""
+    words (the cross-entropy's sums float32). With sequence parallelism the group's
+    reduce-scatters and all-gathers (``group_collectives``) and the row-share gradients'
+    all-reduce after the sync, and the shard's activations on N / T rows."""
     from simdist.plan import main, plan
 
     d = tmp_path / "run"
@@ -573,7 +577,7 @@ def test_plan_predicts_the_weight_mode_runs_step_and_memory(
         "--runconfig.collective_algorithm=ring", "--runconfig.mode=train",
         "--runconfig.max_steps=2", "--runconfig.save_checkpoints_steps=0",
         "--runconfig.progress_bar=false", f"--runconfig.model_dir={d}",
-        f"--runconfig.precision={precision}",
+        f"--runconfig.precision={precision}", f"--runconfig.sequence_parallel={sp}",
     ]  # fmt: skip
     out = run_mpi(n, cmd, timeout=300)
     assert out.returncode == 0, out.stdout
@@ -586,7 +590,7 @@ def test_plan_predicts_the_weight_mode_runs_step_and_memory(
         batch=batch * accum, micro_batch=batch,
         precision="fp32" if precision == "fp32" else "mixed",
         half=None if precision == "fp32" else precision, optimizer="adam",
-        algorithm="ring", devices_per_node=n,
+        algorithm="ring", devices_per_node=n, sequence_parallel=sp,
     )  # fmt: skip
     assert any("tensor-parallel weight-mode step" in n for n in r.notes), r.notes
     parts = p["est_step_time_breakdown_s"]
@@ -608,7 +612,7 @@ def test_plan_predicts_the_weight_mode_runs_step_and_memory(
     args = ["--model", "gpt2-mini", "--devices", str(n), "--profile", "host", "--tp", "2",
             "--tp-mode", "weight", "--zero", str(zero), "--batch", str(batch * accum),
             "--micro-batch", str(batch), "--precision", precision, "--devices-per-node", str(n),
-            "--json"]  # fmt: skip
+            "--sequence-parallel" if sp else "--no-sequence-parallel", "--json"]  # fmt: skip
     assert main(args) == 0
 
 

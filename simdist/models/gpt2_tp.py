@@ -365,21 +365,32 @@ def kernel_costs(
     return out
 
 
-def group_collectives(cfg: GPT2Config, tp: int, B: int, T: int) -> list[tuple[str, str, int, bool]]:
-    """The group's collective calls of one micro-batch without sequence parallelism, in the
-    order ``GPT2TP`` issues them: (phase, op, elements of the buffer, whether it carries
-    activations: on a half wire in mixed precision, the cross-entropy's float32). Forward:
-    the vocab-parallel embedding's sum, each block's two row-parallel sums (g), then the
-    cross-entropy's row maxima (all-gathered, ``tp`` N values) and its sums of
-    exponentials and target logits (2 N). Backward: the LM head's input gradient and each
-    block's two column-parallel input gradients (f). Plan mode writes a weight-mode step
-    down from this list (``simdist.sim.tp_schedule``); ``tests/test_simulate.py`` checks
-    it against what a run records."""
+def group_collectives(
+    cfg: GPT2Config, tp: int, B: int, T: int, sequence_parallel: bool = False
+) -> list[tuple[str, str, int, bool]]:
+    """The group's collective calls of one micro-batch, in the order ``GPT2TP`` issues them:
+    (phase, op, elements of the buffer, whether it carries activations: on a half wire in
+    mixed precision, the cross-entropy's float32). Forward: the vocab-parallel embedding's
+    sum, each block's two row-parallel sums (g), then the cross-entropy's row maxima
+    (all-gathered, ``tp`` N values) and its sums of exponentials and target logits (2 N).
+    Backward: the LM head's input gradient and each block's two column-parallel input
+    gradients (f). With ``sequence_parallel`` every sum of N C is a reduce-scatter and
+    every f an all-gather (``_forward_stage_sequence`` / ``_backward_stage_sequence``):
+    forward, the embedding's reduce-scatter, per block all-gather, reduce-scatter (twice),
+    ln_f's all-gather; backward, the head's reduce-scatter, per block the residual
+    gradient's all-gather, ln_2's output gathered again, the reduce-scatter (twice: ln_1
+    too), and the embedding's all-gather. Plan mode writes a weight-mode step down from
+    this list (``simdist.sim.tp_schedule``); ``tests/test_simulate.py`` checks it against
+    what a run records."""
     N, C, L = B * T, cfg.n_embd, cfg.n_layer
-    fwd = [("forward", "allreduce", N * C, True)] * (1 + 2 * L)
-    fwd += [("forward", "allgather", tp * N, False), ("forward", "allreduce", 2 * N, False)]
-    bwd = [("backward", "allreduce", N * C, True)] * (1 + 2 * L)
-    return fwd + bwd
+    ce = [("forward", "allgather", tp * N, False), ("forward", "allreduce", 2 * N, False)]
+    if not sequence_parallel:
+        fwd = [("forward", "allreduce", N * C, True)] * (1 + 2 * L)
+        return fwd + ce + [("backward", "allreduce", N * C, True)] * (1 + 2 * L)
+    ag_f, rs_f = ("forward", "allgather", N * C, True), ("forward", "reduce_scatter", N * C, True)
+    ag_b, rs_b = ("backward", "allgather", N * C, True), ("backward", "reduce_scatter", N * C, True)
+    fwd = [rs_f] + [ag_f, rs_f] * (2 * L) + [ag_f] + ce
+    return fwd + [rs_b] + [ag_b, ag_b, rs_b] * (2 * L) + [ag_b]
 
 
 def _layernorm_first(N: int, C: int) -> KernelCost:

@@ -334,8 +334,9 @@ class Planner(AnalyticStep):
 
     def _simdist_splits(self, spec: Any) -> bool:
         """Would ``simdist.train --tensor-parallel T --tensor-parallel-mode weight`` run this
-        (GPT-2 layout in fp32, bf16 or fp16, T dividing the heads and the vocabulary, ZeRO
-        0-2 on the data-parallel axis, no pipeline)? Then the plan is the run's own step."""
+        (GPT-2 layout in fp32, bf16 or fp16, T dividing the heads and the vocabulary, and
+        the sequence with sequence parallelism, ZeRO 0-2 on the data-parallel axis, no
+        pipeline)? Then the plan is the run's own step."""
         c = self.cfg
         if not (
             isinstance(spec, TransformerSpec)
@@ -346,10 +347,15 @@ class Planner(AnalyticStep):
             and c.zero <= 2
             and c.pp == c.interleave == 1
             and c.recompute == "none"
-            and not c.sequence_parallel
             and c.overlap
             and self.execution != "weight_streaming"
         ):
+            return False
+        if c.sequence_parallel and spec.seq_len % c.tp:
+            self.notes.append(
+                f"simdist's sequence parallelism needs tp ({c.tp}) to divide the sequence "
+                f"({spec.seq_len}): Megatron's analytic schedule instead"
+            )
             return False
         if spec.n_head % c.tp or spec.vocab % c.tp:
             self.notes.append(
@@ -381,7 +387,7 @@ class Planner(AnalyticStep):
         if tp > 1:
             from simdist.models.gpt2_tp import GPT2TP
 
-            return GPT2TP(cfg, tp, 0)
+            return GPT2TP(cfg, tp, 0, self.cfg.sequence_parallel)
         return GPT2(cfg)
 
     def _simdist_step(
@@ -483,9 +489,10 @@ class Planner(AnalyticStep):
         if tp > 1:
             self.notes.append(
                 f"schedule: simdist's own tensor-parallel weight-mode step (tp={tp}, "
-                f"{dp} replica(s), ZeRO-{c.zero} on the data-parallel axis; "
-                "simdist.sim.tp_schedule, as a run replays it): the group's all-reduces and "
-                "all-gathers exposed; memory: the shard's; no input or host time"
+                f"{dp} replica(s), ZeRO-{c.zero} on the data-parallel axis"
+                + ("; sequence parallel" if c.sequence_parallel else "")
+                + "; simdist.sim.tp_schedule, as a run replays it): the group's collectives "
+                "exposed; memory: the shard's; no input or host time"
             )
         else:
             self.notes.append(

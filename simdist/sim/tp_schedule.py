@@ -8,6 +8,8 @@ D replicas on the shard's flat layout (``dp_step_events`` on the shard model,
 
 * the group's collectives of every micro-batch (``gpt2_tp.group_collectives``) inside its
   forward and backward, over the T ranks of the group, each with its own blocks;
+* with sequence parallelism, the row-share gradients' all-reduce over the group after the
+  gradient sync (``row_share_sum``);
 * the clipping norm's sum over the group (one float64 per rank, ``allreduce_scalars``)
   between the gradient sync and the loop's per-step agreement.
 
@@ -27,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from simdist.arena import Layout
 from simdist.comm.cost import choose_algorithm
 from simdist.comm.partition import partition
 from simdist.device.schedule import schedule
@@ -54,7 +57,8 @@ def group_calls(
     ``act_bytes``: bytes per element of the activation collectives (2 on mixed
     precision's half wire; the cross-entropy's sums stay float32)."""
     out: dict[str, list[Coll]] = {"forward": [], "backward": []}
-    for phase, op, n, activation in group_collectives(model.config, tp, micro_batch, seq):
+    sp = getattr(model, "sequence_parallel", False)
+    for phase, op, n, activation in group_collectives(model.config, tp, micro_batch, seq, sp):
         elem = act_bytes if activation else 4
         blocks = tuple(int(x) for x in elem * np.diff(partition(n, tp)))
         alg = group_algorithm(algorithm, op, 4 * n, tp)
@@ -102,9 +106,31 @@ def tp_step_events(
             group += calls[ev.kind]
         out.append(ev)
         if isinstance(ev, Span) and ev.kind == "sync":
+            shares = row_share_sum(model, tp, replicas, level, requested or algorithm, grad_bytes)
+            out += shares
+            group += [c for c in shares if isinstance(c, Coll)]
             out.append(norm)
             group.append(norm)
     return out, group
+
+
+def row_share_sum(
+    model: Any, tp: int, replicas: int, level: int, requested: str, grad_bytes: int
+) -> list[Span | Coll]:
+    """Sequence parallelism: the schedule's one all-reduce over the group of the row-share
+    gradients (LayerNorms, ``wpe``) inside rank 0's update range, with its span (the run
+    hooks it as a sync); nothing without sequence parallelism or such gradients."""
+    names = set(model.sequence_parallel_names()) if hasattr(model, "sequence_parallel") else ()
+    if not names:
+        return []
+    layout = Layout(model.parameter_specs(), replicas)
+    lo, hi = (0, layout.padded) if level == 0 else (int(layout.bounds[0]), int(layout.bounds[1]))
+    n = sum(seg.hi - seg.lo for seg in layout.segments(lo, hi) if seg.name in names)
+    if n == 0:
+        return []
+    alg = group_algorithm(requested, "allreduce", 4 * n, tp)
+    blocks = tuple(int(x) for x in grad_bytes * np.diff(partition(n, tp)))
+    return [Coll("allreduce", alg, blocks, False, "sync", 0.0, 0.0), Span("sync", 0.0, 0.0, {})]
 
 
 def group_bytes_sent(group: list[Coll], rank: int = 0) -> float:
