@@ -333,10 +333,19 @@ class DataParallel(Schedule):
             own_sumsq = None
         if own_sumsq is None:  # this rank's share of the global norm
             own_sumsq = sum_of_squares(grads[self._own])
+        explain = lambda: self._nonfinite(n, grads, loss)  # noqa: E731
+        return self._finish_step(run, step, grads, own_sumsq, loss, guard, explain)
+
+    def _finish_step(self, run, step: int, grads, own_sumsq: float, loss: float, guard, explain):
+        """The step once the gradients are reduced and unscaled (data parallelism's, and
+        tensor-parallel weight mode's on its shard): the agreement (fp16: an overflow on
+        any rank skips the step on all), clipping, the update (the fp32 master in mixed
+        precision) and the parameter gather, which ends every step, skipped or not."""
+        n, sync = step + 1, self.sync
         if self.scaler is None:
-            explain = lambda: self._nonfinite(n, grads, loss)  # noqa: E731
             sumsq, _, stop = guard.check(n, own_sumsq, loss, explain)
         else:
+            scale = self.scaler.scale  # before this step's update
             sumsq, _, stop, overflow = guard.check_overflow(n, own_sumsq, loss)
             if not self.scaler.update(overflow):
                 run.log(
@@ -355,7 +364,7 @@ class DataParallel(Schedule):
         applied = n - (self.scaler.skipped_steps if self.scaler is not None else 0)
         if self.precision.half is None:
             self.optimizer.step(self.owned_parameters(), grads, applied, run.learning_rate(step))
-        else:
+        else:  # the fp32 master updated; the weights its half rounding
             master = self.optimizer.state["master"]
             self.optimizer.step(master, grads, applied, run.learning_rate(step))
             self.precision.store_into(self.owned_parameters(), master)

@@ -307,34 +307,10 @@ class TensorParallelWeight(DataParallel):
         # overflow anywhere in the group makes it Inf or NaN on all of them)
         split = sum(sum_of_squares(grads[a:b]) for a, b in self._norm_parts)
         own_sumsq = float(self.tp_rec.allreduce_scalars(np.array([split]))[0])
-        # every shard holds the same loss: the agreement sums it over the D replicas
-        if self.scaler is None:
-            sumsq, _, stop = guard.check(n, own_sumsq, loss, lambda: nonfinite_text(n))
-        else:  # the group's sum carries an overflow to every shard, the agreement to all
-            sumsq, _, stop, overflow = guard.check_overflow(n, own_sumsq, loss)
-            if not self.scaler.update(overflow):
-                run.log(
-                    f"global_step {n}: gradients overflowed at loss scale {scale:g}: step "
-                    f"skipped, scale now {self.scaler.scale:g} "
-                    f"({self.scaler.skipped_steps} skipped so far)"
-                )
-                with self.coll.half_wire(self.param_wire):
-                    sync.gather_parameters(self.params_flat)
-                return StepResult(loss, None, stop)
-        norm = self.clip(grads, sumsq)
-        guard.enter("update", n)
-        # the optimizer's own step count: skipped steps never reached it (GradScaler)
-        applied = n - (self.scaler.skipped_steps if self.scaler is not None else 0)
-        if self.precision.half is None:
-            self.optimizer.step(self.owned_parameters(), grads, applied, run.learning_rate(step))
-        else:  # the fp32 master updated; the weights its half rounding
-            master = self.optimizer.state["master"]
-            self.optimizer.step(master, grads, applied, run.learning_rate(step))
-            self.precision.store_into(self.owned_parameters(), master)
-        guard.enter("gather_parameters", n)
-        with self.coll.half_wire(self.param_wire):  # half values: exact in half words
-            sync.gather_parameters(self.params_flat)
-        return StepResult(loss, norm, stop)
+        # every shard holds the same loss: the agreement sums it over the D replicas; the
+        # group's sum carries an overflow to every shard, the agreement to all
+        explain = lambda: nonfinite_text(n)  # noqa: E731
+        return self._finish_step(run, step, grads, own_sumsq, loss, guard, explain)
 
     def _sum_row_shares(self, grads: np.ndarray) -> None:
         """Sequence parallelism: the LayerNorms' and wpe's gradients summed over the group
