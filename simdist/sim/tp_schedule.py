@@ -118,14 +118,20 @@ def row_share_sum(
     model: Any, tp: int, replicas: int, level: int, requested: str, grad_bytes: int
 ) -> list[Span | Coll]:
     """Sequence parallelism: the schedule's one all-reduce over the group of the row-share
-    gradients (LayerNorms, ``wpe``) inside rank 0's update range, with its span (the run
-    hooks it as a sync); nothing without sequence parallelism or such gradients."""
+    gradients (LayerNorms, ``wpe``) inside a replica's update range, with its span (the run
+    hooks it as a sync); nothing without sequence parallelism or such gradients. Under
+    ZeRO the replicas' slices hold different numbers of them: the step is the slowest
+    rank's, the one with the most."""
     names = set(model.sequence_parallel_names()) if hasattr(model, "sequence_parallel") else ()
     if not names:
         return []
     layout = Layout(model.parameter_specs(), replicas)
-    lo, hi = (0, layout.padded) if level == 0 else (int(layout.bounds[0]), int(layout.bounds[1]))
-    n = sum(seg.hi - seg.lo for seg in layout.segments(lo, hi) if seg.name in names)
+    b = layout.bounds
+    ranges = [(0, layout.padded)] if level == 0 else [(b[d], b[d + 1]) for d in range(replicas)]
+    n = max(
+        sum(seg.hi - seg.lo for seg in layout.segments(int(lo), int(hi)) if seg.name in names)
+        for lo, hi in ranges
+    )
     if n == 0:
         return []
     alg = group_algorithm(requested, "allreduce", 4 * n, tp)
