@@ -626,11 +626,11 @@ def _check_weight_mode(p: Params) -> None:
             f"(layers split Megatron-style) runs model.name gpt2 only, not {p.model.name}; "
             "use tensor_parallel_mode batch for it"
         )
-    elif r.pipeline_parallel > 1:
-        why = "does not combine with runconfig.pipeline_parallel (set it to 1)"
-        key = "runconfig.pipeline_parallel"
-    elif r.zero_opt_level > 2:
-        why = f"runs ZeRO 0-2 on the data-parallel axis, not zero_opt_level={r.zero_opt_level}"
+    elif r.zero_opt_level > 2 and r.pipeline_parallel == 1:
+        why = (
+            f"runs ZeRO 0-2 on the data-parallel axis, not zero_opt_level={r.zero_opt_level} "
+            "(ZeRO-3 runs with runconfig.pipeline_parallel > 1)"
+        )
         key = "runconfig.zero_opt_level"
     if why:
         raise ConfigError(f"{where} {why}", key)

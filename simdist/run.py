@@ -427,10 +427,11 @@ def schedule_for(params: Params, comm) -> Schedule:
                 f"runconfig.enable_data_parallel is false but {comm.Get_size()} ranks were "
                 "started; enable data parallelism or run one rank"
             )
-        if r.tensor_parallel > 1 and r.tensor_parallel_mode == "weight":
-            return TensorParallelWeight(comm, r.tensor_parallel)
+        weight = r.tensor_parallel > 1 and r.tensor_parallel_mode == "weight"
         if r.pipeline_parallel > 1:
-            return Pipeline(comm, r.pipeline_parallel, r.tensor_parallel)
+            return Pipeline(comm, r.pipeline_parallel, r.tensor_parallel, weight)
+        if weight:
+            return TensorParallelWeight(comm, r.tensor_parallel)
         return DataParallel(comm)
     opts = options_from(params)
     W = opts.weight_servers if opts.execution_mode == "weight_streaming" else 0

@@ -365,32 +365,48 @@ def kernel_costs(
     return out
 
 
+def stage_collectives(
+    cfg: GPT2Config, tp: int, B: int, T: int, sequence_parallel: bool = False
+) -> dict[str, list[list[tuple[str, int, bool]]]]:
+    """Phase -> per model stage (embedding, blocks, head: ``stages()``'s order) the group's
+    collective calls of one micro-batch, in the order ``GPT2TP`` issues them: (op, elements
+    of the buffer, whether it carries activations: on a half wire in mixed precision, the
+    cross-entropy's float32). Forward: the vocab-parallel embedding's sum, each block's two
+    row-parallel sums (g), then the cross-entropy's row maxima (all-gathered, ``tp`` N
+    values) and its sums of exponentials and target logits (2 N). Backward: the LM head's
+    input gradient and each block's two column-parallel input gradients (f). With
+    ``sequence_parallel`` every sum of N C is a reduce-scatter and every f an all-gather
+    (``_forward_stage_sequence`` / ``_backward_stage_sequence``): forward, the embedding's
+    reduce-scatter, per block all-gather, reduce-scatter (twice), ln_f's all-gather;
+    backward, the head's reduce-scatter, per block the residual gradient's all-gather,
+    ln_2's output gathered again, the reduce-scatter (twice: ln_1 too), and the
+    embedding's all-gather. A pipeline stage issues the calls of its model stages."""
+    N, C, L = B * T, cfg.n_embd, cfg.n_layer
+    ce = [("allgather", tp * N, False), ("allreduce", 2 * N, False)]
+    if not sequence_parallel:
+        ar = ("allreduce", N * C, True)
+        return {
+            "forward": [[ar], *[[ar, ar]] * L, ce],
+            "backward": [[], *[[ar, ar]] * L, [ar]],
+        }
+    ag, rs = ("allgather", N * C, True), ("reduce_scatter", N * C, True)
+    return {
+        "forward": [[rs], *[[ag, rs, ag, rs]] * L, [ag, *ce]],
+        "backward": [[ag], *[[ag, ag, rs, ag, ag, rs]] * L, [rs]],
+    }
+
+
 def group_collectives(
     cfg: GPT2Config, tp: int, B: int, T: int, sequence_parallel: bool = False
 ) -> list[tuple[str, str, int, bool]]:
-    """The group's collective calls of one micro-batch, in the order ``GPT2TP`` issues them:
-    (phase, op, elements of the buffer, whether it carries activations: on a half wire in
-    mixed precision, the cross-entropy's float32). Forward: the vocab-parallel embedding's
-    sum, each block's two row-parallel sums (g), then the cross-entropy's row maxima
-    (all-gathered, ``tp`` N values) and its sums of exponentials and target logits (2 N).
-    Backward: the LM head's input gradient and each block's two column-parallel input
-    gradients (f). With ``sequence_parallel`` every sum of N C is a reduce-scatter and
-    every f an all-gather (``_forward_stage_sequence`` / ``_backward_stage_sequence``):
-    forward, the embedding's reduce-scatter, per block all-gather, reduce-scatter (twice),
-    ln_f's all-gather; backward, the head's reduce-scatter, per block the residual
-    gradient's all-gather, ln_2's output gathered again, the reduce-scatter (twice: ln_1
-    too), and the embedding's all-gather. Plan mode writes a weight-mode step down from
-    this list (``simdist.sim.tp_schedule``); ``tests/test_simulate.py`` checks it against
-    what a run records."""
-    N, C, L = B * T, cfg.n_embd, cfg.n_layer
-    ce = [("forward", "allgather", tp * N, False), ("forward", "allreduce", 2 * N, False)]
-    if not sequence_parallel:
-        fwd = [("forward", "allreduce", N * C, True)] * (1 + 2 * L)
-        return fwd + ce + [("backward", "allreduce", N * C, True)] * (1 + 2 * L)
-    ag_f, rs_f = ("forward", "allgather", N * C, True), ("forward", "reduce_scatter", N * C, True)
-    ag_b, rs_b = ("backward", "allgather", N * C, True), ("backward", "reduce_scatter", N * C, True)
-    fwd = [rs_f] + [ag_f, rs_f] * (2 * L) + [ag_f] + ce
-    return fwd + [rs_b] + [ag_b, ag_b, rs_b] * (2 * L) + [ag_b]
+    """The group's collective calls of one micro-batch in issue order, (phase, op,
+    elements, activation): ``stage_collectives``' forward stages first to last, then its
+    backward stages last to first. Plan mode writes a weight-mode step down from this list
+    (``simdist.sim.tp_schedule``); ``tests/test_simulate.py`` checks it against what a run
+    records."""
+    calls = stage_collectives(cfg, tp, B, T, sequence_parallel)
+    fwd = [("forward", *c) for stage in calls["forward"] for c in stage]
+    return fwd + [("backward", *c) for stage in calls["backward"][::-1] for c in stage]
 
 
 def _layernorm_first(N: int, C: int) -> KernelCost:
@@ -908,10 +924,3 @@ class GPT2TP(GPT2):
         )
         st(v.dres)
         grads.done(self._layer_names[i])
-
-    def stage_input(self, k: int) -> list[np.ndarray]:
-        raise ConfigError(
-            "runconfig.tensor_parallel_mode=weight does not combine with "
-            "runconfig.pipeline_parallel",
-            "runconfig.pipeline_parallel",
-        )

@@ -77,11 +77,21 @@ from simdist.loss_scale import describe_scaling, scaler_for, scaler_report
 from simdist.memplan import DeviceAllocator
 from simdist.models import build_model
 from simdist.models.base import GradientViews
+from simdist.models.gpt2 import build_gpt2
+from simdist.models.gpt2 import parameter_specs as gpt2_specs
+from simdist.models.gpt2_tp import GPT2TP
 from simdist.optim import Optimizer
 from simdist.param_gather import BACKWARD, FORWARD, Gather, GatherPlan, WindowCache, stage_gathers
 from simdist.precision import Precision, canonical
 from simdist.schedules.base import Schedule, StateShard, StepResult
 from simdist.schedules.data_parallel import tensor_parallel_groups
+from simdist.schedules.tensor_parallel import (
+    assemble_whole,
+    norm_share,
+    shard_of_whole,
+    sub_placement,
+    sum_row_shares,
+)
 from simdist.sim.pp_schedule import (
     StagePlan,
     schedule_ops,
@@ -89,6 +99,7 @@ from simdist.sim.pp_schedule import (
     slots_needed,
     split_stages,
 )
+from simdist.sim.tp_schedule import TP_ALGORITHMS, stage_group_calls
 from simdist.streaming import lane_sum_of_squares, warm_kernels
 
 F32 = np.float32
@@ -145,9 +156,10 @@ def measured_steps(ranks: list[dict[str, Any]]) -> dict[str, float]:
 class Pipeline(Schedule):
     name = "pipelined"
 
-    def __init__(self, comm, stages: int, tp: int = 1):
-        """``tp``: SambaFlow's tensor-parallel batch mode innermost (its T ranks of one
-        stage divide the micro-batch: data-parallel replicas for the gradient sync)."""
+    def __init__(self, comm, stages: int, tp: int = 1, weight: bool = False):
+        """``tp``: tensor parallelism innermost; SambaFlow's batch mode (its T ranks of one
+        stage divide the micro-batch: data-parallel replicas for the gradient sync), or
+        ``weight`` mode (each stage's layers split over its T ranks, ``gpt2_tp``)."""
         world, P, T = comm.Get_size(), stages, tp
         if world % (P * T):
             what = f"runconfig.pipeline_parallel={P}" + (
@@ -158,14 +170,20 @@ class Pipeline(Schedule):
                 f"ranks); start a multiple of {P * T}",
                 "runconfig.pipeline_parallel",
             )
-        super().__init__(comm, world // P, world)
+        self.weight = weight and T > 1
+        super().__init__(comm, world // (P * T) if self.weight else world // P, world)
         self.P, self.T = P, T
         self.rank = r = comm.Get_rank()
         # rank = (d P + s) T + t: tensor-parallel innermost, then pipeline, then data
-        self.stage = (r // T) % P
-        self.replica = (r // (P * T)) * T + r % T  # index among the D x T replicas
-        self.pipe = comm.Split(self.replica, self.stage)  # this replica's P stages
-        self.dp = comm.Split(self.stage, self.replica)  # this stage's replicas, in order
+        self.stage, self.shard, d = (r // T) % P, r % T, r // (P * T)
+        # batch mode: index among the D x T replicas; weight mode: among the D
+        self.replica = d if self.weight else d * T + self.shard
+        self.pipe = comm.Split(d * T + self.shard, self.stage)  # this chain's P stages
+        # the stage's replicas, in order (weight mode: those holding shard t)
+        color = self.stage * T + self.shard if self.weight else self.stage
+        self.dp = comm.Split(color, self.replica)
+        # weight mode: the T shards of this stage of replica d (the model's collectives)
+        self.group = comm.Split(d * P + self.stage, self.shard) if self.weight else None
 
     # ----------------------------------------------------------------- set-up
     def prepare(self, run) -> None:
@@ -174,7 +192,21 @@ class Pipeline(Schedule):
         self.zero_level = r.zero_opt_level
         self.kind = r.pipeline_schedule
         self.m = p.optimizer.grad_accum_steps
-        self.model = build_model(p.model)
+        place = None
+        if r.ranks_per_node is not None:  # virtual nodes, as data parallelism reads them
+            place = Placement.blocks(self.rank, self.ranks, r.ranks_per_node)
+        self.coll = Collectives(
+            self.comm, r.collective_algorithm, r.check_collectives, placement=place
+        )
+        if self.weight:  # the group's collectives: as tensor_parallel's (same bits everywhere)
+            members = [self.rank - self.shard + t for t in range(self.T)]
+            self.tcoll = Collectives(
+                self.group,
+                r.collective_algorithm if r.collective_algorithm in TP_ALGORITHMS else "auto",
+                r.check_collectives,
+                placement=sub_placement(self.coll.placement, members, self.shard),
+            )
+        self.model = self._new_model()
         if not hasattr(self.model, "stage_input"):
             raise ConfigError(
                 f"model {self.model.name!r} cannot be pipelined (no stage boundaries); "
@@ -190,17 +222,12 @@ class Pipeline(Schedule):
                 "with auto, ring, rhd or native",
                 "runconfig.collective_algorithm",
             )
-        place = None
-        if r.ranks_per_node is not None:  # virtual nodes, as data parallelism reads them
-            place = Placement.blocks(self.rank, self.ranks, r.ranks_per_node)
-        self.coll = Collectives(
-            self.comm, r.collective_algorithm, r.check_collectives, placement=place
-        )
         if self.T > 1:  # its groups must sit on one node (SambaFlow's rule)
             groups = tensor_parallel_groups(self.coll.placement, self.T)
             run.log(
-                f"simdist: tensor parallel (batch mode) innermost, groups of {self.T} ranks on "
-                f"one node: {' '.join(str(list(g)) for g in groups)}"
+                f"simdist: tensor parallel ({'weight' if self.weight else 'batch'} mode) "
+                f"innermost, groups of {self.T} ranks on one node: "
+                f"{' '.join(str(list(g)) for g in groups)}" + self._split_note()
             )
         self.dcoll = Collectives(self.dp, r.collective_algorithm, r.check_collectives)
         # one algorithm for the stage's gradient collectives: the one data parallelism at D
@@ -239,6 +266,28 @@ class Pipeline(Schedule):
                 "(raise optimizer.grad_accum_steps)"
             )
 
+    def _new_model(self):
+        """One copy of this rank's model (an activation slot): the whole model, or in
+        weight mode its shard bound to the group's collectives."""
+        if not self.weight:
+            return build_model(self.params.model)
+        whole = build_gpt2(self.params.model).config
+        model = GPT2TP(whole, self.T, self.shard, self.params.runconfig.sequence_parallel)
+        model.bind(self.tcoll)
+        return model
+
+    def _split_note(self) -> str:
+        if not self.weight:
+            return ""
+        c = self.model.config
+        C, H, V = c.n_embd, c.n_head, c.vocab_size
+        sp = self.params.runconfig.sequence_parallel
+        return (
+            f"; each shard holds {H // self.T} of {H} heads, {4 * C // self.T} of {4 * C} MLP "
+            f"columns, {V // self.T} of {V} vocabulary rows"
+            + (f"; sequence parallel: 1/{self.T} of the token rows between them" if sp else "")
+        )
+
     def _scale_note(self) -> str:
         if self.scaler is None:
             return ""
@@ -248,6 +297,8 @@ class Pipeline(Schedule):
         P, T = self.P, self.T
         if T == 1:
             return f"rank r: stage r % {P}, replica r // {P}"
+        if self.weight:
+            return f"rank r: stage (r // {T}) % {P}, shard r % {T}, replica r // {P * T}"
         return f"rank r: stage (r // {T}) % {P}, replica (r // {P * T}) x {T} + r % {T}"
 
     def warm(self) -> None:
@@ -311,6 +362,8 @@ class Pipeline(Schedule):
             self.grads = alloc("gradients", "grads", b - a)
             self.micro_grads = alloc("gradients", "micro_grads", b - a) if self.m > 1 else None
             self.goff = a
+        if self.weight:
+            self._weight_parts(plo, phi)
         self.gviews = GradientViews(
             views(self.grads if self.micro_grads is None else self.micro_grads)
         )
@@ -329,7 +382,7 @@ class Pipeline(Schedule):
         nslots = slots_needed(self.kind, P, s, self.m)
         self.slots = []
         for i in range(nslots):
-            model = self.model if i == 0 else build_model(p.model)
+            model = self.model if i == 0 else self._new_model()
             if i and hasattr(model, "set_precision"):
                 model.set_precision(self.precision)
             self.memory.reserve(
@@ -372,16 +425,19 @@ class Pipeline(Schedule):
         del full
         if half:  # fp32 master of the range it updates; the weights are its half rounding
             self._master_from_weights()
-        self.state_shard = StateShard(
-            self.comm,
-            self.rank,
-            self.ranks,
-            *self.update,
-            self.optimizer.state,
-            sharded=True,
-            params=self.params_flat,
-            params_lo=self.poff,
-        )
+        if self.weight:  # whole tensors, staged on every rank (``_staging``)
+            self._staging()
+        else:
+            self.state_shard = StateShard(
+                self.comm,
+                self.rank,
+                self.ranks,
+                *self.update,
+                self.optimizer.state,
+                sharded=True,
+                params=self.params_flat,
+                params_lo=self.poff,
+            )
         self.k0, self.k1 = plan.ranges[s]
         self.p2p_bytes = 0
         self.wait_s = 0.0
@@ -392,6 +448,24 @@ class Pipeline(Schedule):
             f"the flat layout, {nslots} activation slot(s); memory per rank (rank 0): "
             + ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in self.memory.bytes.items())
         )
+
+    def _weight_parts(self, plo: int, phi: int) -> None:
+        """Weight mode: the parts of the gradient buffer this rank counts in the norm (its
+        split elements, the replicated ones on shard 0 only, as ``tensor_parallel``), the
+        sequence-parallel row shares in its update range, and the whole-tensor checkpoint
+        layout with its staging."""
+        split, seg = self.model.index, self.layout.segments
+        self._norm_parts = [
+            (x.lo - self.goff, x.hi - self.goff)
+            for x in seg(plo, phi)
+            if split[x.name] is not None or self.shard == 0
+        ]
+        rows = set(self.model.sequence_parallel_names())
+        self._row_share_parts = [
+            (x.lo - self.goff, x.hi - self.goff) for x in seg(*self.update) if x.name in rows
+        ]
+        self._row_share = np.zeros(sum(b - a for a, b in self._row_share_parts), F32)
+        self.checkpoint_layout = Layout(gpt2_specs(self.model.config), 1)
 
     def _allocate_gathers(self, alloc) -> None:
         """ZeRO-3: the gather schedule of this rank's model stages (``simdist.param_gather``
@@ -477,9 +551,14 @@ class Pipeline(Schedule):
 
     def feed(self, run) -> None:
         self._send_tied()  # a resumed owner's values reach the copies
+        if self.weight:  # release the resume staging
+            own = self.state_shard
+            own.params = np.zeros(0, F32)
+            own.state = {k: np.zeros(0, F32) for k in own.state}
 
     def start(self, run) -> None:
         self._coll_bytes0 = self.dcoll.bytes_sent + self.coll.bytes_sent
+        self._group_bytes0 = self.tcoll.bytes_sent if self.weight else 0
         self.p2p_bytes = 0
         self.wait_s = 0.0
         self.fb_steps = []
@@ -526,12 +605,17 @@ class Pipeline(Schedule):
             self.precision.store(self.grads)
         with self.dcoll.half_wire(self.grad_wire):
             grads = self._reduce()
+        if self.weight and self._row_share_parts:  # sequence parallelism (tensor_parallel's)
+            with self.tcoll.half_wire(self.grad_wire):
+                sum_row_shares(self.tcoll, grads, self._row_share_parts, self._row_share)
         ulo, uhi = self.update
         g = grads[ulo - self.goff : uhi - self.goff]  # what this rank counts and updates
         if scale != 1.0:  # unscaled before the norm, clipping and the update (GradScaler)
             np.multiply(g, F32(1.0 / scale), out=g)
         own_sumsq = self._sumsq(grads)
-        loss = self._loss if self.stage == self.P - 1 else 0.0
+        # the last stage's loss, once per replica (weight mode: every shard holds it)
+        counts = self.stage == self.P - 1 and (not self.weight or self.shard == 0)
+        loss = self._loss if counts else 0.0
         if self.scaler is None:
             sumsq, total_loss, stop = guard.check(n, own_sumsq, loss, lambda: nonfinite_text(n))
         else:
@@ -695,7 +779,9 @@ class Pipeline(Schedule):
         if self.stage > 0:
             self.pipe.Recv(acc, source=self.stage - 1, tag=TAG_SUMSQ)
         plo, phi = self.own
-        if phi > plo:
+        if self.weight:  # this shard's share, summed as one weight-mode rank sums it
+            acc[0] = norm_share(grads, self._norm_parts, float(acc[0]))
+        elif phi > plo:
             slice_lo = int(self.layout.bounds[self.replica])
             lane_sum_of_squares(grads[plo - self.goff : phi - self.goff], (plo - slice_lo) % 4, acc)
         if self.stage < self.P - 1:
@@ -759,7 +845,45 @@ class Pipeline(Schedule):
                 self.pipe.Recv(full[a:b], source=s, tag=TAG_GATHER)
         return full
 
+    def _staging(self) -> None:
+        """Weight mode: whole-model buffers (host memory, not the device's) for ``Run``'s
+        checkpoint reader and writer, as ``tensor_parallel`` stages them: filled on
+        resume and released (``feed``), refilled on rank 0 for each save."""
+        n = self.checkpoint_layout.padded
+        state = {k: np.zeros(n, F32) for k in self.optimizer.state}
+        if self.state_shard is None:
+            self.state_shard = StateShard(
+                self.comm, 0, 1, 0, n, state, sharded=False, params=np.zeros(n, F32)
+            )
+        else:  # the object ``Run`` holds: refilled in place
+            self.state_shard.state, self.state_shard.params = state, np.zeros(n, F32)
+
+    def before_checkpoint(self, run) -> None:
+        """Weight mode, collective before ``Run`` saves: world rank 0 assembles whole
+        tensors from every shard's pieces (parameters from replica 0's stages, optimizer
+        state from each rank's update range) into the staging ``Run`` writes."""
+        if not self.weight:
+            return
+        mine = self._range_values()  # ZeRO-3: every replica joins its stage's gather
+        first = self.replica == 0
+        part = (
+            self.shard,
+            self.lo,
+            mine if first else None,
+            *self.update,
+            dict(self.optimizer.state) if first or self.zero_level else {},
+        )
+        parts = self.comm.gather(part, root=0)
+        if parts is None:
+            return
+        self._staging()
+        own = self.state_shard
+        assemble_whole(self.model.config, self.T, self.layout, self.checkpoint_layout, parts,
+                       own.params, own.state)  # fmt: skip
+
     def checkpoint_parameters(self, run) -> dict[str, np.ndarray] | None:
+        if self.weight:  # assembled by before_checkpoint
+            return self.checkpoint_layout.views(self.state_shard.params) if self.rank == 0 else None
         mine = self._range_values()  # ZeRO-3: every replica joins its stage's gather
         if self.replica != 0:
             return None
@@ -785,7 +909,16 @@ class Pipeline(Schedule):
     def restore(self, run, path, attrs: dict[str, Any], loaded: set[str]) -> None:
         """After ``Run`` read a checkpoint: the loss scaler's state (as data parallelism
         keeps it, so either mode resumes the other's), and a checkpoint written in fp32 has
-        no master: its parameters become the master weights of this mixed-precision run."""
+        no master: its parameters become the master weights of this mixed-precision run.
+        Weight mode: first this rank's pieces of the whole tensors ``Run`` read."""
+        if self.weight:
+            own, full, index = self.state_shard, self.checkpoint_layout, self.model.index
+            local = shard_of_whole(index, full, own.params, self.layout)
+            self.params_flat[...] = local[self.poff : self.poff + self.params_flat.size]
+            ulo, uhi = self.update
+            for key in loaded:
+                self.optimizer.state[key][...] = shard_of_whole(index, full, own.state[key],
+                                                                self.layout)[ulo:uhi]  # fmt: skip
         if self.scaler is not None and "loss_scaler.scale" in attrs:
             self.scaler.load({k: attrs[f"loss_scaler.{k}"] for k in self.scaler.state()})
             self.skipped_steps_at_start = self.scaler.skipped_steps
@@ -800,7 +933,7 @@ class Pipeline(Schedule):
         attrs = {
             "precision": self.precision.name,
             "tensor_parallel": self.T,
-            "tensor_parallel_mode": "batch",
+            "tensor_parallel_mode": "weight" if self.weight else "batch",
             "pipeline_parallel": self.P,
             "pipeline_schedule": self.kind,
         }
@@ -838,8 +971,10 @@ class Pipeline(Schedule):
         loss_sum, correct = 0.0, 0
         for start in range(lo, hi, batch):
             x, y = self.data.eval_batch(start, min(start + batch, hi))
-            l, c = self.model.evaluate(params, x, y)
+            l, c = self.model.evaluate(params, x, y)  # weight mode: with the group
             loss_sum, correct = loss_sum + l, correct + c
+        if self.weight and self.shard:  # every shard scored the same: shard 0 counts
+            loss_sum, correct = 0.0, 0
         meta = (n, self.data.targets_per_sample) if self.rank == 0 else (0, 0)
         return np.array([loss_sum, correct, *meta], np.float64)
 
@@ -869,17 +1004,14 @@ class Pipeline(Schedule):
             link_class=link,
             half=self.precision.half,
             half_gradients=bool(self.grad_wire),
+            group=self._group_calls(),
         )
         traced = min(r.trace_steps, steps)
         if traced:
             write_chrome_trace(
                 run.model_dir / TIMELINE,
                 pipeline_trace(est, self.P, self.T, self.ranks, traced),
-                rank_labels=[
-                    f"rank {q}: stage {(q // self.T) % self.P}, replica "
-                    f"{(q // (self.P * self.T)) * self.T + q % self.T} ({prof.name})"
-                    for q in range(self.ranks)
-                ],
+                rank_labels=[self._rank_label(q, prof.name) for q in range(self.ranks)],
                 metadata={
                     "profile": prof.name,
                     "profile_sha256": prof.sha256,
@@ -899,6 +1031,7 @@ class Pipeline(Schedule):
             "est_send_back_s": est.send_back_s,
             "est_gradient_sync_s": est.sync_s,
             "est_optimizer_s": est.optimizer_s,
+            **({"est_group_collectives_s": est.group_s} if self.weight else {}),
             **(
                 {  # per stage: a step's parameter all-gathers (count, seconds)
                     "est_param_gathers_per_step": est.param_gathers,
@@ -912,6 +1045,25 @@ class Pipeline(Schedule):
             "timeline": TIMELINE if traced else None,
         }
 
+    def _group_calls(self) -> dict[str, list[list[Any]]] | None:
+        """Weight mode: the group's collectives per phase and model stage, as the shard
+        issues them (activations on the half wire in mixed precision)."""
+        if not self.weight:
+            return None
+        act = 2 if self.precision.half is not None else 4
+        seq = self.model.config.block_size
+        r = self.params.runconfig
+        return stage_group_calls(
+            self.model, self.T, self.micro_batch, seq, r.collective_algorithm, act
+        )
+
+    def _rank_label(self, q: int, profile: str) -> str:
+        T, P = self.T, self.P
+        if self.weight:
+            where = f"shard {q % T}, replica {q // (P * T)}"
+            return f"rank {q}: stage {(q // T) % P}, {where} ({profile})"
+        return f"rank {q}: stage {(q // T) % P}, replica {(q // (P * T)) * T + q % T} ({profile})"
+
     def close(self) -> None:
         half_operands(None)  # the process's products are plain float32 again
         super().close()
@@ -920,6 +1072,8 @@ class Pipeline(Schedule):
         r, t, steps = self.params.runconfig, run.timers, common["steps"]
         per = max(steps, 1)
         sent = self.p2p_bytes + self.dcoll.bytes_sent + self.coll.bytes_sent - self._coll_bytes0
+        group = (self.tcoll.bytes_sent - self._group_bytes0) if self.weight else 0
+        sent += group
         fb = sum(f for f, _ in self.fb_steps)
         mine = {
             "stage": self.stage,
@@ -931,6 +1085,7 @@ class Pipeline(Schedule):
             "p2p_bytes_per_step": self.p2p_bytes / per,
             "param_gathers_per_step": self.gathers / per if self.zero_level == 3 else 0,
             "comm_bytes_sent_per_step": sent / per,
+            "group_bytes_per_step": group / per,
             "memory_bytes": dict(self.memory.bytes),
             "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             "loss_scale": self.scaler.scale if self.scaler else None,
@@ -952,6 +1107,18 @@ class Pipeline(Schedule):
             "gemm": self.gemm,  # how the matrix products ran (kernels.blas.half_operands)
             **self._scaler_report(ranks),
             "tensor_parallel": self.T,
+            "tensor_parallel_mode": "weight" if self.weight else "batch",
+            **(
+                {  # the shard's, per rank; "parameters" below: the whole model
+                    "parameters_per_rank": self.layout.numel,
+                    "parameters_padded_per_rank": self.layout.padded,
+                    "tensor_parallel_bytes_sent_per_step": max(
+                        x["group_bytes_per_step"] for x in ranks
+                    ),
+                }
+                if self.weight
+                else {}
+            ),
             "pipeline_split": [
                 {
                     "stage": s,
@@ -967,7 +1134,7 @@ class Pipeline(Schedule):
             "zero_opt_level": self.zero_level,
             "collective_algorithm": r.collective_algorithm,
             "gradient_algorithm": self.algorithm,
-            "parameters": self.layout.numel,
+            "parameters": (self.checkpoint_layout.numel if self.weight else self.layout.numel),
             "parameters_padded": self.layout.padded,
             "step_time_s": t.train_time / per,
             **measured_steps(ranks),

@@ -88,6 +88,75 @@ def sub_placement(place: Placement, members: list[int], index: int) -> Placement
     return Placement(index, tuple(nodes.setdefault(place.node_of[m], len(nodes)) for m in members))
 
 
+def shard_of_whole(
+    index: dict[str, Any], whole: Layout, flat: np.ndarray, shard: Layout
+) -> np.ndarray:
+    """A shard's flat buffer (layout ``shard``) cut from whole tensors ``flat`` (layout
+    ``whole``, the one-rank model's): what a weight-mode rank takes from a checkpoint.
+    ``index``: the shard's ``shard_index``."""
+    local = np.zeros(shard.padded, F32)
+    views, src = shard.views(local), whole.views(flat)
+    for name, split in index.items():
+        views[name][...] = extract(src[name], split)
+    return local
+
+
+def assemble_whole(
+    cfg: Any,
+    T: int,
+    shard: Layout,
+    whole: Layout,
+    parts: list[tuple],
+    params: np.ndarray,
+    state: dict[str, np.ndarray],
+) -> None:
+    """Rank 0 of a weight-mode run before a checkpoint: whole tensors (layout ``whole``)
+    written into ``params`` and ``state`` from every rank's pieces of its shard's flat
+    layout ``shard``. ``parts``: per rank (shard t, flat index of its parameters,
+    parameters or None, [lo, hi) of its optimizer state, that state by key, maybe empty)."""
+    local = [np.zeros(shard.padded, F32) for _ in range(T)]
+    local_state = {k: [np.zeros(shard.padded, F32) for _ in range(T)] for k in state}
+    for t, plo, values, lo, hi, st in parts:
+        if values is not None:
+            local[t][plo : plo + values.size] = values
+        for k, v in st.items():
+            local_state[k][t][lo:hi] = v
+    out = whole.views(params)
+    out_state = {k: whole.views(state[k]) for k in state}
+    for t in range(T):
+        views = shard.views(local[t])
+        state_views = {k: shard.views(local_state[k][t]) for k in local_state}
+        for name, split in shard_index(cfg, T, t).items():
+            insert(out[name], views[name], split)
+            for k in out_state:
+                insert(out_state[k][name], state_views[k][name], split)
+
+
+def norm_share(grads: np.ndarray, parts: list[tuple[int, int]], acc: float = 0.0) -> float:
+    """``acc`` plus the float64 sums of squares of ``grads[a:b]`` for each part, added in
+    order: a rank's share of the clipping norm (its split elements, the replicated ones on
+    shard 0 only). A pipeline passes ``acc`` from stage to stage, so its last stage holds
+    the bits one weight-mode rank computes over the same parts."""
+    for a, b in parts:
+        acc += sum_of_squares(grads[a:b])
+    return acc
+
+
+def sum_row_shares(coll, grads: np.ndarray, parts: list[tuple[int, int]], buf: np.ndarray) -> None:
+    """Sequence parallelism: the LayerNorms' and wpe's gradients ``grads[a:b]`` summed over
+    the group ``coll`` in one all-reduce of ``buf`` (packed; simdist's algorithms leave the
+    same bits on every rank, so the replicated copies stay equal)."""
+    o = 0
+    for a, b in parts:
+        buf[o : o + b - a] = grads[a:b]
+        o += b - a
+    coll.allreduce(buf)
+    o = 0
+    for a, b in parts:
+        grads[a:b] = buf[o : o + b - a]
+        o += b - a
+
+
 class TensorParallelWeight(DataParallel):
     name = "pipelined"
 
@@ -254,18 +323,12 @@ class TensorParallelWeight(DataParallel):
         optimizer state of its update range (mixed precision: the fp32 master among it);
         then ``DataParallel.restore``: the loss scaler, and the master of a checkpoint
         written in fp32 taken from its parameters."""
-        own, full = self.state_shard, self.checkpoint_layout
-        whole = full.views(own.params)
-        for name, split in self.model.index.items():
-            self.pviews[name][...] = extract(whole[name], split)
+        own, full, index = self.state_shard, self.checkpoint_layout, self.model.index
+        self.params_flat[...] = shard_of_whole(index, full, own.params, self.layout)
         lo, hi = self.sync.update_range
-        local = np.zeros(self.layout.padded, F32)
-        views = self.layout.views(local)
         for key in loaded:
-            src = full.views(own.state[key])
-            for name, split in self.model.index.items():
-                views[name][...] = extract(src[name], split)
-            self.optimizer.state[key][...] = local[lo:hi]
+            self.optimizer.state[key][...] = shard_of_whole(index, full, own.state[key],
+                                                            self.layout)[lo:hi]  # fmt: skip
         super().restore(run, path, attrs, loaded)
 
     def feed(self, run) -> None:
@@ -305,7 +368,7 @@ class TensorParallelWeight(DataParallel):
         # this replica slice's share of the norm: split elements of every shard, the
         # replicated ones once (shard 0's); the same total on every rank of the group (an
         # overflow anywhere in the group makes it Inf or NaN on all of them)
-        split = sum(sum_of_squares(grads[a:b]) for a, b in self._norm_parts)
+        split = norm_share(grads, self._norm_parts)
         own_sumsq = float(self.tp_rec.allreduce_scalars(np.array([split]))[0])
         # every shard holds the same loss: the agreement sums it over the D replicas; the
         # group's sum carries an overflow to every shard, the agreement to all
@@ -313,18 +376,7 @@ class TensorParallelWeight(DataParallel):
         return self._finish_step(run, step, grads, own_sumsq, loss, guard, explain)
 
     def _sum_row_shares(self, grads: np.ndarray) -> None:
-        """Sequence parallelism: the LayerNorms' and wpe's gradients summed over the group
-        (packed into one all-reduce; simdist's algorithms leave the same bits on every
-        rank, so the replicated copies stay equal)."""
-        buf, o = self._row_share, 0
-        for a, b in self._row_share_parts:
-            buf[o : o + b - a] = grads[a:b]
-            o += b - a
-        self.tp_rec.allreduce(buf)
-        o = 0
-        for a, b in self._row_share_parts:
-            grads[a:b] = buf[o : o + b - a]
-            o += b - a
+        sum_row_shares(self.tp_rec, grads, self._row_share_parts, self._row_share)
 
     def check_replicas(self, step: int) -> None:
         """Shard t's D replicas hold the same bits, and the T shards the same replicated
@@ -362,37 +414,19 @@ class TensorParallelWeight(DataParallel):
         first = self.dp_rank == 0
         mine = (
             self.tp_rank,
+            0,
+            self.params_flat if first else None,
             lo,
             hi,
             {k: v for k, v in self.optimizer.state.items()} if first or self.zero_level else {},
-            self.params_flat if first else None,
         )
         parts = self.comm.gather(mine, root=0)
         if parts is None:
             return
-        full = self.checkpoint_layout
-        local_params = [np.zeros(self.layout.padded, F32) for _ in range(self.T)]
-        local_state = {
-            k: [np.zeros(self.layout.padded, F32) for _ in range(self.T)]
-            for k in self.optimizer.state
-        }
-        for t, a, b, state, params in parts:
-            if params is not None:
-                local_params[t][...] = params
-            for k, v in state.items():
-                local_state[k][t][a:b] = v
         self._staging(run)
         own = self.state_shard
-        whole = full.views(own.params)
-        whole_state = {k: full.views(own.state[k]) for k in own.state}
-        for t in range(self.T):
-            index = shard_index(self.model.config, self.T, t)
-            views = self.layout.views(local_params[t])
-            state_views = {k: self.layout.views(local_state[k][t]) for k in local_state}
-            for name, split in index.items():
-                insert(whole[name], views[name], split)
-                for k in whole_state:
-                    insert(whole_state[k][name], state_views[k][name], split)
+        assemble_whole(self.model.config, self.T, self.layout, self.checkpoint_layout, parts,
+                       own.params, own.state)  # fmt: skip
 
     def performance(self, run, common: dict[str, Any]) -> dict[str, Any] | None:
         tp_sent = self.tp_coll.bytes_sent - self._tp_bytes_at_start

@@ -272,6 +272,8 @@ def boundary_bytes(model: Any, k: int, batch: int) -> tuple[int, int]:
         return n, n
     cfg = model.config  # a GPT-2 layout
     stream = 4 * batch * cfg.block_size * cfg.n_embd
+    if getattr(model, "sequence_parallel", False):  # weight mode: this shard's token rows
+        stream //= model._tp
     return (stream if k == 1 else 2 * stream), stream
 
 
@@ -300,6 +302,8 @@ class PipelineStep:
     # ZeRO-3, per stage: the parameter all-gathers of a step (count, seconds)
     param_gathers: list[int] = field(default_factory=list)
     param_gather_s: list[float] = field(default_factory=list)
+    # weight mode, per stage: the group's collectives of one micro-batch's F and B
+    group_s: list[float] = field(default_factory=list)
     # per stage: (name, start, duration, track) of the events after the forward/backward
     tail: list[list[tuple[str, float, float, str]]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -326,6 +330,16 @@ class PipelineStep:
         return out
 
 
+def _group_seconds(cost: CostModel, c: Any, notes: list[str]) -> float:
+    """One of a weight-mode group's collectives (``tp_schedule.Coll``) on its one node."""
+    T = len(c.blocks)
+    try:
+        return collective_seconds(cost, Network(T, 0, "intra", (tuple(range(T)),)), c.call)
+    except ProfileError as err:
+        notes.append(f"communication not modelled: {err}")
+        return 0.0
+
+
 def _blocks(bounds: np.ndarray, elem: int = 4) -> tuple[int, ...]:
     return tuple(int(x) for x in elem * np.diff(bounds))
 
@@ -345,13 +359,16 @@ def pipeline_step(
     link_class: str,
     half: str | None = None,
     half_gradients: bool = True,
+    group: dict[str, list[list[Any]]] | None = None,
 ) -> PipelineStep:
     """The step described in the module docstring. ``plan``: the run's ``StagePlan``;
     ``replicas``: D x T (the stage groups' size); ``algorithm``: the gradient collectives'
     resolved algorithm; ``link_class``: intra or inter (sends and collectives). ``half``: a
     mixed-precision run's format: kernels at the profile's half rates, activations,
     weights and (``half_gradients``: unless ``fp32_allreduce``) gradients at 2 bytes on
-    every link, as the device holds them."""
+    every link, as the device holds them. ``group``: tensor-parallel weight mode, the
+    group's collectives per phase and model stage (``tp_schedule.stage_group_calls``),
+    each run blocking after its model stage's kernels, over the group's node."""
     from .streaming_step import device_compute
 
     P = len(plan.ranges)
@@ -394,12 +411,23 @@ def pipeline_step(
 
     segments, gathers = None, [0] * P
     gather_s = [0.0] * P
+    plans: list[GatherPlan] | None = None
     if zero == 3:  # each op gathers its model stages' parameters, as the run's window cache
         plans = [
             GatherPlan(layout, model.stages()[k0:k1], model.gradient_groups())
             for k0, k1 in plan.ranges
         ]
         caches = [WindowCache(g) for g in plans]  # empty at the start of the step
+    # weight mode: seconds of the group's collectives per phase and model stage
+    tp_s: dict[str, list[float]] = {FORWARD: [0.0] * len(f), BACKWARD: [0.0] * len(b)}
+    if group is not None:
+        for phase, per_stage in group.items():
+            tp_s[phase] = [sum(_group_seconds(cost, c, notes) for c in st) for st in per_stage]
+        notes.append(
+            "tensor parallel (weight mode): each model stage's group collectives run "
+            "blocking after its kernels, over the group's node"
+        )
+    if plans is not None or group is not None:
 
         def segments(op: str, s: int, j: int) -> list[tuple[str, float]]:
             k0, k1 = plan.ranges[s]
@@ -407,15 +435,19 @@ def pipeline_step(
             phase, times = (FORWARD, f) if op == "F" else (BACKWARD, b)
             out: list[tuple[str, float]] = []
             for k in order:
-                for g in stage_gathers(plans[s], caches[s], k - k0, phase, True)[1]:
-                    blocks = _blocks(plans[s].block_bounds(g.group), elem)
-                    t = coll("allgather", blocks, D, algorithm)
-                    out.append(("gather", t))
-                    gathers[s] += 1
-                    gather_s[s] += t
+                if plans is not None:
+                    for g in stage_gathers(plans[s], caches[s], k - k0, phase, True)[1]:
+                        blocks = _blocks(plans[s].block_bounds(g.group), elem)
+                        t = coll("allgather", blocks, D, algorithm)
+                        out.append(("gather", t))
+                        gathers[s] += 1
+                        gather_s[s] += t
                 out.append(("compute", times[k]))
+                if tp_s[phase][k] > 0:
+                    out.append(("group", tp_s[phase][k]))
             return out
 
+    if zero == 3:
         notes.append(
             "ZeRO-3: each op's parameter all-gathers run blocking before the model stage "
             "that reads them, in the run's window-cache order"
@@ -426,7 +458,9 @@ def pipeline_step(
             bwd[s] += vector(n * (micro - 1) / micro, elem * n * (3 * micro - 1) / micro)
     ops = pipeline_ops(kind, fwd, bwd, micro, send, back, segments)
     span = max(o.end for o in ops)
-    busy = [micro * (x + y) for x, y in zip(fwd, bwd, strict=True)]
+    # per stage and micro-batch: the group's collectives (weight mode), busy as the kernels
+    group_s = [sum(tp_s[FORWARD][k0:k1]) + sum(tp_s[BACKWARD][k0:k1]) for k0, k1 in plan.ranges]
+    busy = [micro * (x + y + g) for x, y, g in zip(fwd, bwd, group_s, strict=True)]
 
     tail: list[list[tuple[str, float, float, str]]] = []
     sync, opt, gather, stage_end = [], [], [], []
@@ -515,6 +549,7 @@ def pipeline_step(
         step_s=step,
         param_gathers=gathers,
         param_gather_s=gather_s,
+        group_s=group_s,
         tail=tail,
         notes=notes,
     )
@@ -610,6 +645,10 @@ def pipeline_trace(
                 if part == "gather":
                     ev(o.stage, "params.allgather", t0 + start, dur, "comm", "gather",
                        phase=what, micro_batch=o.micro, step=k + 1)  # fmt: skip
+                    continue
+                if part == "group":  # weight mode: a model stage's group collectives
+                    ev(o.stage, f"{what}.group_collectives", t0 + start, dur, "comm", "tp",
+                       micro_batch=o.micro, step=k + 1)  # fmt: skip
                     continue
                 ev(o.stage, f"{o.op}{o.micro}", t0 + start, dur, "compute", what,
                    stage=o.stage, micro_batch=o.micro, step=k + 1)  # fmt: skip

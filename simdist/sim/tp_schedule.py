@@ -33,7 +33,7 @@ from simdist.arena import Layout
 from simdist.comm.cost import choose_algorithm
 from simdist.comm.partition import partition
 from simdist.device.schedule import schedule
-from simdist.models.gpt2_tp import group_collectives
+from simdist.models.gpt2_tp import group_collectives, stage_collectives
 
 from .dp_schedule import dp_step_events
 from .step import Coll, Span
@@ -64,6 +64,23 @@ def group_calls(
         alg = group_algorithm(algorithm, op, 4 * n, tp)
         out[phase].append(Coll(op, alg, blocks, False, phase, 0.0, 0.0))
     return out
+
+
+def stage_group_calls(
+    model: Any, tp: int, micro_batch: int, seq: int, algorithm: str, act_bytes: int = 4
+) -> dict[str, list[list[Coll]]]:
+    """``group_calls`` per model stage (``gpt2_tp.stage_collectives``): what a pipeline
+    stage in weight mode issues around each of its model stages."""
+    sp = getattr(model, "sequence_parallel", False)
+
+    def coll(phase: str, op: str, n: int, activation: bool) -> Coll:
+        elem = act_bytes if activation else 4
+        blocks = tuple(int(x) for x in elem * np.diff(partition(n, tp)))
+        alg = group_algorithm(algorithm, op, 4 * n, tp)
+        return Coll(op, alg, blocks, False, phase, 0.0, 0.0)
+
+    calls = stage_collectives(model.config, tp, micro_batch, seq, sp)
+    return {ph: [[coll(ph, *c) for c in stage] for stage in st] for ph, st in calls.items()}
 
 
 def tp_step_events(
@@ -158,5 +175,6 @@ __all__ = [
     "group_algorithm",
     "group_bytes_sent",
     "group_calls",
+    "stage_group_calls",
     "tp_step_events",
 ]
