@@ -468,6 +468,9 @@ def test_plan_predicts_the_runs_simulated_step_time(tmp_path, model, args, zero,
 # precision)
 GPT2_PP = ["--params=gpt2_mini", "--train_input.batch_size=1"]
 FC_PP = ["--params=fc_mnist", "--train_input.batch_size=8"]
+# TP 2 in weight mode on each stage (world 4: P 2 x T 2); the second with sequence parallelism
+TP_PP = [*GPT2_PP, "--tensor-parallel=2", "--tensor-parallel-mode=weight"]
+TP_PP_SP = [*TP_PP, "--runconfig.sequence_parallel=true"]
 PLAN_VS_RUN_PP = [
     ("gpt2-mini", GPT2_PP, 2, "1f1b", 0, 4, "fp32"),
     ("gpt2-mini", GPT2_PP, 2, "gpipe", 0, 2, "fp32"),
@@ -476,6 +479,8 @@ PLAN_VS_RUN_PP = [
     ("gpt2-mini", GPT2_PP, 4, "1f1b", 3, 4, "fp32"),
     ("gpt2-mini", GPT2_PP, 4, "1f1b", 3, 4, "bf16"),
     ("fc-mnist", FC_PP, 4, "1f1b", 0, 4, "fp16"),
+    ("gpt2-mini", TP_PP, 4, "1f1b", 1, 4, "fp32"),
+    ("gpt2-mini", TP_PP_SP, 4, "gpipe", 3, 2, "bf16"),
 ]
 
 
@@ -492,7 +497,10 @@ def test_plan_predicts_the_pipeline_runs_step_and_memory(
     stage split, the run on its live model, the plan on one built from the shapes: rel
     1e-9), and the plan's memory is the run's largest rank's accounting, byte for byte.
     In bf16 / fp16 both time the kernels at the profile's half rates and move 2-byte
-    activations, weights and gradients; the memory is 2 bytes an element plus the master."""
+    activations, weights and gradients; the memory is 2 bytes an element plus the master.
+    Tensor parallelism in weight mode on each stage: the shard's kernels, stage split and
+    memory, and each model stage's group collectives (``gpt2_tp.stage_collectives``) in
+    both."""
     from simdist.plan import plan
 
     d = tmp_path / "run"
@@ -509,11 +517,18 @@ def test_plan_predicts_the_pipeline_runs_step_and_memory(
     p = perf(d)
     batch = int(args[1].split("=")[1])
     half = None if precision == "fp32" else precision
+    tp = 2 if "--tensor-parallel=2" in args else 1
+    sp = "--runconfig.sequence_parallel=true" in args
     r = plan(
         model=model, devices=n, profile="a100-80gb", zero=zero, pp=2, pipeline_schedule=kind,
         batch=batch * accum, micro_batch=batch, precision="mixed" if half else "fp32",
-        half=half, optimizer="adam", algorithm="ring",
+        half=half, optimizer="adam", algorithm="ring", tp=tp, tp_mode="weight",
+        sequence_parallel=sp,
     )  # fmt: skip
+    if tp > 1:  # every stage's F and B hold the group's collectives
+        assert p["tensor_parallel_mode"] == "weight" and p["replicas"] == 1
+        assert min(p["est_group_collectives_s"]) > 0
+        assert p["parameters_per_rank"] < p["parameters"]
     assert any("simdist's own pipeline step" in x for x in r.notes), r.notes
     parts = p["est_step_time_breakdown_s"]  # "other": the run's measured host time
     assert p["est_step_time_s"] == p["est_device_step_time_s"] + parts.pop("other")
@@ -521,7 +536,7 @@ def test_plan_predicts_the_pipeline_runs_step_and_memory(
     assert r.step_s == pytest.approx(p["est_device_step_time_s"], rel=1e-9)
     for key, value in parts.items():
         assert r.breakdown_s[key] == pytest.approx(value, rel=1e-9, abs=1e-15), key
-    if n == 4:  # the stage groups' gradient collectives are in both
+    if p["replicas"] > 1:  # the stage groups' gradient collectives are in both
         assert p["est_step_time_breakdown_s"]["gradient_sync_exposed"] > 0
     largest = max(p["memory_bytes_per_rank"], key=lambda x: sum(x.values()))
     assert {k: v for k, v in r.memory_bytes.items() if v} == largest
@@ -529,7 +544,8 @@ def test_plan_predicts_the_pipeline_runs_step_and_memory(
         f = plan(
             model=model, devices=n, profile="a100-80gb", zero=zero, pp=2,
             pipeline_schedule=kind, batch=batch * accum, micro_batch=batch,
-            precision="fp32", optimizer="adam", algorithm="ring",
+            precision="fp32", optimizer="adam", algorithm="ring", tp=tp, tp_mode="weight",
+            sequence_parallel=sp,
         )  # fmt: skip
         assert r.breakdown_s["forward_backward"] < f.breakdown_s["forward_backward"]
         assert 2 * r.memory_bytes["parameters"] == f.memory_bytes["parameters"]

@@ -351,6 +351,13 @@ class Planner(AnalyticStep):
             and self.execution != "weight_streaming"
         ):
             return False
+        return self._weight_split_ok(spec)
+
+    def _weight_split_ok(self, spec: Any) -> bool:
+        """Can simdist's weight mode split ``spec`` at ``tp`` (heads, vocabulary and, with
+        sequence parallelism, the sequence divisible; the group on one node)? Else a note
+        says why the analytic schedule is used."""
+        c = self.cfg
         if c.sequence_parallel and spec.seq_len % c.tp:
             self.notes.append(
                 f"simdist's sequence parallelism needs tp ({c.tp}) to divide the sequence "
@@ -515,21 +522,23 @@ class Planner(AnalyticStep):
     def _simdist_pipelines(self, spec: Any) -> bool:
         """Would ``simdist.train --pipeline-parallel P`` run this (a model simdist pipelines,
         in fp32 or mixed precision with its half format named, ZeRO 0-3 on the data-parallel
-        axis, no tensor split)? Then the plan is the run's own simulated step
+        axis, no tensor split or a GPT-2 layout split in weight mode, with or without
+        sequence parallelism)? Then the plan is the run's own simulated step
         (``simdist.sim.pp_schedule``)."""
         c = self.cfg
-        model_ok = isinstance(spec, MLPSpec) or (
-            isinstance(spec, TransformerSpec) and is_gpt2_layout(spec)
-        )
-        return (
-            model_ok
+        gpt2 = isinstance(spec, TransformerSpec) and is_gpt2_layout(spec)
+        if not (
+            (isinstance(spec, MLPSpec) or gpt2)
             and c.pp > 1
             and (c.precision == "fp32" or c.half is not None)  # as _simdist_runs
-            and c.tp == c.interleave == 1
+            and c.interleave == 1
             and c.recompute == "none"
-            and not c.sequence_parallel
+            and (c.tp == 1 or (gpt2 and c.tp_mode == "weight"))
+            and (c.tp > 1 or not c.sequence_parallel)
             and self.execution != "weight_streaming"
-        )
+        ):
+            return False
+        return c.tp == 1 or self._weight_split_ok(spec)
 
     def _pipelined_step(
         self, spec: Any, mem: dict, dp: int, m: int, micro: int, seq: int, out: dict
@@ -543,11 +552,12 @@ class Planner(AnalyticStep):
         from simdist.config import ConfigError
 
         from .pp_schedule import StagePlan, pipeline_step, stage_memory
+        from .tp_schedule import stage_group_calls
 
         c, prof = self.cfg, self.profile
         if c.pipeline_schedule not in ("1f1b", "gpipe"):
             raise ValueError(f"pipeline schedule must be 1f1b or gpipe, got {c.pipeline_schedule}")
-        model = self._simdist_model(spec)
+        model = self._simdist_model(spec, c.tp)  # weight mode: shard 0 of each stage
         if isinstance(spec, TransformerSpec) and seq != spec.seq_len:
             raise ValueError(f"a pipeline runs at {spec.name}'s context ({spec.seq_len})")
         layout = Layout(model.parameter_specs(), dp)
@@ -567,6 +577,8 @@ class Planner(AnalyticStep):
             replicas=dp, zero=c.zero, optimizer_type=opt, algorithm=algorithm,
             link_class="intra" if nodes == 1 else "inter",
             half=self.dtype if self.elem == 2 else None,  # the run's runconfig.precision
+            group=None if c.tp == 1 else stage_group_calls(
+                model, c.tp, micro, seq, c.algorithm, self.elem),
         )  # fmt: skip
         per_rank = [
             stage_memory(
