@@ -1,4 +1,5 @@
-"""Data x pipeline parallelism of gpt2-mini at np 2 and 4: one table, one row per layout.
+"""Data x tensor x pipeline parallelism of gpt2-mini at np 2 and 4: one table, one row per
+layout.
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python scripts/bench_parallel.py
         [--json FILE] [--steps 4] [--micro 2] [--global-batch 32] [--nps 2,4]
@@ -6,13 +7,16 @@
 Each row is a fresh ``mpiexec -n NP python -m simdist.train --params gpt2_mini`` with the
 same global batch and micro-batch (so the same samples per optimizer step): data
 parallelism (ZeRO 0 and 1; micro-batches per replica = global / (micro x replicas)),
-pipeline parallelism over all ranks (1F1B and GPipe; micro-batches m = global / micro)
-and, at np 4, DP 2 x PP 2. Columns from the run's performance.json: tokens per second,
-the largest simdist-accounted bytes of a rank (parameters, gradients, optimizer state,
-activations), bytes a rank sent per step (the busiest rank; pipelines: activations,
-their gradients, the tied embedding's gradient and value, the DP gradient sync),
-the measured pipeline bubble (time stage ranks spent blocked on pipeline receives over
-their forward/backward time, averaged over ranks) and the predicted (P-1)/(m+P-1).
+pipeline parallelism over all ranks (1F1B and GPipe; micro-batches m = global / micro),
+tensor parallelism in weight mode over 2 ranks (Megatron's split, ``--tensor-parallel 2
+--tensor-parallel-mode weight``) and, at np 4, DP 2 x PP 2, DP 2 x TP 2 and TP 2 x PP 2.
+Columns from the run's performance.json: tokens per second, the largest
+simdist-accounted bytes of a rank (parameters, gradients, optimizer state, activations),
+bytes a rank sent per step (the busiest rank; pipelines: activations, their gradients,
+the tied embedding's gradient and value, the DP gradient sync; weight mode: the group's
+activation collectives too), the measured pipeline bubble (the share of the
+forward/backward span a stage rank is not computing, averaged over ranks) and the
+predicted (P-1)/(m+P-1).
 With np > cores the times measure oversubscription: compare rows of one np on an idle
 machine.
 """
@@ -31,16 +35,20 @@ MPIEXEC = str(Path(sys.executable).parent / "mpiexec")
 BLOCK = 128  # gpt2-mini's sequence length: tokens per sample
 
 
-def layouts(np_: int) -> list[tuple[str, int, int, int, str]]:
-    """(strategy, dp, pp, zero, schedule) of the rows at ``np_`` ranks."""
-    rows = [("dp", np_, 1, 0, ""), ("dp", np_, 1, 1, "")]
-    rows += [("pp", 1, np_, 0, "1f1b"), ("pp", 1, np_, 0, "gpipe")]
-    if np_ >= 4 and np_ % 2 == 0:
-        rows.append(("dp x pp", np_ // 2, 2, 0, "1f1b"))
+def layouts(np_: int) -> list[tuple[str, int, int, int, int, str]]:
+    """(strategy, dp, tp, pp, zero, schedule) of the rows at ``np_`` ranks."""
+    rows = [("dp", np_, 1, 1, 0, ""), ("dp", np_, 1, 1, 1, "")]
+    rows += [("pp", 1, 1, np_, 0, "1f1b"), ("pp", 1, 1, np_, 0, "gpipe")]
+    if np_ == 2:
+        rows.append(("tp", 1, 2, 1, 0, ""))
+    if np_ >= 4 and np_ % 4 == 0:
+        rows.append(("dp x pp", np_ // 2, 1, 2, 0, "1f1b"))
+        rows.append(("dp x tp", np_ // 2, 2, 1, 0, ""))
+        rows.append(("tp x pp", np_ // 4, 2, 2, 0, "1f1b"))
     return rows
 
 
-def run(np_: int, dp: int, pp: int, zero: int, schedule: str, args) -> dict:
+def run(np_: int, dp: int, tp: int, pp: int, zero: int, schedule: str, args) -> dict:
     accum = args.global_batch // (args.micro * dp)
     with tempfile.TemporaryDirectory() as d:
         cmd = [
@@ -58,6 +66,8 @@ def run(np_: int, dp: int, pp: int, zero: int, schedule: str, args) -> dict:
         ]  # fmt: skip
         if pp > 1:
             cmd += [f"--pipeline-parallel={pp}", f"--pipeline-schedule={schedule}"]
+        if tp > 1:  # weight mode: the layers split, the group's batch not divided
+            cmd += [f"--tensor-parallel={tp}", "--tensor-parallel-mode=weight"]
         out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1800)
         if out.returncode:
             raise RuntimeError(f"run failed:\n{out.stdout}\n{out.stderr}")
@@ -70,7 +80,7 @@ def run(np_: int, dp: int, pp: int, zero: int, schedule: str, args) -> dict:
     return {
         "strategy": "",
         "dp": dp,
-        "tp": 1,
+        "tp": tp,
         "pp": pp,
         "zero": zero,
         "np": np_,
@@ -99,13 +109,13 @@ def main() -> None:
     )
     print(head)
     for np_ in (int(v) for v in args.nps.split(",")):
-        for strategy, dp, pp, zero, schedule in layouts(np_):
-            row = run(np_, dp, pp, zero, schedule, args)
+        for strategy, dp, tp, pp, zero, schedule in layouts(np_):
+            row = run(np_, dp, tp, pp, zero, schedule, args)
             row["strategy"] = strategy + (f" {schedule}" if schedule else "")
             rows.append(row)
             b, pr = row["bubble_fraction"], row["bubble_fraction_predicted"]
             print(
-                f"{row['strategy']:<14}{dp:>3}{1:>3}{pp:>3}{zero:>5}{np_:>3}"
+                f"{row['strategy']:<14}{dp:>3}{tp:>3}{pp:>3}{zero:>5}{np_:>3}"
                 f"{row['micro_batches']:>4}{row['tokens_per_sec']:>10.0f}"
                 f"{row['peak_bytes_per_rank'] / 2**20:>10.1f}"
                 f"{row['comm_bytes_per_step'] / 2**20:>14.2f}"

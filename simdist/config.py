@@ -471,7 +471,7 @@ NOTES: dict[str, str] = {
     "runconfig.tensor_parallel": "ranks per group, on one node; divides the ranks",
     "runconfig.tensor_parallel_mode": (
         "batch: batch_size per group, split over it; weight: gpt2's layers split "
-        "(Megatron), fp32, ZeRO 0-2, no pipeline"
+        "(Megatron), ZeRO 0-2 (0-3 with a pipeline), on each stage of a pipeline"
     ),
     "runconfig.sequence_parallel": (
         "tensor_parallel > 1, weight mode; model.block_size divisible by tensor_parallel"

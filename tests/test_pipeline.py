@@ -170,6 +170,36 @@ def test_tp2_batch_mode_x_pp2_equals_data_parallel(tmp_path):
     assert_same_run(ref, run_record(out, d), "TP2 x PP2")
 
 
+WEIGHT = ["--tensor-parallel=2", "--tensor-parallel-mode=weight"]
+
+
+def test_tp2_weight_mode_x_pp2_equals_weight_mode_alone_and_resumes_its_checkpoint(tmp_path):
+    """Weight mode on each stage: rank (s T + t) holds shard t of stage s (GPT2TP's stage
+    functions, the group's collectives on the stage's two ranks). The same bits as TP 2
+    alone with the same micro-batches: loss lines, whole-tensor checkpoint (parameters and
+    Adam state), eval.json; in fp32 the pipeline at ZeRO-3 (one replica: its per-micro-batch
+    sums are ZeRO-1's), and with sequence parallelism in bf16 (ZeRO-0 both). The pipeline
+    resumes TP 2's step-2 checkpoint (the degree and mode recorded) and ends where TP 2
+    does."""
+    steps = ["--runconfig.max_steps=4", "--runconfig.save_checkpoints_steps=2"]
+    for name, extra, pp_zero in (
+        ("fp32", ["--zero_opt_level=1"], ["--zero_opt_level=3"]),
+        ("sp-bf16", ["--runconfig.sequence_parallel=true", "--runconfig.precision=bf16"], []),
+    ):
+        ref = run_record(train(2, tmp_path / f"tp2-{name}", GPT2, *steps, *WEIGHT, *extra),
+                         tmp_path / f"tp2-{name}")  # fmt: skip
+        d = tmp_path / f"pp2tp2-{name}"
+        out = train(4, d, GPT2, *steps, *WEIGHT, *extra, *pp_zero, "--pipeline-parallel=2")
+        assert "tensor parallel (weight mode) innermost" in out.stdout, out.stdout
+        assert "shard r % 2, replica r // 4" in out.stdout
+        assert_same_run(ref, run_record(out, d), f"TP2 weight x PP2, {name}")
+    d = tmp_path / "resumed"
+    step2 = f"--runconfig.checkpoint_path={tmp_path / 'tp2-fp32' / 'checkpoint_2.h5'}"
+    out = train(4, d, GPT2, *steps, *WEIGHT, "--zero_opt_level=1", "--pipeline-parallel=2", step2)
+    assert "resumed from" in out.stdout
+    assert_same_state(final_state(tmp_path / "tp2-fp32"), final_state(d), "resumed at PP2")
+
+
 def test_dp2_x_pp2_zero2_equals_zero0_and_data_parallel_zero2(tmp_path):
     """ZeRO-2 on the data-parallel axis: each micro-batch's stage gradients reduce-scattered
     into the rank's slice after its backward. One micro-batch: the bits of ZeRO-0 (the same

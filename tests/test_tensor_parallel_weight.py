@@ -36,6 +36,9 @@ def losses(stdout: str) -> list[float]:
     return [float(v) for v in re.findall(r"global_step = \d+, loss = ([0-9.e+-]+)", stdout)]
 
 
+PP2 = ["--train_input.batch_size=1", "--optimizer.grad_accum_steps=2", "--pipeline-parallel=2"]
+
+
 def tp(n: int) -> list[str]:
     return ["--tensor-parallel", str(n), *WEIGHT]
 
@@ -66,9 +69,11 @@ def test_shards_cover_the_model_once():
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """50 steps of gpt2-mini at a global batch of 4: one rank; TP 2 at np 2; TP 4 at np 4;
-    DP 2 x TP 2 at np 4 (2 sequences per replica). Learning rate 3e-4: at the preset's 1e-3
-    this batch trains on the edge of stability (loss spikes), where Adam amplifies any
-    reordered sum (data parallelism's too) past 1e-5 within 50 steps (README)."""
+    DP 2 x TP 2 at np 4 (2 sequences per replica); DP 2 x TP 2 x PP 2 at np 8
+    (oversubscribed; 2 micro-batches of 1 per replica through the 1F1B pipeline). Learning
+    rate 3e-4: at the preset's 1e-3 this batch trains on the edge of stability (loss
+    spikes), where Adam amplifies any reordered sum (data parallelism's too) past 1e-5
+    within 50 steps (README)."""
     root = tmp_path_factory.mktemp("tpw")
     steps = [
         f"--runconfig.max_steps={STEPS}",
@@ -81,6 +86,7 @@ def runs(tmp_path_factory):
         ("tp2", 2, ["--train_input.batch_size=4", *tp(2)], train),
         ("tp4", 4, ["--train_input.batch_size=4", *tp(4)], train),
         ("dp2tp2", 4, ["--train_input.batch_size=2", *tp(2)], train_and_eval),
+        ("dp2tp2pp2", 8, [*PP2, *tp(2)], train),
     ):
         d = root / key
         res = launch(n, d, *steps, *args)
@@ -88,7 +94,7 @@ def runs(tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("key", ["tp2", "tp4", "dp2tp2"])
+@pytest.mark.parametrize("key", ["tp2", "tp4", "dp2tp2", "dp2tp2pp2"])
 def test_weight_mode_tracks_one_rank_per_step(runs, key):
     want = losses(runs["one"][1])
     got = losses(runs[key][1])
@@ -135,6 +141,29 @@ def test_per_rank_memory_follows_the_split(runs, key, T, D):
     events = trace["traceEvents"] if isinstance(trace, dict) else trace
     pids = {e.get("pid") for e in events if e.get("name") == "forward.allreduce"}
     assert len(pids) == T * D
+
+
+def test_pipeline_rank_memory_is_its_stage_of_its_shard(runs):
+    """DP 2 x TP 2 x PP 2: every rank accounts 4 bytes per parameter of its stage's range
+    of the shard's flat layout (the last stage also its copy of the tied wte shard), 4 per
+    gradient twice (the step's sum and the micro-batch's), 8 of Adam state (ZeRO-0); the
+    two shards of a stage alike; the stages' ranges cover the shard once."""
+    perf = json.loads((runs["dp2tp2pp2"][0] / "performance.json").read_text())
+    T, P, n = 2, 2, shard_numel(2)
+    assert perf["world_size"] == 8 and perf["replicas"] == 2 and perf["tensor_parallel"] == T
+    assert perf["tensor_parallel_mode"] == "weight" and perf["parameters_per_rank"] == n
+    split = perf["pipeline_split"]
+    assert sum(x["parameters"] for x in split) == n
+    c = PRESETS["gpt2-mini"]
+    tied = c.vocab_size * c.n_embd // T
+    for r, mem in enumerate(perf["memory_bytes_per_rank"]):
+        s = (r // T) % P
+        a, b = split[s]["flat_range"]
+        assert mem["parameters"] == 4 * (b - a + (tied if s == P - 1 else 0)), r
+        assert mem["optimizer_state"] == 8 * (b - a), r
+        assert mem["gradients"] >= 2 * 4 * (b - a), r
+    assert perf["tensor_parallel_bytes_sent_per_step"] > 0
+    assert min(perf["est_group_collectives_s"]) > 0
 
 
 def test_zero_levels_identical_on_the_data_parallel_axis(tmp_path):
@@ -202,7 +231,6 @@ def test_resume_and_reshard(tmp_path):
         (2, ["--model.vocab_size=257", *tp(2)], "must divide model.vocab_size (257)"),
         (2, ["--params=fc_mnist", *tp(2)], "runs model.name gpt2 only, not fc_mnist"),
         (2, ["--zero_opt_level=3", *tp(2)], "runs ZeRO 0-2 on the data-parallel axis"),
-        (4, ["--runconfig.pipeline_parallel=2", *tp(2)], "not combine with runconfig.pipeline"),
         (2, ["--runconfig.ranks_per_node=1", *tp(2)], "ranks [0, 1] span nodes [0, 1]"),
         (3, [*tp(2)], "tensor_parallel=2 must divide the 3 ranks"),
     ],

@@ -4,11 +4,22 @@ P ranks, activations and their gradients sent point to point, micro-batches from
 
 Placement. World = D x P x T in issue #19's order: tensor-parallel ranks innermost (on one
 node), then pipeline, then data parallel, so rank (d P + s) T + t is stage s of replica
-d T + t (T = 1: stage ``r % P`` of replica ``r // P``). Tensor parallelism is SambaFlow's
-batch mode (``runconfig.tensor_parallel``): a group's T ranks divide its batch, i.e. they
-are replicas for the gradient sync. Each replica's P ranks talk over one sub-communicator
-(sends and receives), each stage's D T replicas over another (simdist's collectives: the
-gradient sync of that stage's parameters only).
+d T + t (T = 1: stage ``r % P`` of replica ``r // P``). Tensor parallelism
+(``runconfig.tensor_parallel``) is SambaFlow's batch mode by default: a group's T ranks
+divide its batch, i.e. they are replicas for the gradient sync. Each replica's P ranks
+talk over one sub-communicator (sends and receives), each stage's D T replicas over another
+(simdist's collectives: the gradient sync of that stage's parameters only).
+
+Weight mode (``tensor_parallel_mode: weight``, gpt2): rank (d P + s) T + t is shard t of
+stage s of replica d, running ``GPT2TP``'s stage functions with the group's collectives
+over a third sub-communicator (the stage's T ranks of replica d). The pipe joins shard t
+of the replica's stages (the boundary tensors are the residual stream, the same on every
+shard; with sequence parallelism each shard's rows); the stage group is the D ranks of
+(s, t), over the shard's flat layout. The norm is ``tensor_parallel``'s share relayed
+(``norm_share``: part by part in flat order, so the last stage holds one weight-mode
+rank's float64 sum; the agreement adds shards and replicas), the loss is counted on shard
+0, the sequence-parallel row shares are summed over the group per stage, and checkpoints
+are whole tensors assembled on rank 0 as ``tensor_parallel`` writes them.
 
 The split. The model's stages (``simdist.models.stages``: gpt2's embedding, blocks and
 head; fc_mnist's layers) are cut into P contiguous ranges balancing their FLOPs (the
@@ -60,6 +71,7 @@ from __future__ import annotations
 import resource
 import socket
 import time
+import zlib
 from typing import Any
 
 import numpy as np
@@ -465,6 +477,7 @@ class Pipeline(Schedule):
             (x.lo - self.goff, x.hi - self.goff) for x in seg(*self.update) if x.name in rows
         ]
         self._row_share = np.zeros(sum(b - a for a, b in self._row_share_parts), F32)
+        self._replicated = [n for n, x in split.items() if x is None and n in self.pviews]
         self.checkpoint_layout = Layout(gpt2_specs(self.model.config), 1)
 
     def _allocate_gathers(self, alloc) -> None:
@@ -648,6 +661,24 @@ class Pipeline(Schedule):
         self._send_tied()
         self.walls.append(time.perf_counter() - t0)  # the step as DP measures it: fetch to gather
         return StepResult(loss, norm, stop, mean_loss=total_loss / self.replicas)
+
+    def mean_loss(self, run, result: StepResult) -> float:
+        if self.weight:
+            self._check_shards(run.step)
+        return super().mean_loss(run, result)
+
+    def _check_shards(self, step: int) -> None:
+        """Weight mode, at each summary (collective): the T shards of a stage hold the same
+        replicated parameters (LayerNorms, wpe, row-parallel biases), hashes compared over
+        the group as ``tensor_parallel`` compares them (ZeRO-3 holds slices: nothing)."""
+        rep = 0
+        for name in self._replicated:
+            rep = zlib.crc32(np.ascontiguousarray(self.pviews[name]).view(np.uint8), rep)
+        if len(set(self.group.allgather(rep))) != 1:
+            raise RuntimeError(
+                f"the replicated parameters of stage {self.stage}'s shards (replica "
+                f"{self.replica}) diverged at global_step {step}"
+            )
 
     def _overflow_stages(self, grads: np.ndarray, loss: float) -> str:
         """Where an agreed overflow came from (collective; only on overflow steps): the

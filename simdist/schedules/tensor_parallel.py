@@ -1,7 +1,8 @@
 """Tensor parallelism in weight mode (``runconfig.tensor_parallel: T``,
 ``tensor_parallel_mode: weight``): GPT-2's layers split Megatron-style over T ranks of one
 node (``simdist.models.gpt2_tp``), composed with data parallelism (ZeRO 0-2) on the
-outer axis.
+outer axis. (With a pipeline, ``simdist.schedules.pipeline`` runs the split on each stage
+and shares this module's norm, row-share and checkpoint helpers.)
 
 Placement, as ``pipeline`` places it without stages: world = D x T, tensor-parallel ranks
 innermost, so rank d T + t is shard t of replica d. Two sub-communicators: the group's T
