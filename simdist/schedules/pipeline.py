@@ -620,7 +620,8 @@ class Pipeline(Schedule):
             grads = self._reduce()
         if self.weight and self._row_share_parts:  # sequence parallelism (tensor_parallel's)
             with self.tcoll.half_wire(self.grad_wire):
-                sum_row_shares(self.tcoll, grads, self._row_share_parts, self._row_share)
+                store = self.precision.store if self.grad_wire else None
+                sum_row_shares(self.tcoll, grads, self._row_share_parts, self._row_share, store)
         ulo, uhi = self.update
         g = grads[ulo - self.goff : uhi - self.goff]  # what this rank counts and updates
         if scale != 1.0:  # unscaled before the norm, clipping and the update (GradScaler)

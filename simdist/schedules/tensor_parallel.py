@@ -143,14 +143,22 @@ def norm_share(grads: np.ndarray, parts: list[tuple[int, int]], acc: float = 0.0
     return acc
 
 
-def sum_row_shares(coll, grads: np.ndarray, parts: list[tuple[int, int]], buf: np.ndarray) -> None:
+def sum_row_shares(
+    coll, grads: np.ndarray, parts: list[tuple[int, int]], buf: np.ndarray, store=None
+) -> None:
     """Sequence parallelism: the LayerNorms' and wpe's gradients ``grads[a:b]`` summed over
     the group ``coll`` in one all-reduce of ``buf`` (packed; simdist's algorithms leave the
-    same bits on every rank, so the replicated copies stay equal)."""
+    same bits on every rank, so the replicated copies stay equal). ``store``: on a half
+    wire, the precision's rounding, applied first: a half wire sums half values, and under
+    ZeRO-2 with accumulation these gradients are float32 sums of the micro-batches' (left
+    unrounded, a rank's own operand would enter its blocks' sums at full precision and the
+    others' rounded, so the bits would depend on how the buffer is cut into blocks)."""
     o = 0
     for a, b in parts:
         buf[o : o + b - a] = grads[a:b]
         o += b - a
+    if store is not None:
+        store(buf)
     coll.allreduce(buf)
     o = 0
     for a, b in parts:
@@ -377,7 +385,8 @@ class TensorParallelWeight(DataParallel):
         return self._finish_step(run, step, grads, own_sumsq, loss, guard, explain)
 
     def _sum_row_shares(self, grads: np.ndarray) -> None:
-        sum_row_shares(self.tp_rec, grads, self._row_share_parts, self._row_share)
+        store = self.precision.store if self.grad_wire else None
+        sum_row_shares(self.tp_rec, grads, self._row_share_parts, self._row_share, store)
 
     def check_replicas(self, step: int) -> None:
         """Shard t's D replicas hold the same bits, and the T shards the same replicated
