@@ -12,6 +12,7 @@ tensor parallelism in weight mode over 2 ranks (Megatron's split, ``--tensor-par
 --tensor-parallel-mode weight``) and, at np 4, DP 2 x PP 2, DP 2 x TP 2 and TP 2 x PP 2.
 Columns from the run's performance.json: tokens per second, the largest
 simdist-accounted bytes of a rank (parameters, gradients, optimizer state, activations),
+the peak resident set of the busiest rank (the whole process: Python, numba, MPI),
 bytes a rank sent per step (the busiest rank; pipelines: activations, their gradients,
 the tied embedding's gradient and value, the DP gradient sync; weight mode: the group's
 activation collectives too), the measured pipeline bubble (the share of the
@@ -88,6 +89,7 @@ def run(np_: int, dp: int, tp: int, pp: int, zero: int, schedule: str, args) -> 
         "tokens_per_sec": perf["samples_per_sec"] * BLOCK,
         "step_time_s": perf["step_time_s"],
         "peak_bytes_per_rank": peak,
+        "peak_rss_bytes": perf["peak_rss_bytes"],  # the busiest process, Python and MPI too
         "comm_bytes_per_step": perf["comm_bytes_sent_per_step"],
         "bubble_fraction": bubble,
         "bubble_fraction_predicted": predicted,
@@ -105,7 +107,8 @@ def main() -> None:
     rows = []
     head = (
         f"{'strategy':<14}{'dp':>3}{'tp':>3}{'pp':>3}{'zero':>5}{'np':>3}{'m':>4}"
-        f"{'tokens/s':>10}{'peak MiB':>10}{'sent MiB/step':>14}{'bubble':>8}{'pred.':>7}"
+        f"{'tokens/s':>10}{'peak MiB':>10}{'RSS MiB':>9}{'sent MiB/step':>14}{'bubble':>8}"
+        f"{'pred.':>7}"
     )
     print(head)
     for np_ in (int(v) for v in args.nps.split(",")):
@@ -118,6 +121,7 @@ def main() -> None:
                 f"{row['strategy']:<14}{dp:>3}{tp:>3}{pp:>3}{zero:>5}{np_:>3}"
                 f"{row['micro_batches']:>4}{row['tokens_per_sec']:>10.0f}"
                 f"{row['peak_bytes_per_rank'] / 2**20:>10.1f}"
+                f"{row['peak_rss_bytes'] / 2**20:>9.0f}"
                 f"{row['comm_bytes_per_step'] / 2**20:>14.2f}"
                 f"{'' if b is None else f'{b:.3f}':>8}{'' if pr is None else f'{pr:.3f}':>7}",
                 flush=True,
