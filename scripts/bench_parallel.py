@@ -16,8 +16,9 @@ the peak resident set of the busiest rank (the whole process: Python, numba, MPI
 bytes a rank sent per step (the busiest rank; pipelines: activations, their gradients,
 the tied embedding's gradient and value, the DP gradient sync; weight mode: the group's
 activation collectives too), the measured pipeline bubble (the share of the
-forward/backward span a stage rank is not computing, averaged over ranks) and the
-predicted (P-1)/(m+P-1).
+forward/backward span a stage rank is not computing, averaged over ranks; the JSON has it
+per stage too), the predicted (P-1)/(m+P-1) of equal stages, and the simulated step's
+(``est_bubble_fraction``: the schedule played with each stage's own simulated times).
 With np > cores the times measure oversubscription: compare rows of one np on an idle
 machine.
 """
@@ -76,8 +77,10 @@ def run(np_: int, dp: int, tp: int, pp: int, zero: int, schedule: str, args) -> 
     if pp > 1:
         peak = perf["peak_memory_bytes_per_rank"]
         bubble, predicted = perf["bubble_fraction"], perf["predicted_bubble_fraction"]
+        simulated = perf.get("est_bubble_fraction")
     else:
         peak, bubble, predicted = sum(perf["memory_bytes"].values()), None, None
+        simulated = None
     return {
         "strategy": "",
         "dp": dp,
@@ -93,6 +96,9 @@ def run(np_: int, dp: int, tp: int, pp: int, zero: int, schedule: str, args) -> 
         "comm_bytes_per_step": perf["comm_bytes_sent_per_step"],
         "bubble_fraction": bubble,
         "bubble_fraction_predicted": predicted,
+        # the simulated step's, from its stages' own times (the formula assumes equal ones)
+        "bubble_fraction_simulated": simulated,
+        "bubble_fraction_per_stage": perf.get("bubble_fraction_per_stage"),
     }
 
 
@@ -108,7 +114,7 @@ def main() -> None:
     head = (
         f"{'strategy':<14}{'dp':>3}{'tp':>3}{'pp':>3}{'zero':>5}{'np':>3}{'m':>4}"
         f"{'tokens/s':>10}{'peak MiB':>10}{'RSS MiB':>9}{'sent MiB/step':>14}{'bubble':>8}"
-        f"{'pred.':>7}"
+        f"{'pred.':>7}{'sim.':>7}"
     )
     print(head)
     for np_ in (int(v) for v in args.nps.split(",")):
@@ -117,13 +123,15 @@ def main() -> None:
             row["strategy"] = strategy + (f" {schedule}" if schedule else "")
             rows.append(row)
             b, pr = row["bubble_fraction"], row["bubble_fraction_predicted"]
+            sim = row["bubble_fraction_simulated"]
             print(
                 f"{row['strategy']:<14}{dp:>3}{tp:>3}{pp:>3}{zero:>5}{np_:>3}"
                 f"{row['micro_batches']:>4}{row['tokens_per_sec']:>10.0f}"
                 f"{row['peak_bytes_per_rank'] / 2**20:>10.1f}"
                 f"{row['peak_rss_bytes'] / 2**20:>9.0f}"
                 f"{row['comm_bytes_per_step'] / 2**20:>14.2f}"
-                f"{'' if b is None else f'{b:.3f}':>8}{'' if pr is None else f'{pr:.3f}':>7}",
+                f"{'' if b is None else f'{b:.3f}':>8}{'' if pr is None else f'{pr:.3f}':>7}"
+                f"{'' if sim is None else f'{sim:.3f}':>7}",
                 flush=True,
             )
     if args.json:
