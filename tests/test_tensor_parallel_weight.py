@@ -233,6 +233,10 @@ def test_resume_and_reshard(tmp_path):
         (2, ["--zero_opt_level=3", *tp(2)], "runs ZeRO 0-2 on the data-parallel axis"),
         (2, ["--runconfig.ranks_per_node=1", *tp(2)], "ranks [0, 1] span nodes [0, 1]"),
         (3, [*tp(2)], "tensor_parallel=2 must divide the 3 ranks"),
+        (4, ["--runconfig.pipeline_parallel=2", "--runconfig.ranks_per_node=1", *tp(2)],
+         "ranks [0, 1] span nodes [0, 1]"),
+        (6, ["--runconfig.pipeline_parallel=2", *tp(2)],
+         "pipeline_parallel=2 x runconfig.tensor_parallel=2 must divide the 6 ranks"),
     ],
 )  # fmt: skip
 def test_bad_weight_mode_input_exits_2_and_writes_nothing(tmp_path, np_, args, message):
