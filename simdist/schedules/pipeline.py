@@ -71,7 +71,6 @@ from __future__ import annotations
 import resource
 import socket
 import time
-import zlib
 from typing import Any
 
 import numpy as np
@@ -101,8 +100,10 @@ from simdist.schedules.tensor_parallel import (
     assemble_whole,
     norm_share,
     shard_of_whole,
+    shards_agree,
     sub_placement,
     sum_row_shares,
+    whole_staging,
 )
 from simdist.sim.pp_schedule import (
     StagePlan,
@@ -564,10 +565,8 @@ class Pipeline(Schedule):
 
     def feed(self, run) -> None:
         self._send_tied()  # a resumed owner's values reach the copies
-        if self.weight:  # release the resume staging
-            own = self.state_shard
-            own.params = np.zeros(0, F32)
-            own.state = {k: np.zeros(0, F32) for k in own.state}
+        if self.weight:
+            self._staging(0)  # release the resume staging
 
     def start(self, run) -> None:
         self._coll_bytes0 = self.dcoll.bytes_sent + self.coll.bytes_sent
@@ -672,10 +671,7 @@ class Pipeline(Schedule):
         """Weight mode, at each summary (collective): the T shards of a stage hold the same
         replicated parameters (LayerNorms, wpe, row-parallel biases), hashes compared over
         the group as ``tensor_parallel`` compares them (ZeRO-3 holds slices: nothing)."""
-        rep = 0
-        for name in self._replicated:
-            rep = zlib.crc32(np.ascontiguousarray(self.pviews[name]).view(np.uint8), rep)
-        if len(set(self.group.allgather(rep))) != 1:
+        if not shards_agree(self.group, self.pviews, self._replicated):
             raise RuntimeError(
                 f"the replicated parameters of stage {self.stage}'s shards (replica "
                 f"{self.replica}) diverged at global_step {step}"
@@ -877,18 +873,11 @@ class Pipeline(Schedule):
                 self.pipe.Recv(full[a:b], source=s, tag=TAG_GATHER)
         return full
 
-    def _staging(self) -> None:
-        """Weight mode: whole-model buffers (host memory, not the device's) for ``Run``'s
-        checkpoint reader and writer, as ``tensor_parallel`` stages them: filled on
-        resume and released (``feed``), refilled on rank 0 for each save."""
-        n = self.checkpoint_layout.padded
-        state = {k: np.zeros(n, F32) for k in self.optimizer.state}
-        if self.state_shard is None:
-            self.state_shard = StateShard(
-                self.comm, 0, 1, 0, n, state, sharded=False, params=np.zeros(n, F32)
-            )
-        else:  # the object ``Run`` holds: refilled in place
-            self.state_shard.state, self.state_shard.params = state, np.zeros(n, F32)
+    def _staging(self, size: int | None = None) -> None:
+        """Weight mode: the whole-tensor checkpoint staging (``whole_staging``)."""
+        self.state_shard = whole_staging(
+            self.comm, self.state_shard, self.checkpoint_layout, self.optimizer.state, size
+        )
 
     def before_checkpoint(self, run) -> None:
         """Weight mode, collective before ``Run`` saves: world rank 0 assembles whole

@@ -133,6 +133,30 @@ def assemble_whole(
                 insert(out_state[k][name], state_views[k][name], split)
 
 
+def whole_staging(
+    comm, shard: StateShard | None, whole: Layout, keys, size: int | None = None
+) -> StateShard:
+    """Whole-model buffers (layout ``whole``; host memory, not the device's) for ``Run``'s
+    checkpoint reader and writer in weight mode: every rank holds them while it resumes,
+    rank 0 for each save. ``shard``: the object ``Run`` holds, refilled in place (None: a
+    new one); ``keys``: the optimizer state's; ``size``: 0 releases them."""
+    n = whole.padded if size is None else size
+    state = {k: np.zeros(n, F32) for k in keys}
+    if shard is None:
+        return StateShard(comm, 0, 1, 0, n, state, sharded=False, params=np.zeros(n, F32))
+    shard.state, shard.params = state, np.zeros(n, F32)
+    return shard
+
+
+def shards_agree(comm, views: dict[str, np.ndarray], names: list[str]) -> bool:
+    """Collective over the group ``comm``: do its ranks hold the same bits in the
+    replicated parameters ``names`` (a hash of each rank's ``views`` compared)?"""
+    digest = 0
+    for name in names:
+        digest = zlib.crc32(np.ascontiguousarray(views[name]).view(np.uint8), digest)
+    return len(set(comm.allgather(digest))) == 1
+
+
 def norm_share(grads: np.ndarray, parts: list[tuple[int, int]], acc: float = 0.0) -> float:
     """``acc`` plus the float64 sums of squares of ``grads[a:b]`` for each part, added in
     order: a rank's share of the clipping norm (its split elements, the replicated ones on
@@ -312,20 +336,12 @@ class TensorParallelWeight(DataParallel):
         # checkpoints: whole tensors in the one-rank layout (``Run`` reads and writes it)
         self.checkpoint_layout = Layout(parameter_specs(self.model.config), 1)
         self.state_shard = None  # data parallelism's (the shard's range) is not Run's
-        self._staging(run)
+        self._staging()
 
-    def _staging(self, run) -> None:
-        """Whole-model buffers for ``Run``'s checkpoint reader and writer (host memory,
-        not the device's): filled on resume, then released (``feed``); rank 0 refills
-        them for each save."""
-        n = self.checkpoint_layout.padded
-        state = {k: np.zeros(n, F32) for k in self.optimizer.state}
-        if self.state_shard is None:
-            self.state_shard = StateShard(
-                self.comm, 0, 1, 0, n, state, sharded=False, params=np.zeros(n, F32)
-            )
-        else:  # the object ``Run`` holds: refilled in place
-            self.state_shard.state, self.state_shard.params = state, np.zeros(n, F32)
+    def _staging(self, size: int | None = None) -> None:
+        self.state_shard = whole_staging(
+            self.comm, self.state_shard, self.checkpoint_layout, self.optimizer.state, size
+        )
 
     def restore(self, run, path, attrs: dict[str, Any], loaded: set[str]) -> None:
         """This rank's slice of the whole tensors ``Run`` read: parameters, and the
@@ -342,9 +358,7 @@ class TensorParallelWeight(DataParallel):
 
     def feed(self, run) -> None:
         super().feed(run)
-        own = self.state_shard  # release the resume staging
-        own.params = np.zeros(0, F32)
-        own.state = {k: np.zeros(0, F32) for k in own.state}
+        self._staging(0)  # release the resume staging
 
     # ----------------------------------------------------------------- the step
     def step(self, run, step: int, guard) -> StepResult:
@@ -394,10 +408,7 @@ class TensorParallelWeight(DataParallel):
         digest = zlib.crc32(self.params_flat.view(np.uint8))
         if len(set(self.dp_comm.allgather(digest))) != 1:
             raise RuntimeError(f"replicas of shard {self.tp_rank} diverged at global_step {step}")
-        rep = 0
-        for name in self._replicated:
-            rep = zlib.crc32(np.ascontiguousarray(self.pviews[name]).view(np.uint8), rep)
-        if len(set(self.tp_comm.allgather(rep))) != 1:
+        if not shards_agree(self.tp_comm, self.pviews, self._replicated):
             raise RuntimeError(
                 f"the replicated parameters of replica {self.dp_rank}'s shards diverged at "
                 f"global_step {step}"
@@ -433,7 +444,7 @@ class TensorParallelWeight(DataParallel):
         parts = self.comm.gather(mine, root=0)
         if parts is None:
             return
-        self._staging(run)
+        self._staging()
         own = self.state_shard
         assemble_whole(self.model.config, self.T, self.layout, self.checkpoint_layout, parts,
                        own.params, own.state)  # fmt: skip
