@@ -565,6 +565,33 @@ PLAN_VS_RUN_TP = [
 ]
 
 
+@pytest.mark.parametrize("zero", [0, 1, 3])
+def test_pipeline_op_segments_keep_the_whole_backward(zero):
+    """A weight-mode group whose collectives are all empty times every op as its segments;
+    the step must then be the one without a group: the ZeRO-0/1 accumulation pass and the
+    ZeRO-3 gathers are parts of the B ops either way."""
+    from simdist.arena import Layout
+    from simdist.device.profile import load_profile
+    from simdist.models.gpt2 import GPT2, resolve_config
+    from simdist.param_gather import BACKWARD, FORWARD
+    from simdist.sim.pp_schedule import StagePlan, pipeline_step
+
+    model = GPT2(resolve_config("gpt2-mini"))
+    plan = StagePlan(model, Layout(model.parameter_specs(), 2), 2)
+    empty = {phase: [[] for _ in model.stages()] for phase in (FORWARD, BACKWARD)}
+    kw = dict(kind="1f1b", micro=4, micro_batch=2, replicas=2, zero=zero,
+              optimizer_type="adamw", algorithm="ring", link_class="intra")  # fmt: skip
+    prof = load_profile("a100-40gb")
+    bare, grouped = (pipeline_step(model, prof, plan, group=g, **kw) for g in (None, empty))
+    # equal up to the order of the float additions (an op: its segments one by one)
+    same = pytest.approx([x for o in bare.ops for x in (o.start, o.end)], rel=1e-12)
+    assert [x for o in grouped.ops for x in (o.start, o.end)] == same
+    assert grouped.step_s == pytest.approx(bare.step_s, rel=1e-12)
+    assert grouped.bubble_fraction == pytest.approx(bare.bubble_fraction, rel=1e-9)
+    b_ops = [o for o in grouped.ops if o.op == "B"]
+    assert all(o.end - o.start > 0 for o in b_ops)
+
+
 @pytest.mark.parametrize(("n", "batch", "zero", "accum", "precision", "sp"), PLAN_VS_RUN_TP)
 def test_plan_predicts_the_weight_mode_runs_step_and_memory(
     tmp_path, n, batch, zero, accum, precision, sp

@@ -427,6 +427,14 @@ def pipeline_step(
             "tensor parallel (weight mode): each model stage's group collectives run "
             "blocking after its kernels, over the group's node"
         )
+    # ZeRO-0/1: each backward's gradients are added into the stage's sum (the first copied:
+    # 2 of the add's 3 streams); part of every B op, after its model stages
+    accumulate = [0.0] * P
+    if zero < 2 and micro > 1:
+        for s, (a, bb) in enumerate(plan.flat):
+            n = bb - a
+            accumulate[s] = vector(n * (micro - 1) / micro, elem * n * (3 * micro - 1) / micro)
+            bwd[s] += accumulate[s]
     if plans is not None or group is not None:
 
         def segments(op: str, s: int, j: int) -> list[tuple[str, float]]:
@@ -445,6 +453,8 @@ def pipeline_step(
                 out.append(("compute", times[k]))
                 if tp_s[phase][k] > 0:
                     out.append(("group", tp_s[phase][k]))
+            if op == "B" and accumulate[s] > 0:
+                out.append(("compute", accumulate[s]))
             return out
 
     if zero == 3:
@@ -452,10 +462,6 @@ def pipeline_step(
             "ZeRO-3: each op's parameter all-gathers run blocking before the model stage "
             "that reads them, in the run's window-cache order"
         )
-    if zero < 2 and micro > 1:  # each backward's gradients added into the stage's sum
-        for s, (a, bb) in enumerate(plan.flat):  # (the first copied: 2 of the add's 3 streams)
-            n = bb - a
-            bwd[s] += vector(n * (micro - 1) / micro, elem * n * (3 * micro - 1) / micro)
     ops = pipeline_ops(kind, fwd, bwd, micro, send, back, segments)
     span = max(o.end for o in ops)
     # per stage and micro-batch: the group's collectives (weight mode), busy as the kernels
