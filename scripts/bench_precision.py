@@ -5,15 +5,16 @@
     (also: python scripts/bench_train.py --precision bf16, which runs this)
 
 Every measurement is a fresh single-rank process, one thread: ``mpiexec -n 1 python -m
-simdist.train --runconfig.precision=P`` (samples/s from performance.json) and a PyTorch
-eager loop on the same model and batch, in float32 and under
-``torch.autocast("cpu", dtype=torch.bfloat16)`` (PyTorch's CPU mixed precision: bf16
-matrix products through oneDNN, which uses AVX512_BF16 / AMX where the CPU has them). The
-runs are interleaved and repeated; the table shows the median of the repeats and each
-precision's step time relative to the same implementation's fp32 (the paired ratio: the
-median of the per-repeat ratios). Issue #17's target: simdist bf16 no slower than 1.3x its
-fp32 (simdist emulates bf16 around float32 BLAS: products of half values, float32
-accumulation; the rounding passes are the cost).
+simdist.train --runconfig.precision=P`` and a PyTorch eager loop on the same model and
+batch, in float32 and under ``torch.autocast("cpu", dtype=torch.bfloat16)`` (PyTorch's CPU
+mixed precision: bf16 matrix products through oneDNN, which uses AVX512_BF16 / AMX where
+the CPU has them). Both are timed as ``bench_train.py`` times them: samples/s of the
+median step (simdist: performance.json's ``measured_step_time_median_s``; PyTorch: after
+its warm-up). The runs are interleaved and repeated; the table shows the median of the
+repeats and each precision's step time relative to the same implementation's fp32 (the
+paired ratio: the median of the per-repeat ratios). Issue #17's target: simdist bf16 no
+slower than 1.3x its fp32 (simdist emulates bf16 around float32 BLAS: products of half
+values, float32 accumulation; the rounding passes are the cost).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from bench_train import MODELS, machine_info, simdist_args
+from bench_train import MODELS, machine_info, simdist_args, steady_rate
 
 REPO = Path(__file__).resolve().parents[1]
 MPIEXEC = str(Path(sys.executable).parent / "mpiexec")
@@ -45,7 +46,7 @@ def run_simdist(model: str, steps: int, precision: str) -> float:
         out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1800)
         if out.returncode:
             raise RuntimeError(f"simdist failed:\n{out.stdout}\n{out.stderr}")
-        return json.loads(Path(d, "run", "performance.json").read_text())["samples_per_sec"]
+        return steady_rate(json.loads(Path(d, "run", "performance.json").read_text()))
 
 
 def run_torch(model: str, steps: int, precision: str) -> float:
@@ -58,7 +59,8 @@ def run_torch(model: str, steps: int, precision: str) -> float:
 
 
 def torch_worker(model: str, steps: int, precision: str) -> None:
-    """PyTorch eager, one thread, fused AdamW; bf16 under CPU autocast. Prints samples/s."""
+    """PyTorch eager, one thread, fused AdamW; bf16 under CPU autocast. Prints samples/s
+    of the median step after the warm-up."""
     import torch
 
     from simdist.testing.torch_reference import TorchGPT2, TorchMLP
@@ -94,17 +96,17 @@ def torch_worker(model: str, steps: int, precision: str) -> None:
     opt = torch.optim.AdamW(net.parameters(), lr=1e-3, fused=True)
     half = precision == "bf16"
     warm = max(3, steps // 10)
+    walls = []
     for i in range(warm + steps):
-        if i == warm:
-            t0 = time.perf_counter()
+        t0 = time.perf_counter()
         x, y = batch_at(i)
         opt.zero_grad(set_to_none=True)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=half):
             loss = net(x, y)
         loss.backward()
         opt.step()
-    elapsed = time.perf_counter() - t0
-    print(json.dumps({"samples_per_sec": steps * batch / elapsed}))
+        walls.append(time.perf_counter() - t0)
+    print(json.dumps({"samples_per_sec": batch / statistics.median(walls[warm:])}))
 
 
 IMPLS = [

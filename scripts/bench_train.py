@@ -5,11 +5,18 @@
         [--no-torch] [--repeats 3]
 
 Every measurement is a fresh process (one thread per process): simdist through
-``mpiexec -n {1,2} python -m simdist.train`` (samples/s from its performance.json, which
-times the whole training loop, summaries included), PyTorch eager in one process (fused
-AdamW: PyTorch at its fastest) and PyTorch DDP over gloo on 2 ranks, on the same model,
-batch and data. The runs are interleaved and repeated; the table shows the median of the
-repeats.
+``mpiexec -n {1,2} python -m simdist.train``, PyTorch eager in one process (fused AdamW:
+PyTorch at its fastest) and PyTorch DDP over gloo on 2 ranks, on the same model, batch and
+data. The runs are interleaved and repeated; the table shows the median of the repeats.
+
+Both sides are timed the same two ways. ``samples/s`` (every ratio below uses it): the
+global batch over the median step time, the steady state (simdist: performance.json's
+``measured_step_time_median_s``, the slowest rank's step from its first input fetch to its
+parameter gather; PyTorch: rank 0's steps after its untimed warm-up). ``whole run``: all
+steps from the first one on, cold first steps included (simdist: performance.json's
+``samples_per_sec``, summaries included; PyTorch: its warm-up steps counted too). The
+whole-run figures of a short run weigh the first, cold steps heavily (first touch of every
+buffer), on both sides.
 
 The row "simdist ring" is simdist np 2 with ``collective_algorithm: ring`` (messages
 through MPI) instead of "auto" (on one node: "shm", reading the peers' shared-memory
@@ -181,8 +188,16 @@ def simdist_args(model: str, steps: int, model_dir: str) -> list[str]:
     ]
 
 
-def run_simdist(model: str, np_: int, steps: int, algorithm: str = "auto") -> tuple[float, float]:
-    """samples/s and the gradient sync's measured time per step (median, rank 0, seconds)."""
+def steady_rate(perf: dict) -> float:
+    """samples/s of a simdist run's median step (its performance.json)."""
+    return perf["global_batch_size"] / perf["measured_step_time_median_s"]
+
+
+def run_simdist(
+    model: str, np_: int, steps: int, algorithm: str = "auto"
+) -> tuple[float, float, float]:
+    """samples/s (median step; whole run) and the gradient sync's measured time per step
+    (median, rank 0, seconds)."""
     with tempfile.TemporaryDirectory() as d:
         cmd = [MPIEXEC, "-n", str(np_), sys.executable, "-m", "mpi4py", "-m", "simdist.train"]
         cmd += simdist_args(model, steps, f"{d}/run")
@@ -191,23 +206,23 @@ def run_simdist(model: str, np_: int, steps: int, algorithm: str = "auto") -> tu
         if out.returncode:
             raise RuntimeError(f"simdist failed:\n{out.stdout}\n{out.stderr}")
         perf = json.loads(Path(d, "run", "performance.json").read_text())
-        return perf["samples_per_sec"], perf.get("measured_phase_s", {}).get("sync", 0.0)
+        sync = perf.get("measured_phase_s", {}).get("sync", 0.0)
+        return steady_rate(perf), perf["samples_per_sec"], sync
 
 
-def run_independent(model: str, steps: int) -> float:
+def run_independent(model: str, steps: int) -> tuple[float, float]:
     """Two single-rank simdist runs at once, no communication between them: the sum of
-    their samples/s. Divided by twice a solo run's, it is the most any data-parallel
-    implementation could reach on this machine (shared cores, caches, memory bandwidth)."""
+    their samples/s (median step; whole run). Divided by twice a solo run's, it is the most
+    any data-parallel implementation could reach on this machine (shared cores, caches,
+    memory bandwidth)."""
     with tempfile.TemporaryDirectory() as d:
         cmd = [MPIEXEC, "-n", "2", sys.executable, "-m", "mpi4py", __file__]
         cmd += ["--independent", model, "--steps", str(steps), "--dir", d]
         out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1800)
         if out.returncode:
             raise RuntimeError(f"independent runs failed:\n{out.stdout}\n{out.stderr}")
-        return sum(
-            json.loads(Path(d, f"run{r}", "performance.json").read_text())["samples_per_sec"]
-            for r in range(2)
-        )
+        perfs = [json.loads(Path(d, f"run{r}", "performance.json").read_text()) for r in (0, 1)]
+        return sum(map(steady_rate, perfs)), sum(p["samples_per_sec"] for p in perfs)
 
 
 def independent_worker(model: str, steps: int, d: str) -> int:
@@ -237,7 +252,8 @@ def independent_worker(model: str, steps: int, d: str) -> int:
     return simdist.train.main(simdist_args(model, steps, f"{d}/run{rank}"))
 
 
-def run_torch(model: str, np_: int, steps: int) -> float:
+def run_torch(model: str, np_: int, steps: int) -> tuple[float, float]:
+    """samples/s of PyTorch (median step; whole run)."""
     cmd = [sys.executable, __file__, "--worker", model, "--steps", str(steps)]
     env = dict(os.environ)
     if np_ > 1:
@@ -249,11 +265,13 @@ def run_torch(model: str, np_: int, steps: int) -> float:
     out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=env, timeout=1800)
     if out.returncode:
         raise RuntimeError(f"torch worker failed:\n{out.stdout}\n{out.stderr}")
-    return json.loads(out.stdout.strip().splitlines()[-1])["samples_per_sec"]
+    rates = json.loads(out.stdout.strip().splitlines()[-1])
+    return rates["samples_per_sec"], rates["run_samples_per_sec"]
 
 
 def torch_worker(model: str, steps: int) -> None:
-    """One PyTorch process (DDP when launched by mpiexec); prints samples/s as JSON."""
+    """One PyTorch process (DDP when launched by mpiexec); prints samples/s as JSON: of
+    the median step after the warm-up, and of all steps (warm-up included)."""
     import torch
 
     from simdist.testing.torch_reference import TorchGPT2, TorchMLP
@@ -299,21 +317,28 @@ def torch_worker(model: str, steps: int) -> None:
     net.train()  # Hugging Face models: dropout on, as simdist's presets train
     opt = torch.optim.AdamW(net.parameters(), lr=1e-3, fused=True)
     warm = max(3, steps // 10)
+    if world > 1:
+        torch.distributed.barrier()
+    walls = []
+    t_first = time.perf_counter()
     for i in range(warm + steps):
-        if i == warm:
-            if world > 1:
-                torch.distributed.barrier()
-            t0 = time.perf_counter()
+        t = time.perf_counter()
         x, y = batch_at(i)
         opt.zero_grad(set_to_none=True)
         out = net(**x) if isinstance(x, dict) else net(x, y)
         (out.loss if hasattr(out, "loss") else out).backward()
         opt.step()
+        walls.append(time.perf_counter() - t)
     if world > 1:
         torch.distributed.barrier()
-    elapsed = time.perf_counter() - t0
+    elapsed = time.perf_counter() - t_first
     if rank == 0:
-        print(json.dumps({"samples_per_sec": steps * batch * world / elapsed}))
+        median = statistics.median(walls[warm:])
+        rates = {
+            "samples_per_sec": batch * world / median,
+            "run_samples_per_sec": (warm + steps) * batch * world / elapsed,
+        }
+        print(json.dumps(rates))
 
 
 def _hf_model_and_batches(model: str, rng: np.random.Generator):
@@ -505,18 +530,20 @@ def main() -> int:
         if have_torch:
             impls += [("torch-eager", 1), ("torch-ddp-gloo", 2)]
         samples: dict[tuple[str, int], list[float]] = {k: [] for k in impls}
+        whole: dict[tuple[str, int], list[float]] = {k: [] for k in impls}
         syncs: dict[tuple[str, int], list[float]] = {k: [] for k in impls}
         for _ in range(args.repeats):  # interleaved, so load drifts hit every impl alike
             for impl, n in impls:
                 if impl.startswith("simdist"):
                     alg = "ring" if impl.endswith("ring") else "auto"
-                    sps, sync = run_simdist(model, n, steps, alg)
-                    samples[(impl, n)].append(sps)
+                    sps, run_sps, sync = run_simdist(model, n, steps, alg)
                     syncs[(impl, n)].append(sync)
                 elif impl.startswith("2 x"):
-                    samples[(impl, n)].append(run_independent(model, steps))
+                    sps, run_sps = run_independent(model, steps)
                 else:
-                    samples[(impl, n)].append(run_torch(model, n, steps))
+                    sps, run_sps = run_torch(model, n, steps)
+                samples[(impl, n)].append(sps)
+                whole[(impl, n)].append(run_sps)
         for (impl, n), values in samples.items():
             sps = statistics.median(values)
             row = {
@@ -526,6 +553,7 @@ def main() -> int:
                 "batch": batch,
                 "samples_per_sec": round(sps, 2),
                 "runs": [round(v, 2) for v in values],
+                "run_samples_per_sec": round(statistics.median(whole[(impl, n)]), 2),
             }
             if tokens:
                 row["tokens_per_sec"] = round(sps * tokens, 1)
@@ -554,6 +582,7 @@ def main() -> int:
 def summarize(rows: list[dict], gemm: float) -> list[dict]:
     out = []
     by = {(r["impl"], r["model"], r["np"]): r["samples_per_sec"] for r in rows}
+    whole = {(r["impl"], r["model"], r["np"]): r.get("run_samples_per_sec") for r in rows}
     runs = {(r["impl"], r["model"], r["np"]): r["runs"] for r in rows}
 
     def paired(model: str, impl: str) -> float:
@@ -575,6 +604,9 @@ def summarize(rows: list[dict], gemm: float) -> list[dict]:
             entry["dp_vs_ceiling"] = round(s2 / both, 3)
         if ("torch-eager", model, 1) in by:
             entry["vs_torch_eager_np1"] = round(s1 / by[("torch-eager", model, 1)], 3)
+            entry["vs_torch_eager_np1_whole_run"] = round(
+                whole[("simdist", model, 1)] / whole[("torch-eager", model, 1)], 3
+            )
             entry["vs_torch_ddp_np2"] = round(s2 / by[("torch-ddp-gloo", model, 2)], 3)
             t1, t2 = by[("torch-eager", model, 1)], by[("torch-ddp-gloo", model, 2)]
             entry["torch_ddp_efficiency_np2"] = round(t2 / (2 * t1), 3)
@@ -591,14 +623,15 @@ def summarize(rows: list[dict], gemm: float) -> list[dict]:
 def print_table(rows: list[dict], summary: list[dict]) -> None:
     print(
         f"\n{'impl':<16}{'model':<11}{'np':>3}{'batch':>7}{'samples/s':>12}{'tokens/s':>11}"
-        f"{'sync ms':>9}  runs"
+        f"{'sync ms':>9}{'whole run':>11}  runs (samples/s of the median step)"
     )
     for r in rows:
         tok = f"{r['tokens_per_sec']:>11.0f}" if "tokens_per_sec" in r else f"{'':>11}"
         sync = f"{r['sync_ms']:>9.3f}" if "sync_ms" in r else f"{'':>9}"
         print(
             f"{r['impl']:<16}{r['model']:<11}{r['np']:>3}{r['batch']:>7}"
-            f"{r['samples_per_sec']:>12.1f}{tok}{sync}  {r['runs']}"
+            f"{r['samples_per_sec']:>12.1f}{tok}{sync}{r['run_samples_per_sec']:>11.1f}"
+            f"  {r['runs']}"
         )
     print()
     for s in summary:
