@@ -309,7 +309,7 @@ class GPT2:
         self._stages += [Stage(f"h.{i}", n, n) for i, n in enumerate(self._layer_names)]
         self._stages.append(Stage("head", head, head))
         self._store = no_store  # set_precision: round what the kernels store
-        self._tp = 1  # tensor-parallel shards of the arena (``gpt2_tp``); 1: the whole model
+        self.tp = 1  # tensor-parallel shards of the arena (``gpt2_tp``); 1: the whole model
 
     def set_precision(self, precision) -> None:
         """Train in ``precision`` (``simdist.precision.Precision``): every activation and
@@ -324,7 +324,7 @@ class GPT2:
         return num_parameters(self.config)
 
     def activation_bytes(self, batch_size: int) -> int:
-        return activation_bytes(self.config, batch_size, self._tp)
+        return activation_bytes(self.config, batch_size, self.tp)
 
     def flops_per_sample(self) -> int:
         return flops_per_sample(self.config)
@@ -354,7 +354,7 @@ class GPT2:
     def allocate(self, batch_size: int) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
-        offsets, total = arena_layout(self.config, batch_size, self._tp)
+        offsets, total = arena_layout(self.config, batch_size, self.tp)
         self._arena = np.zeros(total, dtype=np.float32)
         self._offsets = offsets
         self._batch = batch_size
@@ -373,7 +373,7 @@ class GPT2:
             )
         key = (B, T)
         if key not in self._views:
-            self._views[key] = _Views(self._arena, self.config, B, T, self._offsets, self._tp)
+            self._views[key] = _Views(self._arena, self.config, B, T, self._offsets, self.tp)
         return self._views[key]
 
     # -------------------------------------------------------------- protocol: compute
