@@ -421,6 +421,10 @@ class GPT2TP(GPT2):
     ``sequence_parallel``: the residual stream and LayerNorms on this rank's N / tp token
     rows (module docstring)."""
 
+    # a shard's saved activations stay float32 words holding half values (its views and the
+    # sequence-parallel arena are laid out per block; the device accounts them at 2 bytes)
+    packs_saved_activations = False
+
     def __init__(self, config: GPT2Config, tp: int, rank: int, sequence_parallel: bool = False):
         check_split(config, tp, sequence_parallel=sequence_parallel)
         super().__init__(config)
