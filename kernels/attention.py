@@ -328,6 +328,7 @@ def _warm() -> None:
     # the helpers too, so their Python-visible dispatchers carry a signature (a caller
     # loaded from the cache never compiles them)
     _drop_probs(dscores, dscores.copy(), np.uint64(1), 0, F32(0.1), F32(1.0 / 0.9))
+    _round_rows(dscores, dscores.copy(), BF16)
     x, d, pr = qkv[0], qkv[0].copy(), att[0, 0]
     y, dy = out[0, :, :hs], out[0, :, :hs].copy()
     q, k, v = x[:, :hs], x[:, C : C + hs], x[:, 2 * C : 2 * C + hs]

@@ -21,6 +21,12 @@ Conventions:
 - every activation, saved statistic, gradient-of-activation buffer and scratch lives in
   ONE float32 arena allocated by ``allocate(batch_size)``; the int32 token/target copies are
   carved from it too (same 4-byte element), so ``activation_bytes`` is its exact size.
+- in mixed precision (``set_precision``) the blocks' activations that backward reads are
+  held between forward and backward as 16-bit words, as the device holds them: each block
+  computes in float32 working copies (two blocks' worth, reused in turn: block i reads block
+  i - 1's outputs) and its tensors are packed into a uint16 store once final (exact: they
+  hold half values), then unpacked before its backward. ``host_activation_bytes`` is the
+  host's arena plus store; ``activation_bytes`` stays the device's layout in float32 words.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from simdist.config import ConfigError
 from simdist.kernels.attention import attention_backward, attention_forward
 from simdist.kernels.embedding import embedding_backward_accumulate, embedding_forward
 from simdist.kernels.gelu import gelu_backward, gelu_forward
+from simdist.kernels.half import pack_half, unpack_half
 from simdist.kernels.layernorm import (
     layernorm_backward,
     layernorm_backward_accumulate,
@@ -153,15 +160,26 @@ def num_parameters(cfg: GPT2Config) -> int:
     return cfg.vocab_size * C + cfg.block_size * C + L * (12 * C * C + 13 * C) + 2 * C
 
 
-def activation_shapes(cfg: GPT2Config, B: int, T: int, tp: int = 1) -> dict[str, tuple[int, ...]]:
+# a block's tensors that backward reads, held as 16-bit words in mixed precision (``_Views``):
+# its own (final when the block ends) and its output res3 (final once the next block or the
+# head has added the residual into it)
+OWN_PACKED = ("ln1", "qkv", "atty", "res2", "ln2", "fch", "fch_gelu")
+PACKED = (*OWN_PACKED, "res3")
+
+
+def activation_shapes(
+    cfg: GPT2Config, B: int, T: int, tp: int = 1, packed: bool = False
+) -> dict[str, tuple[int, ...]]:
     """Every tensor of the arena for micro-batch B and sequence length T, in arena order.
 
     ``tp``: the shard of one tensor-parallel rank (``gpt2_tp``): its heads, MLP columns and
-    vocabulary rows are 1/tp of the model's; the residual stream stays whole."""
+    vocabulary rows are 1/tp of the model's; the residual stream stays whole. ``packed``:
+    the ``PACKED`` tensors are float32 working copies of two blocks, not of every block
+    (their L blocks are in the uint16 store of ``saved_shapes``)."""
     C, L, NH, V = cfg.n_embd, cfg.n_layer, cfg.n_head // tp, cfg.vocab_size // tp
     Cs = C // tp  # the shard's attention width (its heads x head size)
     N = B * T
-    return {
+    shapes = {
         # int32, stored in the float32 arena (same element size)
         "tokens": (B, T),
         "targets": (B, T),
@@ -198,15 +216,43 @@ def activation_shapes(cfg: GPT2Config, B: int, T: int, tp: int = 1) -> dict[str,
         # attention backward's d scores of one (sequence, head)
         "att_dscores": (T, T),
     }
+    if packed:
+        shapes.update({name: (working_copies(cfg, name), *shapes[name][1:]) for name in PACKED})
+    return shapes
+
+
+def working_copies(cfg: GPT2Config, name: str) -> int:
+    """Blocks of float32 working copies of a packed tensor: two of the residual stream
+    (block i reads block i - 1's res2 and res3 while it writes its own), one of the rest."""
+    return min(cfg.n_layer, 2 if name in ("res2", "res3") else 1)
+
+
+def saved_shapes(cfg: GPT2Config, B: int, T: int, tp: int = 1) -> dict[str, tuple[int, ...]]:
+    """The uint16 store of mixed precision: every block's ``PACKED`` tensors."""
+    shapes = activation_shapes(cfg, B, T, tp)
+    return {name: shapes[name] for name in PACKED}
 
 
 ARENA_ALIGN = 16  # elements (64 bytes): every tensor starts on its own cache line
 
 
-def arena_layout(cfg: GPT2Config, batch_size: int, tp: int = 1) -> tuple[dict[str, int], int]:
-    """(offset of each tensor, total elements) of the arena for micro-batches of batch_size."""
+def arena_layout(
+    cfg: GPT2Config, batch_size: int, tp: int = 1, packed: bool = False
+) -> tuple[dict[str, int], int]:
+    """(offset of each tensor, total elements) of the arena for micro-batches of batch_size
+    (``packed``: with float32 working copies of the packed tensors, ``activation_shapes``)."""
+    return _layout(activation_shapes(cfg, batch_size, cfg.block_size, tp, packed))
+
+
+def _packed_bytes(cfg: GPT2Config, tp: int, batch_size: int = 1) -> int:
+    """Host bytes of a packed arena: its float32 words and the 16-bit store."""
+    arena = arena_layout(cfg, batch_size, tp, packed=True)[1]
+    return 4 * arena + 2 * _layout(saved_shapes(cfg, batch_size, cfg.block_size, tp))[1]
+
+
+def _layout(shapes: dict[str, tuple[int, ...]]) -> tuple[dict[str, int], int]:
     offsets, total = {}, 0
-    for name, shape in activation_shapes(cfg, batch_size, cfg.block_size, tp).items():
+    for name, shape in shapes.items():
         offsets[name] = total
         total += -(-math.prod(shape) // ARENA_ALIGN) * ARENA_ALIGN
     return offsets, total
@@ -237,12 +283,21 @@ class _Views:
     """Named views of the arena for one (B, T), per layer where the tensor is per layer."""
 
     def __init__(
-        self, arena: np.ndarray, cfg: GPT2Config, B: int, T: int, offsets: dict, tp: int = 1
+        self,
+        arena: np.ndarray,
+        cfg: GPT2Config,
+        B: int,
+        T: int,
+        offsets: dict,
+        tp: int = 1,
+        store: tuple[np.ndarray, dict[str, int], int] | None = None,
     ):
+        """``store``: mixed precision's (uint16 store, its offsets, half format); the
+        arena then holds ``working_layers`` blocks of the ``PACKED`` tensors."""
         self.B, self.T = B, T
         N = B * T
         C, Cs = cfg.n_embd, cfg.n_embd // tp  # Cs: a tensor-parallel shard's attention width
-        shapes = activation_shapes(cfg, B, T, tp)
+        shapes = activation_shapes(cfg, B, T, tp, packed=store is not None)
         v = {}
         for name, shape in shapes.items():
             lo = offsets[name]
@@ -250,6 +305,19 @@ class _Views:
             if name in ("tokens", "targets"):
                 flat = flat.view(np.int32)
             v[name] = flat.reshape(shape)
+        self._fmt = 0
+        self._saved16: dict[str, list[np.ndarray]] = {}
+        self._work: dict[str, list[np.ndarray]] = {}
+        if store is not None:
+            words, store_offsets, self._fmt = store
+            L = cfg.n_layer
+            for name, shape in saved_shapes(cfg, B, T, tp).items():
+                lo = store_offsets[name]
+                flat = words[lo : lo + math.prod(shape)].reshape(L, -1)
+                self._saved16[name] = list(flat)
+                w = working_copies(cfg, name)
+                v[name] = [v[name][i % w] for i in range(L)]  # block i: working copy i % w
+                self._work[name] = [a.reshape(-1) for a in v[name]]
         self.tokens, self.targets = v["tokens"], v["targets"]
         self.targets_flat = self.targets.reshape(N)
         self.encoded = v["encoded"]
@@ -288,9 +356,24 @@ class _Views:
         self.dfch_gelu1, self.dfch1 = self.dfch_gelu.reshape(-1), self.dfch.reshape(-1)
         self.att_dscores = v["att_dscores"]
 
+    def pack(self, i: int, names: tuple[str, ...]) -> None:
+        """Block i's tensors ``names`` into the 16-bit store (no-op unless packed)."""
+        if self._fmt:
+            for name in names:
+                pack_half(self._saved16[name][i], self._work[name][i], self._fmt)
+
+    def unpack(self, i: int, names: tuple[str, ...]) -> None:
+        """Block i's tensors ``names`` back into their working copies (exact)."""
+        if self._fmt:
+            for name in names:
+                unpack_half(self._work[name][i], self._saved16[name][i], self._fmt)
+
 
 class GPT2:
     """The Model protocol (``simdist.models.base``) for GPT-2."""
+
+    # mixed precision: hold the blocks' saved activations as 16-bit words (module docstring)
+    packs_saved_activations = True
 
     def __init__(self, config: GPT2Config):
         self.config = config
@@ -309,12 +392,24 @@ class GPT2:
         self._stages += [Stage(f"h.{i}", n, n) for i, n in enumerate(self._layer_names)]
         self._stages.append(Stage("head", head, head))
         self._store = no_store  # set_precision: round what the kernels store
-        self._tp = 1  # tensor-parallel shards of the arena (``gpt2_tp``); 1: the whole model
+        self._half_fmt = 0  # set_precision: the half format of the 16-bit store (0: none)
+        self._words: np.ndarray | None = None  # the 16-bit store (mixed precision)
+        self._words_offsets: dict[str, int] = {}
+        self.tp = 1  # tensor-parallel shards of the arena (``gpt2_tp``); 1: the whole model
 
     def set_precision(self, precision) -> None:
         """Train in ``precision`` (``simdist.precision.Precision``): every activation and
-        activation gradient the kernels write is stored in its half format."""
+        activation gradient the kernels write is stored in its half format, and the saved
+        ones are held as 16-bit words (``packs_saved_activations``)."""
         self._store = precision_store(precision)
+        fmt = precision.fmt if precision.half and self.packs_saved_activations else 0
+        plain = 4 * arena_layout(self.config, 1, self.tp)[1]
+        if fmt and _packed_bytes(self.config, self.tp) >= plain:
+            fmt = 0  # too few blocks (n_layer < 3) for the working copies to pay off
+        if fmt != self._half_fmt:
+            self._half_fmt = fmt
+            if self._arena is not None:  # the layout changes: allocate again
+                self.allocate(self._batch)
 
     # -------------------------------------------------------------- protocol: sizes
     def parameter_specs(self) -> list[ParamSpec]:
@@ -324,7 +419,15 @@ class GPT2:
         return num_parameters(self.config)
 
     def activation_bytes(self, batch_size: int) -> int:
-        return activation_bytes(self.config, batch_size, self._tp)
+        """The arena in float32 words, every block's tensors (the device's layout)."""
+        return activation_bytes(self.config, batch_size, self.tp)
+
+    def host_activation_bytes(self, batch_size: int) -> int:
+        """What ``allocate(batch_size)`` takes on the host: the arena, and in mixed
+        precision with packing its working copies and the 16-bit store instead."""
+        if not self._half_fmt:
+            return self.activation_bytes(batch_size)
+        return _packed_bytes(self.config, self.tp, batch_size)
 
     def flops_per_sample(self) -> int:
         return flops_per_sample(self.config)
@@ -354,9 +457,15 @@ class GPT2:
     def allocate(self, batch_size: int) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
-        offsets, total = arena_layout(self.config, batch_size, self._tp)
+        packed = bool(self._half_fmt)
+        offsets, total = arena_layout(self.config, batch_size, self.tp, packed)
         self._arena = np.zeros(total, dtype=np.float32)
         self._offsets = offsets
+        self._words, self._words_offsets = None, {}
+        if packed:
+            cfg = self.config
+            self._words_offsets, n = _layout(saved_shapes(cfg, batch_size, cfg.block_size, self.tp))
+            self._words = np.zeros(n, dtype=np.uint16)
         self._batch = batch_size
         self._views = {}
         self._saved = None
@@ -373,7 +482,10 @@ class GPT2:
             )
         key = (B, T)
         if key not in self._views:
-            self._views[key] = _Views(self._arena, self.config, B, T, self._offsets, self._tp)
+            store = None
+            if self._words is not None:
+                store = (self._words, self._words_offsets, self._half_fmt)
+            self._views[key] = _Views(self._arena, self.config, B, T, self._offsets, self.tp, store)
         return self._views[key]
 
     # -------------------------------------------------------------- protocol: compute
@@ -434,6 +546,7 @@ class GPT2:
         L = cfg.n_layer
         st = self._store
         if k == L + 1:  # head
+            v.unpack(L - 1, ("res3",))
             wte = params["wte.weight"]
             # per-sample loss = mean over its T tokens, so each token's loss is scaled dloss / T
             dlogits = v.probs  # overwritten in place
@@ -476,6 +589,9 @@ class GPT2:
             mprojw,
             mprojb,
         ) = self._layer_names[i]
+        v.unpack(i, OWN_PACKED)
+        if i > 0:
+            v.unpack(i - 1, ("res3",))  # block i's input (layer_in)
         # MLP block: res3 = res2 + c_proj(gelu(c_fc(ln_2(res2)))); dres is d res3
         linear_backward(
             v.dfch_gelu, grads[mprojw], grads[mprojb], v.dres, v.fch_gelu[i], params[mprojw]
@@ -622,6 +738,7 @@ class GPT2:
                 params["ln_f.bias"],
             )
             st(v.res3[L - 1], v.lnf)
+            v.pack(L - 1, ("res3",))  # the last block's output, now final
             lm_head_forward(v.logits, v.lnf, params["wte.weight"])
             st(v.logits)  # the loss reads them in float32, as a fused softmax-CE kernel
             softmax_cross_entropy_forward(v.losses, v.probs, v.logits, v.targets_flat)
@@ -647,6 +764,7 @@ class GPT2:
                 params[ln1b],
             )
             st(v.res3[i - 1], v.ln1[i])
+            v.pack(i - 1, ("res3",))  # block i - 1's output, now final (block i's input)
         linear_forward(v.qkv2[i], v.ln1[i], params[attnw], params[attnb])
         st(v.qkv2[i])
         attention_forward(v.atty[i], v.att[i], v.qkv[i], cfg.n_head)
@@ -671,3 +789,4 @@ class GPT2:
         st(v.fch_gelu[i])
         linear_forward(v.res3[i], v.fch_gelu[i], params[mprojw], params[mprojb])
         st(v.res3[i])
+        v.pack(i, OWN_PACKED)  # before block i + 2 reuses the working copies

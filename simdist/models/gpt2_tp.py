@@ -421,10 +421,14 @@ class GPT2TP(GPT2):
     ``sequence_parallel``: the residual stream and LayerNorms on this rank's N / tp token
     rows (module docstring)."""
 
+    # a shard's saved activations stay float32 words holding half values (its views and the
+    # sequence-parallel arena are laid out per block; the device accounts them at 2 bytes)
+    packs_saved_activations = False
+
     def __init__(self, config: GPT2Config, tp: int, rank: int, sequence_parallel: bool = False):
         check_split(config, tp, sequence_parallel=sequence_parallel)
         super().__init__(config)
-        self._tp, self.rank = tp, rank
+        self.tp, self.rank = tp, rank
         self.sequence_parallel = sequence_parallel
         self.index = shard_index(config, tp, rank)
         Vs = config.vocab_size // tp
@@ -454,19 +458,19 @@ class GPT2TP(GPT2):
 
     # -------------------------------------------------------------- sizes
     def parameter_specs(self) -> list[ParamSpec]:
-        return shard_specs(self.config, self._tp)
+        return shard_specs(self.config, self.tp)
 
     def num_parameters(self) -> int:
         return sum(s.numel for s in self.parameter_specs())
 
     def kernel_costs(self, batch: int, seq: int | None = None) -> list[KernelCost]:
         T = seq or self.config.block_size
-        return kernel_costs(self.config, self._tp, batch, T, self.sequence_parallel)
+        return kernel_costs(self.config, self.tp, batch, T, self.sequence_parallel)
 
     def activation_bytes(self, batch_size: int) -> int:
         if not self.sequence_parallel:
             return super().activation_bytes(batch_size)
-        return 4 * sequence_layout(self.config, batch_size, self._tp)[1]
+        return 4 * sequence_layout(self.config, batch_size, self.tp)[1]
 
     def sequence_parallel_names(self) -> list[str]:
         """The replicated parameters whose gradients each rank computes from its rows only
@@ -489,16 +493,16 @@ class GPT2TP(GPT2):
         if self.sequence_parallel:  # the arena of ``sequence_shapes``
             if batch_size < 1:
                 raise ValueError(f"batch_size must be positive, got {batch_size}")
-            self._offsets, total = sequence_layout(self.config, batch_size, self._tp)
+            self._offsets, total = sequence_layout(self.config, batch_size, self.tp)
             self._arena = np.zeros(total, dtype=np.float32)
             self._batch, self._views, self._saved, self._current = batch_size, {}, None, None
         else:
             super().allocate(batch_size)
         N, C = batch_size * self.config.block_size, self.config.n_embd
         self._scratch = {
-            "max": np.zeros(self._tp * N, F32),  # every rank's row maxima
+            "max": np.zeros(self.tp * N, F32),  # every rank's row maxima
             "sums": np.zeros(2 * N, F32),  # sum of exponentials, target logit
-            "argmax": np.zeros(2 * self._tp * N, F32),  # eval: (max, index) per rank
+            "argmax": np.zeros(2 * self.tp * N, F32),  # eval: (max, index) per rank
             "mask": np.zeros(N, bool),
             "local": np.zeros(N, np.int64),
             "zero_rows": np.zeros((0, C), F32),
@@ -509,14 +513,14 @@ class GPT2TP(GPT2):
             return super()._views_for(B, T)
         if self._arena is None:
             raise ValueError("call allocate(batch_size) before forward/evaluate")
-        if B > self._batch or T > self.config.block_size or T % self._tp:
+        if B > self._batch or T > self.config.block_size or T % self.tp:
             raise ValueError(
                 f"batch ({B}, {T}): sequence parallelism needs at most ({self._batch}, "
-                f"{self.config.block_size}) and the length divisible by {self._tp}"
+                f"{self.config.block_size}) and the length divisible by {self.tp}"
             )
         if (B, T) not in self._views:
             self._views[(B, T)] = _SequenceViews(
-                self._arena, self.config, B, T, self._offsets, self._tp, self.rank
+                self._arena, self.config, B, T, self._offsets, self.tp, self.rank
             )
         return self._views[(B, T)]
 
@@ -608,7 +612,7 @@ class GPT2TP(GPT2):
             st(v.res3[i - 1], v.ln1[i])
         linear_forward(v.qkv2[i], v.ln1[i], params[attnw], params[attnb])  # column-parallel
         st(v.qkv2[i])
-        attention_forward(v.atty[i], v.att[i], v.qkv[i], cfg.n_head // self._tp)
+        attention_forward(v.atty[i], v.att[i], v.qkv[i], cfg.n_head // self.tp)
         st(v.atty[i])
         linear_forward(v.res2[i], v.atty2[i], params[aprojw], self._row_bias(params[aprojb]))
         st(v.res2[i])  # the GEMM's half output: the partial sums reduced in half (g)
@@ -690,7 +694,7 @@ class GPT2TP(GPT2):
         full = self._all_gather(v, v.ln1[i])  # f
         linear_forward(v.qkv2[i], full, params[attnw], params[attnb])
         st(v.qkv2[i])
-        attention_forward(v.atty[i], v.att[i], v.qkv[i], cfg.n_head // self._tp)
+        attention_forward(v.atty[i], v.att[i], v.qkv[i], cfg.n_head // self.tp)
         st(v.atty[i])
         linear_forward(v.dln, v.atty2[i], params[aprojw], self._row_bias(params[aprojb]))
         st(v.dln)  # the GEMM's half output, reduce-scattered in half (g)
@@ -720,7 +724,7 @@ class GPT2TP(GPT2):
         contributes it, the others 0) summed over the group; ``probs`` keeps this rank's
         columns of the softmax, ``losses`` the whole loss, the same bits on every rank."""
         N = v.logits.shape[0]
-        tp, r = self._tp, self.rank
+        tp, r = self.tp, self.rank
         maxima = self._scratch["max"][: tp * N].reshape(tp, N)
         np.max(v.logits, axis=1, out=maxima[r])
         self.coll.allgather(maxima.reshape(-1))
@@ -739,7 +743,7 @@ class GPT2TP(GPT2):
         v = self._current
         if v is None:
             raise RuntimeError("eval_stats without a forward")
-        N, tp, r = v.logits.shape[0], self._tp, self.rank
+        N, tp, r = v.logits.shape[0], self.tp, self.rank
         best = self._scratch["argmax"][: 2 * tp * N].reshape(tp, 2, N)
         np.max(v.logits, axis=1, out=best[r, 0])
         best[r, 1] = v.logits.argmax(axis=1) + self.vocab[0]  # < 2^24: exact in float32
@@ -815,7 +819,7 @@ class GPT2TP(GPT2):
         linear_backward(v.datty2, grads[aprojw], grads[aprojb], v.dres, v.atty2[i], params[aprojw])
         st(v.datty2)
         attention_backward(
-            v.dqkv, v.datty, v.qkv[i], v.att[i], v.att_dscores, cfg.n_head // self._tp
+            v.dqkv, v.datty, v.qkv[i], v.att[i], v.att_dscores, cfg.n_head // self.tp
         )
         st(v.dqkv)
         linear_backward(v.dln, grads[attnw], grads[attnb], v.dqkv2, v.ln1[i], params[attnw])
@@ -883,7 +887,7 @@ class GPT2TP(GPT2):
         ln1w, ln1b, attnw, attnb, aprojw, aprojb, ln2w, ln2b, fcw, fcb, mprojw, mprojb = (
             self._layer_names[i]
         )
-        nh = self.config.n_head // self._tp
+        nh = self.config.n_head // self.tp
         full = self._all_gather(v, v.dres)  # g's backward
         linear_backward(v.dfch_gelu, grads[mprojw], grads[mprojb], full, v.fch_gelu[i],
                         params[mprojw])  # fmt: skip

@@ -70,6 +70,13 @@ def tensor_parallel_groups(place: Placement, tp: int) -> list[tuple[int, ...]]:
     return groups
 
 
+def host_activation_bytes(model, micro_batch: int) -> int:
+    """The model's activations as the host holds them (``GPT2.host_activation_bytes``:
+    16-bit words in mixed precision); other models hold the device's layout in float32."""
+    host = getattr(model, "host_activation_bytes", None)
+    return host(micro_batch) if host else model.activation_bytes(micro_batch)
+
+
 class DataParallel(Schedule):
     name = "pipelined"
 
@@ -292,9 +299,11 @@ class DataParallel(Schedule):
         )
         plo, phi = self.sync.partition
         self._own = slice(plo - lo, phi - lo)  # this rank's partition in the reduced grads
+        host = host_activation_bytes(self.model, self.micro_batch)
         run.log(
             f"parameters: {layout.numel:,} ({layout.padded:,} padded); memory per rank: "
             + ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in self.memory.bytes.items())
+            + (f" (on this host: activations {host / 2**20:.1f} MiB)" if host != nbytes else "")
         )
 
     def feed(self, run) -> None:
@@ -516,6 +525,9 @@ class DataParallel(Schedule):
             "memory_bytes": dict(self.memory.bytes),
             "step_time_s": t.train_time / max(steps, 1),
             "peak_rss_bytes": peak_rss * 1024,
+            # the model's activations as this host holds them (mixed precision: GPT-2's
+            # saved activations as 16-bit words); memory_bytes has the device's
+            "host_activation_bytes": host_activation_bytes(self.model, self.micro_batch),
             # bytes this rank sent per step, summaries and checkpoint gathers included
             "comm_bytes_sent_per_step": sent / max(steps, 1),
             "host": socket.gethostname(),

@@ -97,13 +97,12 @@ from simdist.precision import Precision, canonical
 from simdist.schedules.base import Schedule, StateShard, StepResult
 from simdist.schedules.data_parallel import tensor_parallel_groups
 from simdist.schedules.tensor_parallel import (
-    assemble_whole,
+    WholeTensorCheckpoint,
     norm_share,
     shard_of_whole,
     shards_agree,
     sub_placement,
     sum_row_shares,
-    whole_staging,
 )
 from simdist.sim.pp_schedule import (
     StagePlan,
@@ -166,7 +165,7 @@ def measured_steps(ranks: list[dict[str, Any]]) -> dict[str, float]:
     }
 
 
-class Pipeline(Schedule):
+class Pipeline(WholeTensorCheckpoint, Schedule):
     name = "pipelined"
 
     def __init__(self, comm, stages: int, tp: int = 1, weight: bool = False):
@@ -873,12 +872,6 @@ class Pipeline(Schedule):
                 self.pipe.Recv(full[a:b], source=s, tag=TAG_GATHER)
         return full
 
-    def _staging(self, size: int | None = None) -> None:
-        """Weight mode: the whole-tensor checkpoint staging (``whole_staging``)."""
-        self.state_shard = whole_staging(
-            self.comm, self.state_shard, self.checkpoint_layout, self.optimizer.state, size
-        )
-
     def before_checkpoint(self, run) -> None:
         """Weight mode, collective before ``Run`` saves: world rank 0 assembles whole
         tensors from every shard's pieces (parameters from replica 0's stages, optimizer
@@ -894,13 +887,7 @@ class Pipeline(Schedule):
             *self.update,
             dict(self.optimizer.state) if first or self.zero_level else {},
         )
-        parts = self.comm.gather(part, root=0)
-        if parts is None:
-            return
-        self._staging()
-        own = self.state_shard
-        assemble_whole(self.model.config, self.T, self.layout, self.checkpoint_layout, parts,
-                       own.params, own.state)  # fmt: skip
+        self._gather_whole(part)
 
     def checkpoint_parameters(self, run) -> dict[str, np.ndarray] | None:
         if self.weight:  # assembled by before_checkpoint

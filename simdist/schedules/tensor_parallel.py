@@ -190,7 +190,29 @@ def sum_row_shares(
         o += b - a
 
 
-class TensorParallelWeight(DataParallel):
+class WholeTensorCheckpoint:
+    """Weight mode's checkpoints hold whole tensors, as a one-rank run writes them (for
+    ``TensorParallelWeight`` and weight mode on a pipeline): world rank 0 assembles them
+    from every rank's pieces into a host staging buffer ``Run`` writes."""
+
+    def _staging(self, size: int | None = None) -> None:
+        self.state_shard = whole_staging(
+            self.comm, self.state_shard, self.checkpoint_layout, self.optimizer.state, size
+        )
+
+    def _gather_whole(self, part: tuple) -> None:
+        """Collective over every rank: ``part`` (this rank's pieces, as ``assemble_whole``
+        takes them) gathered to world rank 0, which writes the whole tensors."""
+        parts = self.comm.gather(part, root=0)
+        if parts is None:
+            return
+        self._staging()
+        own = self.state_shard
+        assemble_whole(self.model.config, self.T, self.layout, self.checkpoint_layout, parts,
+                       own.params, own.state)  # fmt: skip
+
+
+class TensorParallelWeight(WholeTensorCheckpoint, DataParallel):
     name = "pipelined"
 
     def __init__(self, comm, tp: int):
@@ -338,11 +360,6 @@ class TensorParallelWeight(DataParallel):
         self.state_shard = None  # data parallelism's (the shard's range) is not Run's
         self._staging()
 
-    def _staging(self, size: int | None = None) -> None:
-        self.state_shard = whole_staging(
-            self.comm, self.state_shard, self.checkpoint_layout, self.optimizer.state, size
-        )
-
     def restore(self, run, path, attrs: dict[str, Any], loaded: set[str]) -> None:
         """This rank's slice of the whole tensors ``Run`` read: parameters, and the
         optimizer state of its update range (mixed precision: the fp32 master among it);
@@ -441,13 +458,7 @@ class TensorParallelWeight(DataParallel):
             hi,
             {k: v for k, v in self.optimizer.state.items()} if first or self.zero_level else {},
         )
-        parts = self.comm.gather(mine, root=0)
-        if parts is None:
-            return
-        self._staging()
-        own = self.state_shard
-        assemble_whole(self.model.config, self.T, self.layout, self.checkpoint_layout, parts,
-                       own.params, own.state)  # fmt: skip
+        self._gather_whole(mine)
 
     def performance(self, run, common: dict[str, Any]) -> dict[str, Any] | None:
         tp_sent = self.tp_coll.bytes_sent - self._tp_bytes_at_start

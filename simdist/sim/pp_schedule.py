@@ -273,7 +273,7 @@ def boundary_bytes(model: Any, k: int, batch: int) -> tuple[int, int]:
     cfg = model.config  # a GPT-2 layout
     stream = 4 * batch * cfg.block_size * cfg.n_embd
     if getattr(model, "sequence_parallel", False):  # weight mode: this shard's token rows
-        stream //= model._tp
+        stream //= model.tp
     return (stream if k == 1 else 2 * stream), stream
 
 

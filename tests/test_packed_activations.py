@@ -1,0 +1,101 @@
+"""GPT-2 in mixed precision holds its blocks' saved activations as 16-bit words
+(``gpt2.PACKED``): the same bits as float32 words holding the half values, less host
+memory, and the same across a pipeline boundary."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from simdist.arena import Layout
+from simdist.models.base import GradientViews
+from simdist.models.gpt2 import GPT2, resolve_config
+from simdist.precision import Precision
+
+B = 2
+
+
+def _model(precision: str, packs: bool):
+    model = GPT2(resolve_config("gpt2-mini", n_layer=5))
+    model.packs_saved_activations = packs
+    model.set_precision(Precision(precision))
+    model.allocate(B)
+    return model
+
+
+def _params_and_batch(model):
+    layout = Layout(model.parameter_specs(), world=1)
+    params = layout.views(np.zeros(layout.padded, np.float32))
+    model.init_parameters(params, np.random.default_rng(0))
+    for p in params.values():  # the weights a mixed-precision step computes with
+        Precision("bf16").store(p)
+    rng = np.random.default_rng(1)
+    V, T = model.config.vocab_size, model.config.block_size
+    tokens = rng.integers(0, V, (B, T)).astype(np.int32)
+    return layout, params, tokens, np.roll(tokens, -1, axis=1)
+
+
+def _grads(layout):
+    flat = np.zeros(layout.padded, np.float32)
+    return flat, GradientViews(layout.views(flat))
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_packed_store_gives_the_bits_of_float32_words_in_less_memory(precision):
+    packed, plain = _model(precision, True), _model(precision, False)
+    layout, params, x, y = _params_and_batch(packed)
+    runs = []
+    for model in (packed, plain):
+        flat, grads = _grads(layout)
+        loss = model.forward(params, x, y)
+        model.backward(params, grads, 1.0 / B)
+        runs.append((loss, flat))
+    assert runs[0][0] == runs[1][0]
+    assert np.array_equal(runs[0][1], runs[1][1])
+    assert np.count_nonzero(runs[0][1]) > 0.9 * layout.numel
+    # the host holds what host_activation_bytes says: the arena and the 16-bit store
+    assert packed._words is not None and packed._words.dtype == np.uint16
+    held = packed._arena.nbytes + packed._words.nbytes
+    assert held == packed.host_activation_bytes(B)
+    assert plain._words is None and plain._arena.nbytes == plain.host_activation_bytes(B)
+    assert held < 0.8 * plain._arena.nbytes
+    # the device's layout (and its accounting) is the model's, whatever the host holds
+    assert packed.activation_bytes(B) == plain.activation_bytes(B) == plain._arena.nbytes
+
+
+def test_packed_store_across_a_pipeline_boundary():
+    """Blocks 0-1 on one model, blocks 2-4 and the head on another (a pipeline's two
+    stages, their boundary tensors copied across): the gradients of one whole model."""
+    whole, first, second = (_model("bf16", True) for _ in range(3))
+    layout, params, x, y = _params_and_batch(whole)
+    ref_flat, ref = _grads(layout)
+    ref_loss = whole.forward(params, x, y)
+    whole.backward(params, ref, 1.0 / B)
+
+    flat, grads = _grads(layout)
+    n_stages, cut = len(whole.stages()), 3  # embedding, h.0, h.1 | h.2 .. h.4, head
+    first.begin(x, y)
+    second.begin(x, y)
+    for k in range(cut):
+        first.forward_stage(k, params)
+    first.hold_for_backward()
+    for dst, src in zip(second.stage_input(cut), first.stage_input(cut), strict=True):
+        np.copyto(dst, src)
+    for k in range(cut, n_stages):
+        loss = second.forward_stage(k, params)
+    for k in range(n_stages - 1, cut - 1, -1):
+        second.backward_stage(k, params, grads, 1.0 / B)
+    np.copyto(first.stage_input_grad(cut), second.stage_input_grad(cut))
+    for k in range(cut - 1, -1, -1):
+        first.backward_stage(k, params, grads, 1.0 / B)
+    assert loss == ref_loss
+    assert np.array_equal(flat, ref_flat)
+
+
+def test_few_blocks_keep_float32_words():
+    """With fewer than three blocks the working copies cost more than the store saves."""
+    model = GPT2(resolve_config("gpt2-mini", n_layer=2))
+    model.set_precision(Precision("bf16"))
+    model.allocate(B)
+    assert model._words is None
+    assert model.host_activation_bytes(B) == model.activation_bytes(B)
