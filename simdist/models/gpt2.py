@@ -23,8 +23,8 @@ Conventions:
   carved from it too (same 4-byte element), so ``activation_bytes`` is its exact size.
 - in mixed precision (``set_precision``) the blocks' activations that backward reads are
   held between forward and backward as 16-bit words, as the device holds them: each block
-  computes in float32 working copies (two blocks' worth, reused in turn: block i reads block
-  i - 1's outputs) and its tensors are packed into a uint16 store once final (exact: they
+  computes in float32 working copies (``working_copies``: one block's, two of the residual
+  stream, since block i reads block i - 1's res2 and res3) and its tensors are packed into a uint16 store once final (exact: they
   hold half values), then unpacked before its backward. ``host_activation_bytes`` is the
   host's arena plus store; ``activation_bytes`` stays the device's layout in float32 words.
 """
@@ -174,8 +174,8 @@ def activation_shapes(
 
     ``tp``: the shard of one tensor-parallel rank (``gpt2_tp``): its heads, MLP columns and
     vocabulary rows are 1/tp of the model's; the residual stream stays whole. ``packed``:
-    the ``PACKED`` tensors are float32 working copies of two blocks, not of every block
-    (their L blocks are in the uint16 store of ``saved_shapes``)."""
+    the ``PACKED`` tensors are float32 working copies of ``working_copies`` blocks, not of
+    every block (their L blocks are in the uint16 store of ``saved_shapes``)."""
     C, L, NH, V = cfg.n_embd, cfg.n_layer, cfg.n_head // tp, cfg.vocab_size // tp
     Cs = C // tp  # the shard's attention width (its heads x head size)
     N = B * T
@@ -293,7 +293,7 @@ class _Views:
         store: tuple[np.ndarray, dict[str, int], int] | None = None,
     ):
         """``store``: mixed precision's (uint16 store, its offsets, half format); the
-        arena then holds ``working_layers`` blocks of the ``PACKED`` tensors."""
+        arena then holds ``working_copies`` blocks of the ``PACKED`` tensors."""
         self.B, self.T = B, T
         N = B * T
         C, Cs = cfg.n_embd, cfg.n_embd // tp  # Cs: a tensor-parallel shard's attention width
