@@ -26,8 +26,8 @@ Conventions:
   computes in float32 working copies (``working_copies``: one block's, two of the residual
   stream, since block i reads block i - 1's res2 and res3) and its tensors are packed into
   a uint16 store once final (exact: they hold half values), then unpacked before its
-  backward. ``host_activation_bytes`` is the
-  host's arena plus store; ``activation_bytes`` stays the device's layout in float32 words.
+  backward. ``host_activation_bytes`` is the host's arena plus store; ``activation_bytes``
+  stays the device's layout in float32 words.
 """
 
 from __future__ import annotations
