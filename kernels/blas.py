@@ -12,12 +12,16 @@ numba's cache. The cached machine code refers to the symbol by name, so it stays
 whichever library a later process binds. ``SIMDIST_BLAS=auto`` (the default) binds
 Intel oneMKL's sequential sgemm on an Intel CPU where the ``mkl`` wheel is installed (15-25 %
 faster than OpenBLAS at this project's GEMM shapes on a Sapphire Rapids Xeon, measured with
-tests' shapes in ``scripts/bench_kernels.py``), and SciPy's OpenBLAS (the one numba's
-``np.dot`` uses) everywhere else: on AMD CPUs oneMKL takes slower generic code paths.
-``SIMDIST_BLAS=openblas`` or ``mkl`` forces one. oneMKL runs with strict conditional numerical
-reproducibility, so results do not depend on the operands' memory alignment (the DP, ZeRO
-and resume bitwise guarantees compare runs whose buffers sit at different addresses).
-The choice is fixed for the life of a process (``BACKEND`` says which).
+tests' shapes in ``scripts/bench_kernels.py``); on other CPUs with AVX-512 (AMD's Zen 4
+and 5, where oneMKL takes slower generic code paths) oneDNN's ``dnnl_sgemm`` where the
+``onednn`` extra is installed, for the products with inner dimension and columns >= 128
+(1.1-1.6x OpenBLAS's there on Zen 4; ``_DNNL_SGEMM_MIN``); SciPy's OpenBLAS (the one
+numba's ``np.dot`` uses) for everything else. ``SIMDIST_BLAS=openblas``, ``mkl`` or
+``onednn`` forces one. oneMKL runs with strict conditional numerical reproducibility and
+oneDNN's sgemm gives the same bits at any operand address (tested), so results do not depend
+on alignment (the DP, ZeRO and resume bitwise guarantees compare runs whose buffers sit at
+different addresses). The choice is fixed for the life of a process (``BACKEND`` says
+which); every rank of a job must make the same one for the ranks to compute the same bits.
 
 Mixed precision (``half_operands``): while a bf16 or fp16 run is training, every ``gemm``
 multiplies half-precision operands and accumulates in float32, as a tensor core does. The
@@ -57,11 +61,12 @@ from .half import BF16, F16, bf16_from_f32, round_bf16, round_f16_value
 _SYMBOL = "simdist_sgemm"
 _BF16_SYMBOL = "simdist_gemm_bf16"  # Fortran gemm_bf16bf16f32 (oneMKL): uint16 a and b
 _DNNL_SYMBOL = "simdist_dnnl_bf16"  # C dnnl_gemm_bf16bf16f32 (oneDNN): row-major, by value
+_DNNL_SGEMM_SYMBOL = "simdist_dnnl_sgemm"  # C dnnl_sgemm (oneDNN): row-major, by value
 _MODE_SYMBOL = "simdist_gemm_half"  # int32: what gemm does with its operands (below)
 # The mode word: the operands' format in its low bits (0: float32, BF16, F16), which native
 # product runs bf16 (packed into 16-bit words for oneMKL or oneDNN), and whether to verify
 # that both operands hold half values.
-PLAIN, FORMAT_BITS, NATIVE_MKL, NATIVE_DNNL, CHECK = 0, 3, 4, 8, 16
+PLAIN, FORMAT_BITS, NATIVE_MKL, NATIVE_DNNL, CHECK, SGEMM_DNNL = 0, 3, 4, 8, 16, 32
 # The native bf16 kernels block C in wide panels: with fewer than about 96 rows or columns
 # of C (attention's per-head products at head size 64 or less, a classifier's 10 columns)
 # they ran slower than sgemm on the same halves on Zen 4 with oneDNN 3.2, and faster above
@@ -69,6 +74,13 @@ PLAIN, FORMAT_BITS, NATIVE_MKL, NATIVE_DNNL, CHECK = 0, 3, 4, 8, 16
 # scripts/bench_precision.py measures). Those products stay on the float32 BLAS: equal
 # products, float32 sums, a choice made by the shape alone (runs stay deterministic).
 _NATIVE_MIN = 96
+# oneDNN's sgemm (SIMDIST_BLAS=onednn) beat OpenBLAS's on Zen 4 where the inner dimension
+# and C's columns are both >= 128 and at most one operand is transposed, and lost on smaller
+# products and on A^T B^T (``SIMDIST_BLAS=openblas python scripts/bench_kernels.py
+# --blas-grid``). The rule reads k and n, not the rows m (the batch in the forward's
+# products), so a product split by rows (micro-batches, pipeline stages) stays on one
+# library, bit for bit.
+_DNNL_SGEMM_MIN = 128
 _MKL_CBWR_STRICT = 0x10000  # mkl_cbwr.h
 
 
@@ -131,8 +143,8 @@ def _bind() -> tuple[str, str | None]:
     """Register the kernels' external symbols with LLVM's symbol table; returns the sgemm
     backend's name and the library running bf16 products natively (None: none here)."""
     choice = os.environ.get("SIMDIST_BLAS", "auto").lower()
-    if choice not in ("openblas", "mkl", "auto"):
-        raise ValueError(f"SIMDIST_BLAS must be openblas, mkl or auto, got {choice!r}")
+    if choice not in ("openblas", "mkl", "onednn", "auto"):
+        raise ValueError(f"SIMDIST_BLAS must be openblas, mkl, onednn or auto, got {choice!r}")
     half = os.environ.get("SIMDIST_HALF_GEMM", "auto").lower()
     if half not in ("fp32", "mkl", "onednn", "auto"):
         raise ValueError(f"SIMDIST_HALF_GEMM must be fp32, mkl, onednn or auto, got {half!r}")
@@ -157,11 +169,25 @@ def _bind() -> tuple[str, str | None]:
                 "SIMDIST_HALF_GEMM=onednn but no libdnnl with dnnl_gemm_bf16bf16f32 found "
                 "(pip install onednn-cpu-gomp)"
             )
+    # oneDNN's sgemm where the library is installed (auto: on AVX-512 CPUs other than
+    # Intel's, where oneMKL serves; measured on AMD Zen 4, see _DNNL_SGEMM_MIN)
+    sgemm_dnnl = None
+    if choice == "onednn" or (choice == "auto" and not intel and "avx512f" in _cpu_flags()):
+        found = _find_lib("libdnnl.so*")
+        sgemm_dnnl = getattr(found, "dnnl_sgemm", None) if found is not None else None
+        if sgemm_dnnl is None and choice == "onednn":
+            raise RuntimeError(
+                "SIMDIST_BLAS=onednn but no libdnnl with dnnl_sgemm found "
+                "(pip install onednn-cpu-gomp)"
+            )
     sgemm_ = lib.sgemm_ if lib is not None and want_mkl else None
     if sgemm_ is not None:
         ll.add_symbol(_SYMBOL, ctypes.cast(sgemm_, ctypes.c_void_p).value)
-    else:
+    else:  # OpenBLAS: the whole sgemm, or (oneDNN) the products below _DNNL_SGEMM_MIN
         ll.add_symbol(_SYMBOL, get_cython_function_address("scipy.linalg.cython_blas", "sgemm"))
+    ll.add_symbol(_DNNL_SGEMM_SYMBOL, _address(sgemm_dnnl) or ll.address_of_symbol(_SYMBOL))
+    if sgemm_dnnl is not None:
+        _BASE_MODE.value = SGEMM_DNNL
     native = "mkl" if lib is not None and mkl_bf16 else "onednn" if dnnl is not None else None
     # every symbol needs an address for the cached code to link, used or not: half_operands
     # never selects a native path this process lacks
@@ -170,7 +196,8 @@ def _bind() -> tuple[str, str | None]:
     c_bf16 = dnnl.dnnl_gemm_bf16bf16f32 if dnnl is not None else None
     ll.add_symbol(_DNNL_SYMBOL, _address(c_bf16) or ll.address_of_symbol(_SYMBOL))
     ll.add_symbol(_MODE_SYMBOL, ctypes.addressof(_MODE))
-    return ("mkl" if sgemm_ is not None else "openblas"), native
+    backend = "mkl" if sgemm_ is not None else "onednn" if sgemm_dnnl is not None else "openblas"
+    return backend, native
 
 
 def _address(fn) -> int | None:
@@ -178,7 +205,9 @@ def _address(fn) -> int | None:
 
 
 _MODE = ctypes.c_int32(PLAIN)  # read by every gemm call (an external global of the kernels)
+_BASE_MODE = ctypes.c_int32(PLAIN)  # the float32 library's bit (SGEMM_DNNL), set by _bind
 BACKEND, NATIVE_BF16 = _bind()
+_MODE.value = _BASE_MODE.value
 NATIVE_BF16_AVAILABLE = NATIVE_BF16 is not None
 _NATIVE_NAMES = {
     "mkl": "oneMKL gemm_bf16bf16f32",
@@ -191,17 +220,18 @@ def half_operands(fmt: int | None, native: bool = True) -> str:
     (``kernels.half.BF16`` / ``F16``), or plain float32 again (None); ``native=False`` keeps
     bf16 products on the float32 BLAS. ``SIMDIST_HALF_GEMM_CHECK=1`` adds the check that the
     operands hold half values. Returns how the products run, for the run's log."""
+    base = _BASE_MODE.value
     if fmt is None or fmt == 0:
-        _MODE.value = PLAIN
-        return "fp32"
+        _MODE.value = base
+        return f"fp32 {BACKEND} sgemm"
     if fmt not in (BF16, F16):
         raise ValueError(f"unknown half format {fmt}")
     check = CHECK if os.environ.get("SIMDIST_HALF_GEMM_CHECK", "0") not in ("", "0") else 0
     name = "bf16" if fmt == BF16 else "fp16"
     if fmt == BF16 and native and NATIVE_BF16 is not None:
-        _MODE.value = fmt | (NATIVE_MKL if NATIVE_BF16 == "mkl" else NATIVE_DNNL) | check
+        _MODE.value = fmt | (NATIVE_MKL if NATIVE_BF16 == "mkl" else NATIVE_DNNL) | check | base
         return f"bf16 x bf16 -> fp32 ({_NATIVE_NAMES[NATIVE_BF16]})"
-    _MODE.value = fmt | check
+    _MODE.value = fmt | check | base
     return f"fp32 {BACKEND} sgemm on {name} operands"
 
 
@@ -248,33 +278,42 @@ def _fortran_gemm(symbol: str):
     return call
 
 
-@intrinsic
-def _dnnl_gemm_bf16(typingctx, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):
-    """oneDNN's C ``dnnl_gemm_bf16bf16f32(transa, transb, M, N, K, alpha, A, lda, B, ldb,
-    beta, C, ldc)``: row-major, arguments by value, 64-bit sizes; returns its status."""
-    sig = types.int32(
-        types.uint8, types.uint8, types.int64, types.int64, types.int64, types.float32,
-        a, types.int64, b, types.int64, types.float32, c, types.int64,
-    )  # fmt: skip
+def _dnnl_gemm(symbol: str):
+    """An intrinsic calling oneDNN's C ``dnnl_sgemm`` / ``dnnl_gemm_bf16bf16f32(transa,
+    transb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc)`` at ``symbol``: row-major,
+    arguments by value, 64-bit sizes, a and b float32 or uint16 words; returns its status."""
 
-    def codegen(context, builder, signature, args):
-        i8, i16, i64, f32 = ir.IntType(8), ir.IntType(16), ir.IntType(64), ir.FloatType()
-        params = [i8, i8, i64, i64, i64, f32, i16.as_pointer(), i64, i16.as_pointer(), i64]
-        params += [f32, f32.as_pointer(), i64]
-        fnty = ir.FunctionType(ir.IntType(32), params)
-        fn = cgutils.get_or_insert_function(builder.module, fnty, _DNNL_SYMBOL)
-        for i in (0, 1):  # C's char: the callee may read the whole register
-            fn.args[i].add_attribute("zeroext")
-        out = []
-        for i, (val, ty, llty) in enumerate(zip(args, signature.args, params, strict=True)):
-            if i in (6, 8, 11):  # an array: its data pointer (a view's own start)
-                data = context.make_array(ty)(context, builder, val).data
-                out.append(builder.bitcast(data, llty))
-            else:
-                out.append(val)
-        return builder.call(fn, out)
+    @intrinsic
+    def call(typingctx, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):
+        sig = types.int32(
+            types.uint8, types.uint8, types.int64, types.int64, types.int64, types.float32,
+            a, types.int64, b, types.int64, types.float32, c, types.int64,
+        )  # fmt: skip
 
-    return sig, codegen
+        def codegen(context, builder, signature, args):
+            i8, i64, f32 = ir.IntType(8), ir.IntType(64), ir.FloatType()
+            ab = context.get_data_type(signature.args[6].dtype).as_pointer()
+            params = [i8, i8, i64, i64, i64, f32, ab, i64, ab, i64, f32, f32.as_pointer(), i64]
+            fnty = ir.FunctionType(ir.IntType(32), params)
+            fn = cgutils.get_or_insert_function(builder.module, fnty, symbol)
+            for i in (0, 1):  # C's char: the callee may read the whole register
+                fn.args[i].add_attribute("zeroext")
+            out = []
+            for i, (val, ty, llty) in enumerate(zip(args, signature.args, params, strict=True)):
+                if i in (6, 8, 11):  # an array: its data pointer (a view's own start)
+                    data = context.make_array(ty)(context, builder, val).data
+                    out.append(builder.bitcast(data, llty))
+                else:
+                    out.append(val)
+            return builder.call(fn, out)
+
+        return sig, codegen
+
+    return call
+
+
+_dnnl_gemm_bf16 = _dnnl_gemm(_DNNL_SYMBOL)
+_dnnl_sgemm = _dnnl_gemm(_DNNL_SGEMM_SYMBOL)
 
 
 _sgemm = _fortran_gemm(_SYMBOL)
@@ -387,6 +426,17 @@ def gemm(a, b, c, alpha, beta):
             np.int64(ldb), beta, c, np.int64(ldc),
         ) != 0:  # fmt: skip
             raise RuntimeError("gemm: oneDNN dnnl_gemm_bf16bf16f32 failed")
+    elif (
+        mode & SGEMM_DNNL
+        and k >= _DNNL_SGEMM_MIN
+        and n >= _DNNL_SGEMM_MIN
+        and (opa == 78 or opb == 78)
+    ):  # float32 (or half values, exact in float32) on oneDNN: row-major as it is
+        if _dnnl_sgemm(
+            opa, opb, np.int64(m), np.int64(n), np.int64(k), alpha, a, np.int64(lda), b,
+            np.int64(ldb), beta, c, np.int64(ldc),
+        ) != 0:  # fmt: skip
+            raise RuntimeError("gemm: oneDNN dnnl_sgemm failed")
     else:  # float32, or operands holding half values: their products are exact in float32
         _sgemm(opb, opa, n32, m32, k32, alpha, b, ldb, a, lda, beta, c, ldc)
 

@@ -2,6 +2,7 @@
 own matmul and (where installed) torch.mm (printed, never asserted).
 
     python scripts/bench_kernels.py [--reps 50] [--gemm-only]
+    python scripts/bench_kernels.py --blas-grid     # OpenBLAS against oneDNN's sgemm
 
 One thread (simdist pins it). Forward is 2*B*C*OC FLOP; backward twice that (dinp and
 dweight). NumPy's reference runs the same three products with ``out=`` so neither side
@@ -10,6 +11,11 @@ SciPy's OpenBLAS; ``SIMDIST_BLAS`` forces one), NumPy its own OpenBLAS, torch it
 differences are BLAS builds as much as call overhead. The GEMM table times each product by
 the CPU time of this thread (best of ``--reps``), which a shared machine's load disturbs
 less than wall time; run it once per ``SIMDIST_BLAS`` value to compare the libraries.
+
+``--blas-grid`` times OpenBLAS's sgemm (the kernels' gemm with ``SIMDIST_BLAS=openblas``)
+and oneDNN's ``dnnl_sgemm`` (called through ctypes, about a microsecond more per call) on
+every layout of a grid of shapes, and says which library ``SIMDIST_BLAS=onednn`` gives each
+product (kernels/blas.py, ``_DNNL_SGEMM_MIN``): the measurement behind that rule.
 """
 
 import simdist  # noqa: F401  (one thread per process, before numpy loads)
@@ -129,10 +135,60 @@ def bench_gemm_shapes(reps: int) -> None:
         print(f"{name:>17} {f'{m}x{k}x{n} {layout}':>16} {cells}")
 
 
+BLAS_GRID = [  # (m, k, n): attention heads, the models' layers, FC-MNIST's, the classifiers
+    (64, 64, 64), (128, 64, 128), (128, 128, 64), (64, 128, 128), (16, 256, 256),
+    (32, 784, 512), (128, 784, 512), (128, 512, 512), (128, 512, 10), (10, 128, 512),
+    (1024, 256, 10), (1024, 256, 256), (1024, 256, 768), (1024, 256, 1024), (1024, 1024, 256),
+    (256, 1024, 768), (768, 1024, 256),
+]  # fmt: skip
+
+
+def bench_blas_grid(reps: int) -> None:
+    """OpenBLAS (the kernels' gemm) against oneDNN's dnnl_sgemm on BLAS_GRID, CPU time."""
+    import ctypes
+    import glob
+    import sys
+
+    from simdist.kernels import blas
+
+    libs = sorted(glob.glob(os.path.join(sys.prefix, "lib", "libdnnl.so*")))
+    if BACKEND != "openblas" or not libs:
+        raise SystemExit(
+            "--blas-grid needs SIMDIST_BLAS=openblas and oneDNN installed "
+            "(pip install onednn-cpu-gomp)"
+        )
+    f = ctypes.CDLL(libs[0]).dnnl_sgemm
+    c = ctypes
+    f.argtypes = [c.c_char, c.c_char] + [c.c_int64] * 3 + [c.c_float, c.c_void_p, c.c_int64]
+    f.argtypes += [c.c_void_p, c.c_int64, c.c_float, c.c_void_p, c.c_int64]
+    rng = np.random.default_rng(0)
+    one, zero = F32(1.0), F32(0.0)
+    print(f"{'m x k x n op':>20} {'OpenBLAS':>9} {'oneDNN':>8} {'ratio':>6}  onednn rule")
+    for m, k, n in BLAS_GRID:
+        for layout in ("nn", "nt", "tn", "tt"):
+            a = rng.standard_normal((m, k) if layout[0] == "n" else (k, m), dtype=F32)
+            b = rng.standard_normal((k, n) if layout[1] == "n" else (n, k), dtype=F32)
+            av, bv = (a if layout[0] == "n" else a.T), (b if layout[1] == "n" else b.T)
+            out = np.empty((m, n), F32)
+            ta, tb = layout[0].upper().encode(), layout[1].upper().encode()
+            args = (ta, tb, m, n, k, 1.0, a.ctypes.data, a.shape[1], b.ctypes.data, b.shape[1])
+            args += (0.0, out.ctypes.data, n)
+            flop = 2.0 * m * k * n
+            call = lambda av=av, bv=bv, out=out: gemm(av, bv, out, one, zero)  # noqa: E731
+            ob = flop / cpu_seconds(call, reps) / 1e9
+            dn = flop / cpu_seconds(lambda args=args: f(*args), reps) / 1e9
+            rule = k >= blas._DNNL_SGEMM_MIN and n >= blas._DNNL_SGEMM_MIN and layout != "tt"
+            print(
+                f"{f'{m}x{k}x{n} {layout}':>20} {ob:9.1f} {dn:8.1f} {dn / ob:6.2f}  "
+                f"{'oneDNN' if rule else 'OpenBLAS'}"
+            )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=50)
     parser.add_argument("--gemm-only", action="store_true")
+    parser.add_argument("--blas-grid", action="store_true", help="OpenBLAS against oneDNN")
     args = parser.parse_args()
     reps = args.reps
     from bench_train import cpu_info
@@ -147,6 +203,9 @@ def main() -> None:
         f"cpu: {cpu['model']} ({cpu['vendor']}); ISA: {' '.join(cpu['isa'])}; "
         f"kernels' BLAS: {BACKEND}"
     )
+    if args.blas_grid:
+        bench_blas_grid(max(3, reps // 10))
+        return
     if not args.gemm_only:
         print(f"{'B x C x OC':>16} {'op':>9} {'kernel GF/s':>12} {'numpy GF/s':>11}")
         for B, C, OC in [(128, 784, 512), (128, 512, 512)]:

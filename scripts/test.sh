@@ -12,18 +12,14 @@ fi
 # On an Intel CPU with AMX or AVX512_BF16, the optional oneMKL extra too: its bf16 GEMM is
 # what bf16 runs use there, and tests/test_precision.py checks it gives the float32-BLAS
 # path's results (skipped, with the reason, where it is absent). float32 products stay on
-# OpenBLAS (SIMDIST_BLAS below), as in the Open MPI venv that tests/test_multihost.py
-# compares bit for bit with this one.
+# OpenBLAS (SIMDIST_BLAS below; tests that need oneMKL or oneDNN's sgemm ask for it), as in
+# the Open MPI venv that tests/test_multihost.py compares bit for bit with this one.
 if grep -q GenuineIntel /proc/cpuinfo && grep -qwE "amx_bf16|avx512_bf16" /proc/cpuinfo \
     && ! ls .venv/lib/libmkl_rt.so* >/dev/null 2>&1; then
     python -m pip install -q "mkl>=2024" >&2 \
         || echo "simdist: mkl not installable; the native bf16 GEMM test will be skipped" >&2
 fi
-# Elsewhere with AVX512_BF16 or AMX (AMD Zen 4 and 5), oneDNN's bf16 GEMM, for the same test.
-if ! grep -q GenuineIntel /proc/cpuinfo && grep -qwE "amx_bf16|avx512_bf16" /proc/cpuinfo \
-    && ! ls .venv/lib/libdnnl.so* >/dev/null 2>&1; then
-    python -m pip install -q "onednn-cpu-gomp==2023.2.0" >&2 \
-        || echo "simdist: onednn-cpu-gomp not installable; the native bf16 GEMM test will be skipped" >&2
-fi
+# Elsewhere with AVX-512 and AVX512_BF16 or AMX (AMD Zen 4 and 5), setup_env.sh installed
+# oneDNN: its bf16 GEMM for the same test, its sgemm for tests/test_kernels.py's check.
 export SIMDIST_BLAS="${SIMDIST_BLAS:-openblas}"
 exec python -m pytest -q "$@"

@@ -10,6 +10,7 @@ import simdist  # noqa: F401  (pins one thread per rank before numpy/numba load)
 
 # isort: split
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -251,6 +252,91 @@ def test_gemm_on_strided_and_transposed_views(ta, tb):
         gemm(a, b[:-1], c, F32(1.0), F32(0.0))
 
 
+def _onednn_sgemm_installed() -> bool:
+    import ctypes
+    import glob
+
+    for path in sorted(glob.glob(os.path.join(sys.prefix, "lib", "libdnnl.so*"))):
+        try:
+            return hasattr(ctypes.CDLL(path), "dnnl_sgemm")
+        except OSError:
+            continue
+    return False
+
+
+ONEDNN_SGEMM_CHECK = r"""
+import numpy as np
+from scipy.linalg.blas import sgemm as openblas_sgemm
+from simdist.kernels import blas
+from simdist.kernels.blas import gemm
+
+F32 = np.float32
+assert blas.BACKEND == "onednn" and blas.half_operands(None) == "fp32 onednn sgemm"
+rng = np.random.default_rng(31)
+
+
+def placed(x, off):  # x's values in a fresh buffer, off elements past its start
+    buf = np.empty(x.size + 32, F32)
+    y = buf[off : off + x.size].reshape(x.shape)
+    y[...] = x
+    return y
+
+
+# oneDNN from k, n >= 128 with at most one transposed operand; OpenBLAS otherwise
+for m, k, n in [(130, 200, 140), (7, 300, 129), (64, 127, 256), (96, 512, 127)]:
+    for ta in (0, 1):
+        for tb in (0, 1):
+            a0 = rng.standard_normal((k, m) if ta else (m, k), dtype=F32)
+            b0 = rng.standard_normal((n, k) if tb else (k, n), dtype=F32)
+            a, b = (a0.T if ta else a0), (b0.T if tb else b0)
+            c0 = rng.standard_normal((m, n), dtype=F32)
+            ref = 0.5 * (a.astype(np.float64) @ b) + 2.0 * c0
+            c = c0.copy()
+            gemm(a, b, c, F32(0.5), F32(2.0))
+            bound = 4e-7 * k * (np.abs(a) @ np.abs(b)) + 1e-6 * np.abs(ref)
+            assert (np.abs(c - ref) <= bound).all(), (m, k, n, ta, tb)
+            for off in (1, 3, 8):  # the same values elsewhere in memory: the same bits
+                a1, b1 = placed(a0, off), placed(b0, off + 5)
+                c1 = placed(c0, off + 2)
+                gemm(a1.T if ta else a1, b1.T if tb else b1, c1, F32(0.5), F32(2.0))
+                assert np.array_equal(c1, c), ("address", m, k, n, ta, tb, off)
+            if k < 128 or n < 128 or ta and tb:
+                continue  # OpenBLAS's: its small-matrix kernels may sum by rows otherwise
+            h = m // 2  # split by rows (micro-batches): the same bits, on oneDNN
+            c2 = c0.copy()
+            gemm(a[:h], b, c2[:h], F32(0.5), F32(2.0))
+            gemm(a[h:], b, c2[h:], F32(0.5), F32(2.0))
+            assert np.array_equal(c2, c), ("rows", m, k, n, ta, tb)
+# another library ran: OpenBLAS sums FC-MNIST's first product in another order
+a = rng.standard_normal((128, 784), dtype=F32)
+b = rng.standard_normal((784, 512), dtype=F32)
+c = np.empty((128, 512), F32)
+gemm(a, b, c, F32(1.0), F32(0.0))
+assert not np.array_equal(c, openblas_sgemm(1.0, a, b)), "oneDNN's sgemm did not run"
+# half operands (fp16 on float32 BLAS) keep the library; plain float32 after
+assert "onednn sgemm on fp16" in blas.half_operands(blas.F16, native=False)
+assert blas.half_operands(None) == "fp32 onednn sgemm" and blas._MODE.value == blas.SGEMM_DNNL
+print("ok")
+"""
+
+
+@pytest.mark.skipif(
+    not _onednn_sgemm_installed(), reason="oneDNN (pip install onednn-cpu-gomp) not installed"
+)
+def test_onednn_sgemm_is_exact_to_the_address_and_rows():
+    """SIMDIST_BLAS=onednn: oneDNN's sgemm for products with k and n >= 128 (one operand
+    transposed at most), OpenBLAS's for the rest; against float64 on every layout with
+    alpha and beta; the same values at other addresses give the same bits (what DP = ZeRO
+    and resume rely on), and so does a oneDNN product split by rows; it is another library
+    than OpenBLAS.
+    A fresh process: the library is bound once, at import."""
+    env = {**os.environ, "SIMDIST_BLAS": "onednn"}
+    out = subprocess.run(
+        [sys.executable, "-c", ONEDNN_SGEMM_CHECK], env=env, capture_output=True, text=True
+    )
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stdout + out.stderr
+
+
 HALF_GEMM_MODES = [("bf16", BF16, False), ("fp16", F16, False)] + (
     [("bf16-native", BF16, True)] if blas.NATIVE_BF16_AVAILABLE else []
 )
@@ -291,7 +377,7 @@ def test_gemm_on_half_operands_accumulates_in_float32(name, fmt, native, monkeyp
             with pytest.raises(ValueError, match="not a half-precision value"):
                 gemm(x, y, np.zeros((x.shape[0], y.shape[1]), F32), F32(1.0), F32(0.0))
     finally:
-        assert blas.half_operands(None) == "fp32"
+        assert blas.half_operands(None) == f"fp32 {blas.BACKEND} sgemm"
     # float32 accumulation of k exact products: |error| <= k eps sum |a b| (loose bound)
     bound = k * EPS * (np.abs(a) @ np.abs(b)).astype(np.float64) * 0.5 + 4 * EPS * np.abs(ref)
     assert (np.abs(c - ref) <= bound).all()

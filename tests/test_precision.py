@@ -292,7 +292,7 @@ def test_native_bf16_products_train_as_the_float32_blas_path(tmp_path, monkeypat
     if NATIVE_BF16 is None:
         pytest.skip(
             "no native bf16 GEMM here (a CPU with AMX or AVX512_BF16 and `pip install mkl` "
-            "on Intel or `pip install onednn-cpu-gomp`; scripts/test.sh installs them there)"
+            "on Intel or `pip install onednn-cpu-gomp` elsewhere; scripts/test.sh installs them)"
         )
     steps = 20
     losses, paths = {}, {}
