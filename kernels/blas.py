@@ -15,7 +15,7 @@ faster than OpenBLAS at this project's GEMM shapes on a Sapphire Rapids Xeon, me
 tests' shapes in ``scripts/bench_kernels.py``); on other CPUs with AVX-512 (AMD's Zen 4
 and 5, where oneMKL takes slower generic code paths) oneDNN's ``dnnl_sgemm`` where the
 ``onednn`` extra is installed, for the products with inner dimension and columns >= 128
-(1.1-1.6x OpenBLAS's there on Zen 4; ``_DNNL_SGEMM_MIN``); SciPy's OpenBLAS (the one
+(1.1-1.6x OpenBLAS's there on Zen 4; ``on_onednn``); SciPy's OpenBLAS (the one
 numba's ``np.dot`` uses) for everything else. ``SIMDIST_BLAS=openblas``, ``mkl`` or
 ``onednn`` forces one. oneMKL runs with strict conditional numerical reproducibility and
 oneDNN's sgemm gives the same bits at any operand address (tested), so results do not depend
@@ -75,12 +75,13 @@ PLAIN, FORMAT_BITS, NATIVE_MKL, NATIVE_DNNL, CHECK, SGEMM_DNNL = 0, 3, 4, 8, 16,
 # products, float32 sums, a choice made by the shape alone (runs stay deterministic).
 _NATIVE_MIN = 96
 # oneDNN's sgemm (SIMDIST_BLAS=onednn) beat OpenBLAS's on Zen 4 where the inner dimension
-# and C's columns are both >= 128 and at most one operand is transposed, and lost on smaller
-# products and on A^T B^T (``SIMDIST_BLAS=openblas python scripts/bench_kernels.py
-# --blas-grid``). The rule reads k and n, not the rows m (the batch in the forward's
-# products), so a product split by rows (micro-batches, pipeline stages) stays on one
-# library, bit for bit.
-_DNNL_SGEMM_MIN = 128
+# and C's columns are both >= 64 with k * n >= 8192 (attention's per-head products at head
+# size 64 and up, every layer's) and at most one operand is transposed, and lost on smaller
+# products (64^3, a classifier's 10 columns) and on most A^T B^T (``SIMDIST_BLAS=openblas
+# python scripts/bench_kernels.py --blas-grid``). The rule reads k and n, not the rows m
+# (the batch in the forward's products), so a product split by rows (micro-batches,
+# pipeline stages) stays on one library, bit for bit.
+_DNNL_SGEMM_MIN_SIDE, _DNNL_SGEMM_MIN_AREA = 64, 8192
 _MKL_CBWR_STRICT = 0x10000  # mkl_cbwr.h
 
 
@@ -170,7 +171,7 @@ def _bind() -> tuple[str, str | None]:
                 "(pip install onednn-cpu-gomp)"
             )
     # oneDNN's sgemm where the library is installed (auto: on AVX-512 CPUs other than
-    # Intel's, where oneMKL serves; measured on AMD Zen 4, see _DNNL_SGEMM_MIN)
+    # Intel's, where oneMKL serves; measured on AMD Zen 4, see on_onednn)
     sgemm_dnnl = None
     if choice == "onednn" or (choice == "auto" and not intel and "avx512f" in _cpu_flags()):
         found = _find_lib("libdnnl.so*")
@@ -183,7 +184,7 @@ def _bind() -> tuple[str, str | None]:
     sgemm_ = lib.sgemm_ if lib is not None and want_mkl else None
     if sgemm_ is not None:
         ll.add_symbol(_SYMBOL, ctypes.cast(sgemm_, ctypes.c_void_p).value)
-    else:  # OpenBLAS: the whole sgemm, or (oneDNN) the products below _DNNL_SGEMM_MIN
+    else:  # OpenBLAS: the whole sgemm, or (oneDNN) the products on_onednn leaves to it
         ll.add_symbol(_SYMBOL, get_cython_function_address("scipy.linalg.cython_blas", "sgemm"))
     ll.add_symbol(_DNNL_SGEMM_SYMBOL, _address(sgemm_dnnl) or ll.address_of_symbol(_SYMBOL))
     if sgemm_dnnl is not None:
@@ -391,6 +392,17 @@ def _op(x):
 
 
 @kernel
+def on_onednn(k, n, a_transposed, b_transposed):
+    """Whether SIMDIST_BLAS=onednn runs a product of inner dimension k and n columns on
+    oneDNN's sgemm (else OpenBLAS's): the shape rule above, from k, n and the op flags."""
+    return (
+        min(k, n) >= _DNNL_SGEMM_MIN_SIDE
+        and k * n >= _DNNL_SGEMM_MIN_AREA
+        and not (a_transposed and b_transposed)
+    )
+
+
+@kernel
 def gemm(a, b, c, alpha, beta):
     """c[m,n] = alpha * a[m,k] @ b[k,n] + beta * c (beta = 0: c is overwritten, not read).
 
@@ -426,12 +438,8 @@ def gemm(a, b, c, alpha, beta):
             np.int64(ldb), beta, c, np.int64(ldc),
         ) != 0:  # fmt: skip
             raise RuntimeError("gemm: oneDNN dnnl_gemm_bf16bf16f32 failed")
-    elif (
-        mode & SGEMM_DNNL
-        and k >= _DNNL_SGEMM_MIN
-        and n >= _DNNL_SGEMM_MIN
-        and (opa == 78 or opb == 78)
-    ):  # float32 (or half values, exact in float32) on oneDNN: row-major as it is
+    elif mode & SGEMM_DNNL and on_onednn(k, n, opa == 84, opb == 84):
+        # float32 (or half values, exact in float32) on oneDNN: row-major as it is
         if _dnnl_sgemm(
             opa, opb, np.int64(m), np.int64(n), np.int64(k), alpha, a, np.int64(lda), b,
             np.int64(ldb), beta, c, np.int64(ldc),

@@ -5,11 +5,12 @@
 
 Prints tokens/s, the achieved GFLOP/s (``GPT2.flops_per_sample``: matrix products only,
 nanoGPT's 6N + 12LCT convention) and, measured in the same run, the single-core float32
-GEMM rate of NumPy and of the kernels' ``blas.gemm`` (oneMKL on Intel where installed, else
-SciPy's OpenBLAS) on a 256x768 @ 768x3072 product, and the CPU model and ISA flags
-(``--json FILE`` writes them with the figures). ``--profile`` adds time per kernel, next to
-what the simulated device of ``--device-profile`` (default ``host``) predicts for it
-(``GPT2.kernel_costs`` on the cost model: which kernels the host model gets wrong);
+GEMM rate of NumPy and of the kernels' ``blas.gemm`` (oneMKL on Intel where installed,
+oneDNN's sgemm on AMD's AVX-512 kind where installed, else SciPy's OpenBLAS) on a 256x768
+@ 768x3072 product, and the CPU model and ISA flags (``--json FILE`` writes them with the
+figures). ``--profile`` adds time per kernel, next to what the simulated device of
+``--device-profile`` (default ``host``) predicts for it (``GPT2.kernel_costs`` on the cost
+model: which kernels the host model gets wrong);
 ``--torch`` times the PyTorch eager twin of tests/test_gpt2_parity.py on the same shapes,
 its steps interleaved with simdist's.
 OpenBLAS picks its kernel from OPENBLAS_CORETYPE: compare runs with the same environment.

@@ -6,16 +6,17 @@ own matmul and (where installed) torch.mm (printed, never asserted).
 
 One thread (simdist pins it). Forward is 2*B*C*OC FLOP; backward twice that (dinp and
 dweight). NumPy's reference runs the same three products with ``out=`` so neither side
-allocates. The kernels call ``kernels.blas.gemm`` (oneMKL on Intel where installed, else
-SciPy's OpenBLAS; ``SIMDIST_BLAS`` forces one), NumPy its own OpenBLAS, torch its oneMKL, so
-differences are BLAS builds as much as call overhead. The GEMM table times each product by
-the CPU time of this thread (best of ``--reps``), which a shared machine's load disturbs
-less than wall time; run it once per ``SIMDIST_BLAS`` value to compare the libraries.
+allocates. The kernels call ``kernels.blas.gemm`` (oneMKL on Intel where installed, oneDNN
+on AMD's AVX-512 kind where installed, else SciPy's OpenBLAS; ``SIMDIST_BLAS`` forces
+one), NumPy its own OpenBLAS, torch its oneMKL, so differences are BLAS builds as much as
+call overhead. The GEMM table times each product by the CPU time of this thread (best of
+``--reps``), which a shared machine's load disturbs less than wall time; run it once per
+``SIMDIST_BLAS`` value to compare the libraries.
 
 ``--blas-grid`` times OpenBLAS's sgemm (the kernels' gemm with ``SIMDIST_BLAS=openblas``)
 and oneDNN's ``dnnl_sgemm`` (called through ctypes, about a microsecond more per call) on
 every layout of a grid of shapes, and says which library ``SIMDIST_BLAS=onednn`` gives each
-product (kernels/blas.py, ``_DNNL_SGEMM_MIN``): the measurement behind that rule.
+product (kernels/blas.py, ``on_onednn``): the measurement behind that rule.
 """
 
 import simdist  # noqa: F401  (one thread per process, before numpy loads)
@@ -177,7 +178,7 @@ def bench_blas_grid(reps: int) -> None:
             call = lambda av=av, bv=bv, out=out: gemm(av, bv, out, one, zero)  # noqa: E731
             ob = flop / cpu_seconds(call, reps) / 1e9
             dn = flop / cpu_seconds(lambda args=args: f(*args), reps) / 1e9
-            rule = k >= blas._DNNL_SGEMM_MIN and n >= blas._DNNL_SGEMM_MIN and layout != "tt"
+            rule = blas.on_onednn(k, n, layout[0] == "t", layout[1] == "t")
             print(
                 f"{f'{m}x{k}x{n} {layout}':>20} {ob:9.1f} {dn:8.1f} {dn / ob:6.2f}  "
                 f"{'oneDNN' if rule else 'OpenBLAS'}"

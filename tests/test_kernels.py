@@ -282,8 +282,8 @@ def placed(x, off):  # x's values in a fresh buffer, off elements past its start
     return y
 
 
-# oneDNN from k, n >= 128 with at most one transposed operand; OpenBLAS otherwise
-for m, k, n in [(130, 200, 140), (7, 300, 129), (64, 127, 256), (96, 512, 127)]:
+# both libraries: blas.on_onednn's rule from k, n and the op flags
+for m, k, n in [(130, 200, 140), (7, 300, 129), (64, 63, 256), (96, 128, 64), (40, 64, 64)]:
     for ta in (0, 1):
         for tb in (0, 1):
             a0 = rng.standard_normal((k, m) if ta else (m, k), dtype=F32)
@@ -300,7 +300,7 @@ for m, k, n in [(130, 200, 140), (7, 300, 129), (64, 127, 256), (96, 512, 127)]:
                 c1 = placed(c0, off + 2)
                 gemm(a1.T if ta else a1, b1.T if tb else b1, c1, F32(0.5), F32(2.0))
                 assert np.array_equal(c1, c), ("address", m, k, n, ta, tb, off)
-            if k < 128 or n < 128 or ta and tb:
+            if not blas.on_onednn(k, n, bool(ta), bool(tb)):
                 continue  # OpenBLAS's: its small-matrix kernels may sum by rows otherwise
             h = m // 2  # split by rows (micro-batches): the same bits, on oneDNN
             c2 = c0.copy()
@@ -324,8 +324,8 @@ print("ok")
     not _onednn_sgemm_installed(), reason="oneDNN (pip install onednn-cpu-gomp) not installed"
 )
 def test_onednn_sgemm_is_exact_to_the_address_and_rows():
-    """SIMDIST_BLAS=onednn: oneDNN's sgemm for products with k and n >= 128 (one operand
-    transposed at most), OpenBLAS's for the rest; against float64 on every layout with
+    """SIMDIST_BLAS=onednn: oneDNN's sgemm for the products ``blas.on_onednn`` gives it,
+    OpenBLAS's for the rest; against float64 on every layout with
     alpha and beta; the same values at other addresses give the same bits (what DP = ZeRO
     and resume rely on), and so does a oneDNN product split by rows; it is another library
     than OpenBLAS.
