@@ -9,19 +9,20 @@ add a product into an accumulator, with no gather and no extra pass.
 Which library: the compiled kernels call the external symbol ``simdist_sgemm`` (Fortran
 ``sgemm`` ABI), bound at import time, in every process, before any kernel is loaded from
 numba's cache. The cached machine code refers to the symbol by name, so it stays valid
-whichever library a later process binds. ``SIMDIST_BLAS=auto`` (the default) binds
-Intel oneMKL's sequential sgemm on an Intel CPU where the ``mkl`` wheel is installed (15-25 %
+whichever library a later process binds. ``SIMDIST_BLAS=auto`` (the default) binds Intel
+oneMKL's sequential sgemm on an Intel CPU where the ``mkl`` wheel is installed (15-25 %
 faster than OpenBLAS at this project's GEMM shapes on a Sapphire Rapids Xeon, measured with
-tests' shapes in ``scripts/bench_kernels.py``); on other CPUs with AVX-512 (AMD's Zen 4
-and 5, where oneMKL takes slower generic code paths) oneDNN's ``dnnl_sgemm`` where the
-``onednn`` extra is installed, for the products with inner dimension and columns >= 128
-(1.1-1.6x OpenBLAS's there on Zen 4; ``on_onednn``); SciPy's OpenBLAS (the one
-numba's ``np.dot`` uses) for everything else. ``SIMDIST_BLAS=openblas``, ``mkl`` or
-``onednn`` forces one. oneMKL runs with strict conditional numerical reproducibility and
-oneDNN's sgemm gives the same bits at any operand address (tested), so results do not depend
-on alignment (the DP, ZeRO and resume bitwise guarantees compare runs whose buffers sit at
-different addresses). The choice is fixed for the life of a process (``BACKEND`` says
-which); every rank of a job must make the same one for the ranks to compute the same bits.
+tests' shapes in ``scripts/bench_kernels.py``); on other CPUs with AVX-512 (AMD's Zen 4 and
+5, where oneMKL takes slower generic code paths) oneDNN's ``dnnl_sgemm`` where the
+``onednn`` extra is installed, for the products ``on_onednn`` picks by shape (inner
+dimension and columns >= 64, k * n >= 8192: 1.1-1.6x OpenBLAS's there on Zen 4); SciPy's
+OpenBLAS (the one numba's ``np.dot`` uses) for everything else. ``SIMDIST_BLAS=openblas``,
+``mkl`` or ``onednn`` forces one. oneMKL runs with strict conditional numerical
+reproducibility and oneDNN's sgemm gives the same bits at any operand address (tested), so
+results do not depend on alignment (the DP, ZeRO and resume bitwise guarantees compare runs
+whose buffers sit at different addresses). The choice is fixed for the life of a process
+(``BACKEND`` says which); every rank of a job must make the same one for the ranks to
+compute the same bits.
 
 Mixed precision (``half_operands``): while a bf16 or fp16 run is training, every ``gemm``
 multiplies half-precision operands and accumulates in float32, as a tensor core does. The
@@ -79,8 +80,10 @@ _NATIVE_MIN = 96
 # size 64 and up, every layer's) and at most one operand is transposed, and lost on smaller
 # products (64^3, a classifier's 10 columns) and on most A^T B^T (``SIMDIST_BLAS=openblas
 # python scripts/bench_kernels.py --blas-grid``). The rule reads k and n, not the rows m
-# (the batch in the forward's products), so a product split by rows (micro-batches,
-# pipeline stages) stays on one library, bit for bit.
+# (the batch in the forward's products), so a product split by rows (micro-batches) stays
+# on oneDNN. Not bit for bit: oneDNN, like OpenBLAS's small-matrix kernels, picks its kernel
+# by the row count too (a single row, fewer than 16), and no guarantee of simdist's needs it
+# (its bitwise comparisons run the same products at other addresses: same bits, tested).
 _DNNL_SGEMM_MIN_SIDE, _DNNL_SGEMM_MIN_AREA = 64, 8192
 _MKL_CBWR_STRICT = 0x10000  # mkl_cbwr.h
 

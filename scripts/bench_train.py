@@ -37,7 +37,8 @@ figure is the steadier one.
 Also printed (and in the JSON's "machine"): the machine's load, the CPU model and the ISA
 flags that decide which kernels BLAS and LLVM pick (AVX2, AVX-512, AVX512_BF16, AMX...), the
 BLAS kernel in use (threadpoolctl) and the one simdist's kernels call (``kernels.blas``:
-oneMKL on Intel where installed, else OpenBLAS), and the single-core float32 GEMM rate
+oneMKL on Intel where installed, oneDNN on AMD's AVX-512 kind where installed, else
+OpenBLAS), and the single-core float32 GEMM rate
 measured in this run, both NumPy's and the kernels' (the better of the two is the ceiling
 for GPT-2's GFLOP/s, ``fraction_of_gemm_rate``).
 Benchmarks run as on a user's machine: unset OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE

@@ -22,8 +22,11 @@ fi
 # `onednn` extra, Apache 2.0, a 39 MB wheel): its sgemm runs the models' larger float32
 # products 1.1-1.6x faster than OpenBLAS there, and its bf16 GEMM runs bf16 products natively
 # (kernels/blas.py). Optional: without it simdist runs on OpenBLAS.
+# Tried once per venv (.venv/.simdist-onednn): an offline machine does not wait on pip again.
 if ! grep -q GenuineIntel /proc/cpuinfo && grep -qw avx512f /proc/cpuinfo \
-    && grep -qwE "amx_bf16|avx512_bf16" /proc/cpuinfo && ! ls .venv/lib/libdnnl.so* >/dev/null 2>&1; then
+    && grep -qwE "amx_bf16|avx512_bf16" /proc/cpuinfo \
+    && ! ls .venv/lib/libdnnl.so* >/dev/null 2>&1 && [ ! -f .venv/.simdist-onednn ]; then
+    touch .venv/.simdist-onednn
     python -m pip install -q "onednn-cpu-gomp==2023.2.0" >&2 \
         || echo "simdist: onednn-cpu-gomp not installable; float32 products stay on OpenBLAS" >&2
 fi

@@ -42,7 +42,7 @@ from simdist.data.sampler import DistributedSampler
 from simdist.device import DeviceMemory, format_bytes
 from simdist.faults import nonfinite_text
 from simdist.input_workers import device_input, input_report
-from simdist.kernels.blas import half_operands
+from simdist.kernels.blas import BACKEND, half_operands
 from simdist.loss_scale import describe_scaling, scaler_for, scaler_report
 from simdist.models import build_model
 from simdist.optim import Optimizer
@@ -73,7 +73,7 @@ class WeightStreaming(Schedule):
         self.coll = Collectives(groups.active)  # the agreement, summaries and eval sums
         self.device_times: list[StepTime] = []
         self.note = ""
-        self.gemm = "fp32"
+        self.gemm = f"fp32 {BACKEND} sgemm"  # as half_operands(None) says it
 
     # ----------------------------------------------------------------- set-up
     def prepare(self, run) -> None:
