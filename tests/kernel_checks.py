@@ -128,3 +128,18 @@ def max_ulp(a: np.ndarray, b: np.ndarray) -> int:
     ia = np.where(ia < 0, -(ia & 0x7FFFFFFF), ia)
     ib = np.where(ib < 0, -(ib & 0x7FFFFFFF), ib)
     return int(np.abs(ia - ib).max(initial=0))
+
+
+def onednn_sgemm_installed() -> bool:
+    """Whether this venv has oneDNN with ``dnnl_sgemm`` (what SIMDIST_BLAS=onednn binds)."""
+    import ctypes
+    import glob
+    import os
+    import sys
+
+    for path in sorted(glob.glob(os.path.join(sys.prefix, "lib", "libdnnl.so*"))):
+        try:
+            return hasattr(ctypes.CDLL(path), "dnnl_sgemm")
+        except OSError:
+            continue
+    return False

@@ -17,7 +17,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from kernel_checks import central_fd, directional_fd, float64_ops, max_ulp, nrt_allocations
+from kernel_checks import (
+    central_fd,
+    directional_fd,
+    float64_ops,
+    max_ulp,
+    nrt_allocations,
+    onednn_sgemm_installed,
+)
 from numba import njit
 from simdist.kernels import blas, registry
 from simdist.kernels.activation import relu_backward, relu_forward
@@ -252,18 +259,6 @@ def test_gemm_on_strided_and_transposed_views(ta, tb):
         gemm(a, b[:-1], c, F32(1.0), F32(0.0))
 
 
-def _onednn_sgemm_installed() -> bool:
-    import ctypes
-    import glob
-
-    for path in sorted(glob.glob(os.path.join(sys.prefix, "lib", "libdnnl.so*"))):
-        try:
-            return hasattr(ctypes.CDLL(path), "dnnl_sgemm")
-        except OSError:
-            continue
-    return False
-
-
 ONEDNN_SGEMM_CHECK = r"""
 import numpy as np
 from scipy.linalg.blas import sgemm as openblas_sgemm
@@ -319,7 +314,7 @@ print("ok")
 
 
 @pytest.mark.skipif(
-    not _onednn_sgemm_installed(), reason="oneDNN (pip install onednn-cpu-gomp) not installed"
+    not onednn_sgemm_installed(), reason="oneDNN (pip install onednn-cpu-gomp) not installed"
 )
 def test_onednn_sgemm_is_exact_to_the_address():
     """SIMDIST_BLAS=onednn: oneDNN's sgemm for the products ``blas.on_onednn`` gives it,

@@ -15,6 +15,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
+from kernel_checks import onednn_sgemm_installed
 from mpi_launch import REPO, mpiexec, run_mpi
 
 SMALL = [
@@ -116,19 +117,7 @@ def test_zero_levels_are_bit_identical(tmp_path, n, per_node, algorithm, want):
                 assert np.array_equal(a[k], b[k]), f"ZeRO-{level} differs from DP in {k}"
 
 
-def _onednn_installed() -> bool:
-    import ctypes
-    import glob
-
-    for path in sorted(glob.glob(os.path.join(sys.prefix, "lib", "libdnnl.so*"))):
-        try:
-            return hasattr(ctypes.CDLL(path), "dnnl_sgemm")
-        except OSError:
-            continue
-    return False
-
-
-@pytest.mark.skipif(not _onednn_installed(), reason="oneDNN (onednn-cpu-gomp) not installed")
+@pytest.mark.skipif(not onednn_sgemm_installed(), reason="oneDNN (onednn-cpu-gomp) not installed")
 def test_zero_levels_are_bit_identical_on_onednn_sgemm(tmp_path, monkeypatch):
     """SIMDIST_BLAS=onednn (the default on AMD's AVX-512 kind where oneDNN is installed):
     ZeRO-2 still gives DP's bits; layers of 256 and 128 put the forward's products and the
