@@ -76,13 +76,16 @@ class GradientSync:
         total = self.coll.allreduce_scalars(np.array([partial], np.float64))[0]
         return float(np.sqrt(total))
 
-    def gather_parameters(self, params: np.ndarray | None) -> None:
-        """Levels 1-2: all-gather the updated slices. Level 3 gathers nothing here (each
-        stage gathers its own before it runs): the windows are stale from now on."""
+    def gather_parameters(self, params: np.ndarray | None, words: bool = False) -> None:
+        """Levels 1-2: all-gather the updated slices (``words``: ``params`` holds 16-bit
+        words, two per float32 element, so every bound halves; the layout's bounds are
+        even). Level 3 gathers nothing here (each stage gathers its own before it runs):
+        the windows are stale from now on."""
         if self.level == 3:
             self.partitioned.cache.invalidate()
         elif self.level > 0:
-            self.coll.allgather(params, bounds=self.layout.bounds, algorithm=self.algorithm)
+            bounds = self.layout.bounds // 2 if words else self.layout.bounds
+            self.coll.allgather(params, bounds=bounds, algorithm=self.algorithm)
 
     def make_sharded(self, groups: list[GradientGroup], alloc) -> ShardedGradients:
         self.sharded = ShardedGradients(self, groups, alloc)
@@ -172,38 +175,37 @@ class ShardedGradients(GradientViews):
         self.micro = micro
 
 
-class PartitionedParameters:
-    """ZeRO-3's parameters: this rank's slice of the flat buffer (rank-private memory) and
-    two gather windows (``simdist.param_gather``), shared memory where the ranks share a
-    node so the "shm" all-gather reads peers' blocks in place.
+class StageWindows:
+    """Parameters a model reads only through its stages (``simdist.models.stages``): before a
+    stage's forward, and again before its backward, the gradient groups it reads are loaded
+    into one of two float32 windows (``simdist.param_gather``: which groups, when, where),
+    and the stage reads views of that window. How a group is loaded is the subclass's
+    ``_load``: ZeRO-3 all-gathers it from the ranks' slices (``PartitionedParameters``),
+    mixed precision's 16-bit weights unpack it (``simdist.packed_params``).
 
-    The model runs unchanged: ``forward_stage`` / ``backward_stage`` are wrapped on the
-    model instance so that each stage's groups are all-gathered (and the next use's
-    prefetched) before it computes, and the stage reads its parameters from the window.
-    What the caller passes as ``params`` is this object, which refuses lookups: every read
-    of a parameter must come through a stage.
+    ``forward_stage`` / ``backward_stage`` are wrapped on the model instance, and what the
+    caller passes as ``params`` is this object, which refuses lookups: every read of a
+    parameter must come through a stage.
     """
 
-    def __init__(self, sync: GradientSync, model, alloc):
-        self.sync, self.layout, self.model = sync, sync.layout, model
-        self.plan = GatherPlan(sync.layout, model.stages(), model.gradient_groups())
-        self.lo, self.hi = sync.partition
-        self.slice = alloc("parameters", "param_slice", self.hi - self.lo)
+    def __init__(self, layout: Layout, model, window_buffer, count: int = 2):
+        """``window_buffer(n)``: a float32 buffer of ``n`` elements for all ``count``
+        windows (2: one computes while the next stage's groups arrive; 1: no prefetch)."""
+        self.layout, self.model = layout, model
+        self.plan = GatherPlan(layout, model.stages(), model.gradient_groups())
         width = self.plan.window
-        buf = alloc("parameters", "param_window", 2 * width, shared=True)
-        self.windows = [buf[:width], buf[width:]]
-        self.cache = WindowCache(self.plan)
+        buf = window_buffer(count * width)
+        self.windows = [buf[i * width : (i + 1) * width] for i in range(count)]
+        self.cache = WindowCache(self.plan, count)
         self.views: list[dict[str, np.ndarray]] = [{}, {}]
         self.training = True
-        self.wire = 0  # mixed precision: the gathers' 16-bit format (Collectives.half_wire)
-        self.gathers = 0  # all-gather calls so far (tests, bench)
-        self._numel = {s.name: s for s in self.layout.specs}
+        self._numel = {s.name: s for s in layout.specs}
+        self._n_stages = len(self.plan.stages)
         fwd, bwd = model.forward_stage, model.backward_stage
-        plan = self.plan
 
         def forward_stage(k: int, params):
             if k == 0 and not self.training:
-                self._join_pass(active=True)
+                self._eval_pass()
             w = self._before(k, FORWARD)
             return fwd(k, self.views[w] if w is not None else {})
 
@@ -212,18 +214,82 @@ class PartitionedParameters:
             return bwd(k, self.views[w] if w is not None else {}, grads, dloss)
 
         model.forward_stage, model.backward_stage = forward_stage, backward_stage
-        self._n_stages = len(plan.stages)
+
+    def _before(self, k: int, phase: str) -> int | None:
+        w, loads = stage_gathers(self.plan, self.cache, k, phase, self.training)
+        for g in loads:
+            region = self.windows[g.window][g.offset : g.offset + g.b - g.a]
+            self._load(g, region)
+            if g.offset == 0:  # the window is being reloaded: its old views are gone
+                self.views[g.window] = {}
+            views = self.views[g.window]
+            for n in self.plan.names[g.group]:
+                spec = self._numel[n]
+                start = self.layout.offsets[n] - g.a
+                views[n] = region[start : start + spec.numel].reshape(spec.shape)
+        return w
+
+    def _load(self, g, region: np.ndarray) -> None:
+        """Fill ``region`` with group ``g.group``'s parameters (flat range [g.a, g.b))."""
+        raise NotImplementedError
+
+    def _eval_pass(self) -> None:
+        """An evaluation forward pass starts (ZeRO-3: the ranks agree who runs one)."""
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        raise KeyError(
+            f"parameter {name!r} read outside a stage (the parameters are loaded per stage: "
+            "read them through forward_stage / backward_stage)"
+        )
+
+    def evaluating(self, on: bool) -> None:
+        """Evaluation: no backward follows the forward (prefetch stops at the head)."""
+        self.training = not on
+
+
+def fill_tensors(init, rng, specs, write) -> None:
+    """Run ``init(params, rng)`` (a model's ``init_parameters``) one tensor at a time: each
+    tensor is filled in a temporary float32 array, then ``write(name, value)`` takes it, so
+    no whole float32 copy of the model ever exists. ``specs``: name -> ParamSpec."""
+
+    class Filler(dict):
+        current: tuple[str, np.ndarray] | None = None
+
+        def __getitem__(self, name: str) -> np.ndarray:
+            self.flush()
+            self.current = (name, np.zeros(specs[name].shape, np.float32))
+            return self.current[1]
+
+        def flush(self) -> None:
+            if self.current is not None:
+                write(*self.current)
+                self.current = None
+
+    filler = Filler()
+    init(filler, rng)
+    filler.flush()
+
+
+class PartitionedParameters(StageWindows):
+    """ZeRO-3's parameters: this rank's slice of the flat buffer (rank-private memory) and
+    two gather windows (``simdist.param_gather``), shared memory where the ranks share a
+    node so the "shm" all-gather reads peers' blocks in place. A stage's group is loaded
+    by an all-gather of the ranks' blocks of it.
+    """
+
+    def __init__(self, sync: GradientSync, model, alloc):
+        self.sync = sync
+        self.lo, self.hi = sync.partition
+        self.slice = alloc("parameters", "param_slice", self.hi - self.lo)
+        super().__init__(
+            sync.layout, model, lambda n: alloc("parameters", "param_window", n, shared=True)
+        )
+        self.wire = 0  # mixed precision: the gathers' 16-bit format (Collectives.half_wire)
+        self.gathers = 0  # all-gather calls so far (tests, bench)
         sync.partitioned = self
 
     # -- the gathers ----------------------------------------------------------------------
-    def _before(self, k: int, phase: str) -> int | None:
-        w, gathers = stage_gathers(self.plan, self.cache, k, phase, self.training)
-        for g in gathers:
-            self._gather(g)
-        return w
-
-    def _gather(self, g) -> None:
-        region = self.windows[g.window][g.offset : g.offset + g.b - g.a]
+    def _load(self, g, region: np.ndarray) -> None:
         bounds = self.plan.block_bounds(g.group)
         r = self.sync.coll.rank
         s, e = int(bounds[r]), int(bounds[r + 1])
@@ -232,13 +298,6 @@ class PartitionedParameters:
         with self.sync.coll.half_wire(self.wire):
             self.sync.coll.allgather(region, bounds=bounds, algorithm=self.sync.algorithm)
         self.gathers += 1
-        if g.offset == 0:  # the window is being reloaded: its old views are gone
-            self.views[g.window] = {}
-        views = self.views[g.window]
-        for n in self.plan.names[g.group]:
-            spec = self._numel[n]
-            start = self.layout.offsets[n] - g.a
-            views[n] = region[start : start + spec.numel].reshape(spec.shape)
 
     def __getitem__(self, name: str) -> np.ndarray:
         raise KeyError(
@@ -249,28 +308,10 @@ class PartitionedParameters:
     # -- around the steps -----------------------------------------------------------------
     def initialize(self, init, rng) -> None:
         """Run ``init(params, rng)`` (the model's ``init_parameters``) keeping only this
-        rank's slice: each tensor is filled in a temporary, then its part of the slice is
-        copied out, so no rank ever holds more than one whole tensor extra. Every rank
-        draws the same numbers in the same order, so the slices are those of the whole
-        buffer ZeRO 0-2 initialise (and broadcast)."""
-        store = self
-
-        class Filler(dict):
-            def __getitem__(self, name: str) -> np.ndarray:
-                self.flush()
-                spec = store._numel[name]
-                self.current = (name, np.zeros(spec.shape, np.float32))
-                return self.current[1]
-
-            def flush(self) -> None:
-                cur = getattr(self, "current", None)
-                if cur is not None:
-                    store.write_tensor(cur[0], cur[1])
-                    self.current = None
-
-        filler = Filler()
-        init(filler, rng)
-        filler.flush()
+        rank's slice (``fill_tensors``: no rank ever holds more than one whole tensor
+        extra). Every rank draws the same numbers in the same order, so the slices are
+        those of the whole buffer ZeRO 0-2 initialise (and broadcast)."""
+        fill_tensors(init, rng, self._numel, self.write_tensor)
         self.cache.invalidate()
 
     def write_tensor(self, name: str, value: np.ndarray) -> None:
@@ -302,10 +343,8 @@ class PartitionedParameters:
             a = self.layout.offsets[spec.name]
             yield spec.name, max(a, lo), min(a + spec.numel, hi)
 
-    def evaluating(self, on: bool) -> None:
-        """Evaluation: no backward follows the forward (prefetch stops at the head), and
-        ranks with fewer eval batches than others join the others' gathers (``join``)."""
-        self.training = not on
+    def _eval_pass(self) -> None:
+        self._join_pass(active=True)
 
     def _join_pass(self, active: bool) -> bool:
         """Before every eval forward pass the ranks agree whether anyone still runs one

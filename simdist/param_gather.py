@@ -102,19 +102,22 @@ class GatherPlan:
 
 class WindowCache:
     """Which groups each of the two windows holds; ``acquire`` and ``prefetch`` return the
-    gathers to run (in order), identical on every rank."""
+    gathers to run (in order), identical on every rank. ``count=1``: one window and no
+    prefetch (loads that cost no communication: ``simdist.packed_params``)."""
 
-    def __init__(self, plan: GatherPlan):
-        self.plan = plan
+    def __init__(self, plan: GatherPlan, count: int = 2):
+        if count not in (1, 2):
+            raise ValueError(f"a WindowCache has 1 or 2 windows, not {count}")
+        self.plan, self.count = plan, count
         self.invalidate()
 
     def invalidate(self) -> None:
-        self.held: list[dict[int, int]] = [{}, {}]  # window -> {group: offset}
-        self.recent = 1  # the window used last (the other is the first victim)
+        self.held: list[dict[int, int]] = [{} for _ in range(self.count)]  # {group: offset}
+        self.recent = self.count - 1  # the window used last (the other: the first victim)
         self.pinned: int | None = None  # the window the computing stage reads
 
     def find(self, groups: tuple[int, ...]) -> int | None:
-        for w in (self.recent, 1 - self.recent):
+        for w in (self.recent, 1 - self.recent)[: self.count]:
             if all(g in self.held[w] for g in groups):
                 return w
         return None
@@ -135,14 +138,14 @@ class WindowCache:
         w = self.find(groups)
         gathers: list[Gather] = []
         if w is None:
-            w = 1 - self.recent
+            w = 1 - self.recent if self.count == 2 else 0
             gathers = self._load(groups, w)
         self.recent = self.pinned = w
         return w, gathers
 
     def prefetch(self, groups: tuple[int, ...]) -> list[Gather]:
         """Gather the next use's groups into the window the computing stage does not read."""
-        if not groups or self.find(groups) is not None:
+        if self.count == 1 or not groups or self.find(groups) is not None:
             return []
         return self._load(groups, 1 - (self.pinned if self.pinned is not None else self.recent))
 

@@ -168,7 +168,7 @@ class Run:
         for seg in layout.segments(base, base + own.params.size):
             off = layout.offsets[seg.name]
             flat = tensors[seg.name].reshape(-1)
-            own.params[seg.lo - base : seg.hi - base] = flat[seg.lo - off : seg.hi - off]
+            own.write_params(seg.lo, flat[seg.lo - off : seg.hi - off])
         saved = set(checkpoint.optimizer_keys(path, attrs))
         if not saved:  # weights only (e.g. imported)
             self.log(f"{path} holds no optimizer state: the optimizer starts fresh")

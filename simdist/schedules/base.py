@@ -27,6 +27,7 @@ The life of a schedule, as ``Run`` drives it:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,7 +52,8 @@ class StateShard:
     ``params`` from flat index ``params_lo`` on, and the optimizer state of [lo, hi).
     ``sharded``: each holder saves its optimizer range as a shard (``index`` of ``count``,
     gathered over ``comm`` to world rank 0); else rank 0 holds all of it and saves it in
-    the main file."""
+    the main file. ``write``: how the reader stores float32 values from a flat index when
+    ``params`` are not float32 (mixed precision's 16-bit words); None: copied in."""
 
     comm: Any
     index: int
@@ -62,6 +64,14 @@ class StateShard:
     sharded: bool
     params: np.ndarray
     params_lo: int = 0
+    write: Callable[[int, np.ndarray], None] | None = None
+
+    def write_params(self, a: int, values: np.ndarray) -> None:
+        """Flat parameters [a, a + values.size) (within what this rank holds) = values."""
+        if self.write is not None:
+            self.write(a, values)
+        else:
+            self.params[a - self.params_lo : a - self.params_lo + values.size] = values
 
 
 class Schedule:

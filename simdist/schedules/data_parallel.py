@@ -40,6 +40,8 @@ from simdist.memplan import DeviceAllocator, bucket_elements, check_device_memor
 from simdist.models import build_model
 from simdist.models.base import GradientViews
 from simdist.optim import Optimizer
+from simdist.packed_params import PackedParameters
+from simdist.packed_params import chosen as packing_chosen
 from simdist.parallel import GradientSync, PartitionedParameters
 from simdist.param_gather import GatherPlan
 from simdist.precision import Precision, canonical
@@ -79,6 +81,9 @@ def host_activation_bytes(model, micro_batch: int) -> int:
 
 class DataParallel(Schedule):
     name = "pipelined"
+    # mixed precision at ZeRO 0-2: the weights as 16-bit words where the model has stages
+    # and that saves host memory (``simdist.packed_params``)
+    packs_weights = True
 
     def __init__(self, comm, groups=None):
         """``comm``: the replicas (every rank, or the devices when input workers feed
@@ -233,12 +238,18 @@ class DataParallel(Schedule):
             self.coll, layout, self.zero_level, r.collective_algorithm, self.shared_buffers
         )
         # buffers of the training collectives: shared memory where the ranks share a node
-        self.partitioned = None
+        self.partitioned = self.packed = None
         if self.zero_level == 3:  # this rank's slice; stages gather into windows
             self.partitioned = PartitionedParameters(self.sync, self.model, half_alloc)
             self.partitioned.wire = self.param_wire  # gathers move 16-bit words in half
             self.params_flat = None
             self.pviews = self.partitioned
+        elif half and self.packs_weights and packing_chosen(layout, self.model):
+            # 16-bit words, two per float32 element of the buffer the collectives move
+            self.params_flat = self.memory.alloc("parameters", "params", layout.padded // 2, True)
+            words = self.params_flat.view(np.uint16)
+            self.packed = PackedParameters(layout, self.model, words, self.precision.fmt)
+            self.pviews = self.packed
         else:
             self.params_flat = half_alloc("parameters", "params", layout.padded, shared=True)
             self.pviews = layout.views(self.params_flat)
@@ -279,10 +290,14 @@ class DataParallel(Schedule):
         rng = np.random.default_rng(r.seed)
         if self.partitioned is not None:  # every rank draws the same: no broadcast needed
             self.partitioned.initialize(self.model.init_parameters, rng)
+        elif self.packed is not None:  # the master of [lo, hi) too; words broadcast as DDP
+            master = self.optimizer.state["master"]
+            self.packed.initialize(self.model.init_parameters, rng, master, lo)
+            self.coll.broadcast(self.params_flat, root=0)
         else:
             self.model.init_parameters(self.pviews, rng)
             self.coll.broadcast(self.params_flat, root=0)  # replicas start identical, as DDP
-        if half:  # fp32 master of this rank's range; the weights are its half rounding
+        if half and self.packed is None:  # fp32 master of [lo, hi); weights its half rounding
             self._master_from_weights()
         self.sim = simulate.attach(self)  # hooks the step's calls; per-step device time
         self.state_shard = StateShard(
@@ -297,13 +312,22 @@ class DataParallel(Schedule):
             params=self.params_flat if self.partitioned is None else self.partitioned.slice,
             params_lo=0 if self.partitioned is None else lo,
         )
+        if self.packed is not None:  # the checkpoint reader packs what it reads
+            self.state_shard.params, self.state_shard.write = self.packed.words, self._write_packed
         plo, phi = self.sync.partition
         self._own = slice(plo - lo, phi - lo)  # this rank's partition in the reduced grads
         host = host_activation_bytes(self.model, self.micro_batch)
+        notes = [f"activations {host / 2**20:.1f} MiB"] if host != nbytes else []
+        if self.packed is not None:
+            notes.append(
+                f"weights {self.packed.words.nbytes / 2**20:.1f} MiB as 16-bit words "
+                f"+ {(self.packed.host_bytes - self.packed.words.nbytes) / 2**20:.1f} MiB "
+                "float32 stage window"
+            )
         run.log(
             f"parameters: {layout.numel:,} ({layout.padded:,} padded); memory per rank: "
             + ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in self.memory.bytes.items())
-            + (f" (on this host: activations {host / 2**20:.1f} MiB)" if host != nbytes else "")
+            + (f" (on this host: {', '.join(notes)})" if notes else "")
         )
 
     def feed(self, run) -> None:
@@ -350,7 +374,7 @@ class DataParallel(Schedule):
         tensor-parallel weight mode's on its shard): the agreement (fp16: an overflow on
         any rank skips the step on all), clipping, the update (the fp32 master in mixed
         precision) and the parameter gather, which ends every step, skipped or not."""
-        n, sync = step + 1, self.sync
+        n = step + 1
         if self.scaler is None:
             sumsq, _, stop = guard.check(n, own_sumsq, loss, explain)
         else:
@@ -364,8 +388,7 @@ class DataParallel(Schedule):
                 )
                 # the step still ends with the gather (unchanged weights), as every step
                 # does for the simulated device and ZeRO-3's windows
-                with self.coll.half_wire(self.param_wire):
-                    sync.gather_parameters(self.params_flat)
+                self._gather_parameters()
                 return StepResult(loss, None, stop)
         norm = self.clip(grads, sumsq)
         guard.enter("update", n)
@@ -376,15 +399,31 @@ class DataParallel(Schedule):
         else:  # the fp32 master updated; the weights its half rounding
             master = self.optimizer.state["master"]
             self.optimizer.step(master, grads, applied, run.learning_rate(step))
-            self.precision.store_into(self.owned_parameters(), master)
+            if self.packed is not None:
+                self.packed.store(self.sync.update_range[0], master)
+            else:
+                self.precision.store_into(self.owned_parameters(), master)
         guard.enter("gather_parameters", n)
-        with self.coll.half_wire(self.param_wire):  # half values: exact in half words
-            sync.gather_parameters(self.params_flat)
+        self._gather_parameters()
         return StepResult(loss, norm, stop)
+
+    def _gather_parameters(self) -> None:
+        """ZeRO-1/2: every rank's updated range to every rank (ends every step)."""
+        if self.packed is not None:  # 16-bit words moved as they are
+            with self.coll.half_wire(0):
+                self.sync.gather_parameters(self.params_flat, words=True)
+        else:
+            with self.coll.half_wire(self.param_wire):  # half values: exact in half words
+                self.sync.gather_parameters(self.params_flat)
 
     def _nonfinite(self, n: int, grads: np.ndarray, loss: float) -> str:
         lo, hi = self.sync.partition
-        own = self.params_flat[lo:hi] if self.partitioned is None else self.partitioned.slice
+        if self.partitioned is not None:
+            own = self.partitioned.slice
+        elif self.packed is not None:
+            own = self.packed.unpack(lo, hi)
+        else:
+            own = self.params_flat[lo:hi]
         return describe_nonfinite(
             self.comm,
             n,
@@ -396,13 +435,31 @@ class DataParallel(Schedule):
             self.params.runconfig.model_dir,
         )
 
+    def _write_packed(self, a: int, values: np.ndarray) -> None:
+        """The checkpoint reader's parameters: into the 16-bit words, and as they are into
+        the master where this rank updates them (a saved master overwrites them after)."""
+        lo = self.sync.update_range[0]
+        values = np.ascontiguousarray(values, np.float32)
+        self.packed.write(a, values, self.optimizer.state["master"], lo)
+
     def _master_from_weights(self) -> None:
         """Mixed precision: the fp32 weights become the master of this rank's range, and
-        every weight this rank holds its half rounding (all ranks round the same values)."""
+        every weight this rank holds its half rounding (all ranks round the same values).
+        16-bit weights: the checkpoint reader already wrote both (``_write_packed``)."""
+        if self.packed is not None:
+            return
         np.copyto(self.optimizer.state["master"], self.owned_parameters())
         self.precision.store(
             self.params_flat if self.partitioned is None else self.partitioned.slice
         )
+
+    def host_parameter_bytes(self) -> int:
+        if self.packed is not None:
+            return self.packed.host_bytes
+        if self.partitioned is not None:
+            p = self.partitioned
+            return p.slice.nbytes + sum(w.nbytes for w in p.windows)
+        return self.params_flat.nbytes
 
     def owned_parameters(self) -> np.ndarray:
         """The parameters this rank updates: its range of the flat buffer (ZeRO-3: its
@@ -465,6 +522,8 @@ class DataParallel(Schedule):
     def checkpoint_parameters(self, run) -> dict[str, np.ndarray] | None:
         if self.partitioned is not None:  # the slices, gathered on rank 0
             return self.partitioned.gather_to_root(self.comm)
+        if self.packed is not None:
+            return self.packed.tensors()
         return self.pviews
 
     def eval_sums(self, run) -> np.ndarray:
@@ -473,15 +532,17 @@ class DataParallel(Schedule):
         lo, hi = n * self.rank // self.world, n * (self.rank + 1) // self.world
         batch = self.params.eval_input.batch_size
         loss_sum, correct = 0.0, 0
-        if self.partitioned is not None:
-            self.partitioned.evaluating(True)
+        windows = self.partitioned or self.packed
+        if windows is not None:
+            windows.evaluating(True)
         for start in range(lo, hi, batch):
             x, y = self.data.eval_batch(start, min(start + batch, hi))
             l, c = self.model.evaluate(self.pviews, x, y)
             loss_sum, correct = loss_sum + l, correct + c
         if self.partitioned is not None:  # ranks with fewer batches join others' gathers
             self.partitioned.join()
-            self.partitioned.evaluating(False)
+        if windows is not None:
+            windows.evaluating(False)
         meta = (n, self.data.targets_per_sample) if self.rank == 0 else (0, 0)
         return np.array([loss_sum, correct, *meta], np.float64)
 
@@ -528,6 +589,9 @@ class DataParallel(Schedule):
             # the model's activations as this host holds them (mixed precision: GPT-2's
             # saved activations as 16-bit words); memory_bytes has the device's
             "host_activation_bytes": host_activation_bytes(self.model, self.micro_batch),
+            # the weights as this host holds them (mixed precision: 16-bit words and two
+            # a float32 stage window, where that takes less memory: packed_params)
+            "host_parameter_bytes": self.host_parameter_bytes(),
             # bytes this rank sent per step, summaries and checkpoint gathers included
             "comm_bytes_sent_per_step": sent / max(steps, 1),
             "host": socket.gethostname(),

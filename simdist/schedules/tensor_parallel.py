@@ -214,6 +214,7 @@ class WholeTensorCheckpoint:
 
 class TensorParallelWeight(WholeTensorCheckpoint, DataParallel):
     name = "pipelined"
+    packs_weights = False  # the shards' weights stay float32 words (read outside stages)
 
     def __init__(self, comm, tp: int):
         world = comm.Get_size()

@@ -1,0 +1,131 @@
+"""Mixed precision's weights as 16-bit words on the host (simdist.packed_params).
+
+The same bits as float32 words, at every ZeRO level 0-2, through a resume from an fp32
+checkpoint, in less host memory (GPT-2); reads outside a stage refused; the float32 window
+loaded once per stage use, not per parameter.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from model_runs import assert_same_state, runner
+from simdist.kernels.half import BF16, round_half
+from test_train import final_state
+
+from simdist.arena import Layout
+from simdist.models import build_model
+from simdist.packed_params import PackedParameters, chosen
+
+GPT2 = [
+    "--params",
+    "gpt2_mini",
+    "--train_input.batch_size=2",
+    "--runconfig.progress_bar=false",
+    "--runconfig.trace_steps=0",
+    "--runconfig.precision=bf16",
+]
+FC = ["--model.hidden_sizes=[64, 32]", "--runconfig.progress_bar=false"]
+
+
+def perf(d) -> dict:
+    return json.loads((d / "performance.json").read_text())
+
+
+def test_gpt2_bf16_weights_as_16_bit_words_train_the_same_bits(tmp_path, monkeypatch):
+    """gpt2-mini bf16 at np 2, ZeRO-1: 16-bit words (the default) and float32 words
+    (SIMDIST_PACK_WEIGHTS=0) end with the same parameters and optimizer state; the host holds
+    2 bytes a weight plus one float32 stage window instead of 4; the device the same."""
+    train = runner(GPT2)
+    args = ("--runconfig.max_steps=3", "--runconfig.mode=train", "--zero_opt_level=1")
+    out = train(2, tmp_path / "words", *args)
+    monkeypatch.setenv("SIMDIST_PACK_WEIGHTS", "0")
+    train(2, tmp_path / "float", *args)
+    assert_same_state(final_state(tmp_path / "float"), final_state(tmp_path / "words"), "packed")
+    words, floats = perf(tmp_path / "words"), perf(tmp_path / "float")
+    psi = words["parameters_padded"]
+    assert floats["host_parameter_bytes"] == 4 * psi
+    window = words["host_parameter_bytes"] - 2 * psi  # one float32 window of the largest stage
+    assert 0 < window < psi  # 4 W < 2 Ψ: what makes 16-bit words the default here
+    assert words["memory_bytes"] == floats["memory_bytes"]  # the device holds 2 Ψ either way
+    assert words["memory_bytes"]["parameters"] == 2 * psi
+    assert f"weights {2 * psi / 2**20:.1f} MiB as 16-bit words" in out.stdout
+
+
+@pytest.mark.parametrize("level", [0, 2])
+def test_fp16_words_with_loss_scaling_match_float32_words(tmp_path, monkeypatch, level):
+    """fc_mnist fp16 (dynamic loss scaling, growth every 2 steps) at np 2: forced 16-bit
+    words (SIMDIST_PACK_WEIGHTS=1; auto keeps float32 words, its first layer being most of
+    the model) give ZeRO-0's float32-word bits at ZeRO-`level`."""
+    train = runner([*FC, "--runconfig.precision=fp16", "--runconfig.loss_scale_growth_interval=2"])
+    args = ("--runconfig.max_steps=5", "--runconfig.mode=train")
+    monkeypatch.setenv("SIMDIST_PACK_WEIGHTS", "0")
+    train(2, tmp_path / "float", *args, "--zero_opt_level=0")
+    assert (
+        perf(tmp_path / "float")["host_parameter_bytes"]
+        == 4 * perf(tmp_path / "float")["parameters_padded"]
+    )
+    monkeypatch.setenv("SIMDIST_PACK_WEIGHTS", "1")
+    out = train(2, tmp_path / "words", *args, f"--zero_opt_level={level}")
+    assert "as 16-bit words" in out.stdout
+    assert_same_state(final_state(tmp_path / "float"), final_state(tmp_path / "words"), "packed")
+
+
+def test_fp32_checkpoint_resumes_into_16_bit_words(tmp_path, monkeypatch):
+    """An fp32 gpt2-mini checkpoint resumed in bf16 at np 2, ZeRO-2: its parameters become the
+    fp32 master (not their rounding) and the words their rounding; the same state after 2
+    more steps as the float32-word path, whose master is a copy of the float32 words."""
+    fp32 = runner([a for a in GPT2 if a != "--runconfig.precision=bf16"])
+    for d in ("words", "float"):
+        fp32(2, tmp_path / d, "--runconfig.max_steps=2", "--runconfig.mode=train",
+             "--runconfig.save_checkpoints_steps=2")  # fmt: skip
+    train = runner(GPT2)
+    args = ("--runconfig.max_steps=4", "--runconfig.mode=train", "--zero_opt_level=2")
+    out = train(2, tmp_path / "words", *args)
+    assert "was written in fp32: its parameters become the fp32 master" in out.stdout
+    monkeypatch.setenv("SIMDIST_PACK_WEIGHTS", "0")
+    train(2, tmp_path / "float", *args)
+    assert_same_state(final_state(tmp_path / "float"), final_state(tmp_path / "words"), "resumed")
+
+
+def test_stages_read_exact_unpacked_windows_and_nothing_else(monkeypatch):
+    """In process, gpt2-mini bf16: the loss through 16-bit words equals the loss on float32
+    views of the same rounded weights, bit for bit; each stage use loads its groups once
+    (one window, no prefetch); a read outside a stage raises; SIMDIST_PACK_WEIGHTS is checked."""
+    from simdist.config import ConfigError, load_params
+    from simdist.precision import Precision
+
+    params = load_params(["--params", "gpt2_mini"])
+    model = build_model(params.model)
+    model.set_precision(Precision("bf16"))
+    model.allocate(2)
+    layout = Layout(model.parameter_specs(), 1)
+    flat = np.zeros(layout.padded, np.float32)
+    model.init_parameters(layout.views(flat), np.random.default_rng(0))
+    round_half(flat, BF16)
+    rng = np.random.default_rng(1)
+    T = model.config.block_size
+    x = rng.integers(0, model.config.vocab_size, (2, T)).astype(np.int32)
+    y = rng.integers(0, model.config.vocab_size, (2, T)).astype(np.int32)
+    want = model.forward(layout.views(flat), x, y)
+
+    other = build_model(params.model)
+    other.set_precision(Precision("bf16"))
+    other.allocate(2)
+    words = np.zeros(layout.padded, np.uint16)
+    packed = PackedParameters(layout, other, words, BF16)
+    master = np.zeros(layout.padded, np.float32)
+    packed.write(0, flat, master, 0)
+    assert np.array_equal(master, flat) and len(packed.windows) == 1
+    assert other.forward(packed, x, y) == want
+    uses = [u for u in packed.plan.forward if u]  # no two alike in a row: each one loads
+    assert all(a != b for a, b in zip(uses[:-1], uses[1:], strict=True))
+    assert packed.loads == sum(len(u) for u in uses)
+    with pytest.raises(KeyError, match="read outside a stage"):
+        packed["wte"]
+    assert chosen(layout, other)  # auto: gpt2-mini's largest stage is under Ψ / 2
+    monkeypatch.setenv("SIMDIST_PACK_WEIGHTS", "yes")
+    with pytest.raises(ConfigError, match="SIMDIST_PACK_WEIGHTS='yes'"):
+        chosen(layout, other)
