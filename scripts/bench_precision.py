@@ -1,7 +1,7 @@
 """Mixed-precision speed: simdist fp32 / bf16 / fp16 against PyTorch fp32 and bf16 autocast.
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python scripts/bench_precision.py \
-        [--models fc_mnist,gpt2-mini] [--repeats 3] [--json FILE] [--no-torch]
+        [--models fc_mnist,gpt2-mini] [--repeats 3] [--json FILE] [--no-torch] [--words]
     (also: python scripts/bench_train.py --precision bf16, which runs this)
 
 Every measurement is a fresh single-rank process, one thread: ``mpiexec -n 1 python -m
@@ -15,6 +15,11 @@ repeats and each precision's step time relative to the same implementation's fp3
 paired ratio: the median of the per-repeat ratios). Issue #17's target: simdist bf16 no
 slower than 1.3x its fp32 (simdist emulates bf16 around float32 BLAS: products of half
 values, float32 accumulation; the rounding passes are the cost).
+
+``--words`` adds simdist bf16 with its weights as float32 words on the host
+(``SIMDIST_PACK_WEIGHTS=0``; the default keeps them as 16-bit words where that saves memory,
+``simdist.packed_params``), and every simdist row shows performance.json's host bytes of
+the weights and the process's peak resident memory.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import simdist  # noqa: F401, I001  (first: pins one thread per process before n
 # isort: split
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -39,14 +45,24 @@ MPIEXEC = str(Path(sys.executable).parent / "mpiexec")
 STEPS = {"fc_mnist": 300, "gpt2-mini": 30}
 
 
+FLOAT32_WORDS = "bf16/f32w"  # bf16 with the weights as float32 words on the host
+HOST: dict[tuple[str, str], list[tuple[int, int]]] = {}  # (model, precision) -> memory
+
+
 def run_simdist(model: str, steps: int, precision: str) -> float:
+    env = dict(os.environ)
+    if precision == FLOAT32_WORDS:
+        precision, env["SIMDIST_PACK_WEIGHTS"] = "bf16", "0"
     with tempfile.TemporaryDirectory() as d:
         cmd = [MPIEXEC, "-n", "1", sys.executable, "-m", "mpi4py", "-m", "simdist.train"]
         cmd += [*simdist_args(model, steps, f"{d}/run"), f"--runconfig.precision={precision}"]
-        out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1800)
+        out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1800, env=env)
         if out.returncode:
             raise RuntimeError(f"simdist failed:\n{out.stdout}\n{out.stderr}")
-        return steady_rate(json.loads(Path(d, "run", "performance.json").read_text()))
+        perf = json.loads(Path(d, "run", "performance.json").read_text())
+        key = (model, precision if "SIMDIST_PACK_WEIGHTS" not in env else FLOAT32_WORDS)
+        HOST.setdefault(key, []).append((perf["host_parameter_bytes"], perf["peak_rss_bytes"]))
+        return steady_rate(perf)
 
 
 def run_torch(model: str, steps: int, precision: str) -> float:
@@ -122,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=0, help="override the per-model step count")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--words", action="store_true", help="also bf16 with float32 words")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--precision", default="fp32", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -131,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     info = machine_info()
     print(f"CPU: {info['cpu']['model']} ({', '.join(info['cpu']['isa'])}); load {info['loadavg']}")
     impls = [i for i in IMPLS if not (args.no_torch and i[0] == "pytorch")]
+    if args.words:
+        impls.insert(2, ("simdist", FLOAT32_WORDS))
     rows = []
     for model in args.models.split(","):
         steps = args.steps or STEPS[model]
@@ -144,16 +163,27 @@ def main(argv: list[str] | None = None) -> int:
             r = rates[(impl, prec)]
             # step time relative to fp32: fp32 rate / this rate, paired within a repeat
             rel = statistics.median(b / x for b, x in zip(base, r, strict=True))
+            host = HOST.get((model, prec), [(0, 0)])
             rows.append({
                 "model": model, "impl": impl, "precision": prec, "steps": steps,
                 "samples_per_sec": statistics.median(r), "runs": r,
                 "step_time_vs_fp32": rel,
+                "host_parameter_bytes": host[0][0],
+                "peak_rss_bytes": statistics.median(h[1] for h in host),
             })  # fmt: skip
-    print(f"\n{'model':<10}{'impl':<9}{'prec':<6}{'samples/s':>11}{'step vs fp32':>14}")
+    print(
+        f"\n{'model':<10}{'impl':<9}{'prec':<10}{'samples/s':>11}{'step vs fp32':>14}"
+        f"{'weights MiB':>13}{'peak RSS MiB':>14}"
+    )
     for row in rows:
+        mem = (
+            f"{row['host_parameter_bytes'] / 2**20:>13.1f}{row['peak_rss_bytes'] / 2**20:>14.1f}"
+            if row["impl"] == "simdist"
+            else ""
+        )
         print(
-            f"{row['model']:<10}{row['impl']:<9}{row['precision']:<6}"
-            f"{row['samples_per_sec']:>11.1f}{row['step_time_vs_fp32']:>13.3f}x"
+            f"{row['model']:<10}{row['impl']:<9}{row['precision']:<10}"
+            f"{row['samples_per_sec']:>11.1f}{row['step_time_vs_fp32']:>13.3f}x{mem}"
         )
     by = {(r["model"], r["impl"], r["precision"]): r for r in rows}
     for model in args.models.split(","):
