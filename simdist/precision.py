@@ -23,11 +23,13 @@ reference in tests/test_precision.py):
   gradients are divided by it before clipping and the update, and a step whose gradients
   overflow on any rank is skipped on every rank.
 
-On the host, weights and most activations keep their half values in float32 words (the
-kernels read float32; a native bf16 GEMM packs its operands into 16-bit words as it goes);
-GPT-2 holds its blocks' saved activations as 16-bit words between forward and backward
-(``simdist.models.gpt2``); messages hold 16-bit words. The simulated device accounts
-them at two bytes (``simdist.memplan``).
+On the host, data parallelism's weights at ZeRO 0-2 are 16-bit words where the model has
+stages and that takes less memory (``simdist.packed_params``: each stage reads a float32
+window unpacked from them); GPT-2 holds its blocks' saved activations as 16-bit words
+between forward and backward (``simdist.models.gpt2``); messages hold 16-bit words. Other
+weights and activations keep their half values in float32 words (the kernels read float32;
+a native bf16 GEMM packs its operands into 16-bit words as it goes). The simulated device
+accounts all of them at two bytes (``simdist.memplan``).
 """
 
 from __future__ import annotations
