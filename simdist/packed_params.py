@@ -29,6 +29,7 @@ from .arena import Layout
 from .config import ConfigError
 from .parallel import StageWindows, fill_tensors
 from .param_gather import GatherPlan
+from .precision import read_words, write_words
 
 MODES = ("auto", "1", "0")
 
@@ -88,12 +89,7 @@ class PackedParameters(StageWindows):
         into the words and, where they fall in the master's range [lo, lo + master.size),
         the values themselves into the master (a checkpoint whose master is saved
         overwrites it afterwards)."""
-        b = a + values.size
-        pack_half(self.words[a:b], values, self.fmt)
-        if master is not None:
-            s, e = max(a, lo), min(b, lo + master.size)
-            if e > s:
-                master[s - lo : e - lo] = values[s - a : e - a]
+        write_words(self.words, 0, a, values, self.fmt, master, lo)
         self.cache.invalidate()
 
     def store(self, lo: int, master: np.ndarray) -> None:
@@ -104,9 +100,7 @@ class PackedParameters(StageWindows):
 
     def unpack(self, lo: int, hi: int) -> np.ndarray:
         """Flat range [lo, hi) as float32 values (a new array)."""
-        out = np.empty(hi - lo, np.float32)
-        unpack_half(out, self.words[lo:hi], self.fmt)
-        return out
+        return read_words(self.words[lo:hi], self.fmt)
 
     def tensors(self) -> UnpackedTensors:
         """Every parameter by name as float32, one at a time (the checkpoint writer)."""

@@ -26,11 +26,13 @@ from __future__ import annotations
 import numpy as np
 
 from simdist.comm import Collectives, partition
+from simdist.kernels.half import pack_half, unpack_half
 from simdist.kernels.optim import sum_of_squares
 
 from .arena import Layout
 from .models.base import GradientGroup, GradientViews
 from .param_gather import BACKWARD, FORWARD, GatherPlan, WindowCache, stage_gathers
+from .precision import read_words, write_words
 
 
 class GradientSync:
@@ -275,12 +277,20 @@ class PartitionedParameters(StageWindows):
     two gather windows (``simdist.param_gather``), shared memory where the ranks share a
     node so the "shm" all-gather reads peers' blocks in place. A stage's group is loaded
     by an all-gather of the ranks' blocks of it.
+
+    Mixed precision: the slice is 16-bit ``words`` of format ``fmt`` (the caller allocates
+    them), unpacked into the window before the gather, and ``master`` (the optimizer's fp32
+    master of the slice, set by the caller) is what ``write`` fills with the values.
     """
 
-    def __init__(self, sync: GradientSync, model, alloc):
+    def __init__(self, sync: GradientSync, model, alloc, words=None, fmt: int = 0):
         self.sync = sync
         self.lo, self.hi = sync.partition
-        self.slice = alloc("parameters", "param_slice", self.hi - self.lo)
+        self.fmt = fmt if words is not None else 0
+        self.slice = (
+            alloc("parameters", "param_slice", self.hi - self.lo) if words is None else words
+        )
+        self.master: np.ndarray | None = None
         super().__init__(
             sync.layout, model, lambda n: alloc("parameters", "param_window", n, shared=True)
         )
@@ -294,7 +304,11 @@ class PartitionedParameters(StageWindows):
         r = self.sync.coll.rank
         s, e = int(bounds[r]), int(bounds[r + 1])
         if e > s:  # this rank's block of the group, from its slice
-            np.copyto(region[s:e], self.slice[g.a + s - self.lo : g.a + e - self.lo])
+            own = self.slice[g.a + s - self.lo : g.a + e - self.lo]
+            if self.fmt:
+                unpack_half(region[s:e], own, self.fmt)
+            else:
+                np.copyto(region[s:e], own)
         with self.sync.coll.half_wire(self.wire):
             self.sync.coll.allgather(region, bounds=bounds, algorithm=self.sync.algorithm)
         self.gathers += 1
@@ -316,11 +330,26 @@ class PartitionedParameters(StageWindows):
 
     def write_tensor(self, name: str, value: np.ndarray) -> None:
         """Copy this rank's part of parameter ``name`` (whole tensor given) into the slice."""
-        a = self.layout.offsets[name]
-        flat = value.reshape(-1)
-        s, e = max(a, self.lo), min(a + flat.size, self.hi)
+        self.write(self.layout.offsets[name], value.reshape(-1))
+
+    def write(self, a: int, values: np.ndarray) -> None:
+        """Flat elements [a, a + values.size) are ``values`` (float32): this rank's part of
+        them into the slice (words: rounded; and as they are into ``master``)."""
+        if self.fmt:
+            write_words(self.slice, self.lo, a, values, self.fmt, self.master, self.lo)
+            return
+        s, e = max(a, self.lo), min(a + values.size, self.hi)
         if e > s:
-            self.slice[s - self.lo : e - self.lo] = flat[s - a : e - a]
+            self.slice[s - self.lo : e - self.lo] = values[s - a : e - a]
+
+    def values(self, s: int, e: int) -> np.ndarray:
+        """Flat elements [s, e) of this rank's slice as float32 (words: unpacked)."""
+        own = self.slice[s - self.lo : e - self.lo]
+        return read_words(own, self.fmt) if self.fmt else own
+
+    def store(self, master: np.ndarray) -> None:
+        """Words: the optimizer updated the slice's ``master``; the words its rounding."""
+        pack_half(self.slice, master, self.fmt)
 
     def gather_to_root(self, comm) -> StreamedParameters | None:
         """Collective: every parameter by name on rank 0 (checkpoints), else None.
@@ -333,7 +362,7 @@ class PartitionedParameters(StageWindows):
             return StreamedParameters(self, comm)
         for _, s, e in self._pieces():
             if e > s:
-                comm.Send(self.slice[s - self.lo : e - self.lo], dest=0, tag=CHECKPOINT_TAG)
+                comm.Send(self.values(s, e), dest=0, tag=CHECKPOINT_TAG)
         return None
 
     def _pieces(self, rank: int | None = None):
@@ -381,7 +410,7 @@ class StreamedParameters:
                 if e <= s:
                     continue
                 if r == 0:
-                    flat[s - a : e - a] = st.slice[s - st.lo : e - st.lo]
+                    flat[s - a : e - a] = st.values(s, e)
                 else:
                     self.comm.Recv(flat[s - a : e - a], source=r, tag=CHECKPOINT_TAG)
             yield spec.name, flat.reshape(spec.shape)

@@ -25,10 +25,11 @@ reference in tests/test_precision.py):
 
 On the host, data parallelism's weights at ZeRO 0-2 are 16-bit words where the model has
 stages and that takes less memory (``simdist.packed_params``: each stage reads a float32
-window unpacked from them); GPT-2 holds its blocks' saved activations as 16-bit words
-between forward and backward (``simdist.models.gpt2``); messages hold 16-bit words. Other
-weights and activations keep their half values in float32 words (the kernels read float32;
-a native bf16 GEMM packs its operands into 16-bit words as it goes). The simulated device
+window unpacked from them), and ZeRO-3's slices are 16-bit words (``simdist.parallel``);
+GPT-2 holds its blocks' saved activations as 16-bit words between forward and backward
+(``simdist.models.gpt2``); messages hold 16-bit words. Other weights and activations keep
+their half values in float32 words (the kernels read float32; a native bf16 GEMM packs its
+operands into 16-bit words as it goes). The simulated device
 accounts all of them at two bytes (``simdist.memplan``).
 """
 
@@ -38,7 +39,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from simdist.kernels.half import BF16, F16, round_half, round_half_into
+from simdist.kernels.half import BF16, F16, pack_half, round_half, round_half_into, unpack_half
 
 # accepted spellings: simdist's, and Lightning's precision flags
 ALIASES = {
@@ -112,3 +113,34 @@ def precision_store(precision: Precision):
             precision.store(b)
 
     return store
+
+
+def write_words(
+    words: np.ndarray,
+    words_lo: int,
+    a: int,
+    values: np.ndarray,
+    fmt: int,
+    master: np.ndarray | None = None,
+    master_lo: int = 0,
+) -> None:
+    """Flat elements [a, a + values.size) are ``values`` (float32): where they fall in the
+    16-bit ``words`` (flat range from ``words_lo``), their half rounding; where they fall in
+    the fp32 ``master`` (from ``master_lo``), the values themselves."""
+    b = a + values.size
+    for buf, lo, pack in ((words, words_lo, True), (master, master_lo, False)):
+        if buf is None:
+            continue
+        s, e = max(a, lo), min(b, lo + buf.size)
+        if e > s:
+            if pack:
+                pack_half(buf[s - lo : e - lo], values[s - a : e - a], fmt)
+            else:
+                buf[s - lo : e - lo] = values[s - a : e - a]
+
+
+def read_words(words: np.ndarray, fmt: int) -> np.ndarray:
+    """The float32 values of 16-bit ``words`` (a new array)."""
+    out = np.empty(words.size, np.float32)
+    unpack_half(out, words, fmt)
+    return out

@@ -129,3 +129,22 @@ def test_stages_read_exact_unpacked_windows_and_nothing_else(monkeypatch):
     monkeypatch.setenv("SIMDIST_PACK_WEIGHTS", "yes")
     with pytest.raises(ConfigError, match="SIMDIST_PACK_WEIGHTS='yes'"):
         chosen(layout, other)
+
+
+def test_zero3_slices_as_words_resume_and_take_fp32_checkpoints(tmp_path):
+    """fc_mnist bf16 at np 2, ZeRO-3 (its slices as 16-bit words): 3 + 3 steps resumed equal
+    6 straight; an fp32 checkpoint resumed at ZeRO-3 trains as at ZeRO-0 (float32 words),
+    its parameters the fp32 master of both."""
+    from model_runs import assert_resume_identical
+
+    bf16 = [*FC, "--runconfig.precision=bf16"]
+    assert_resume_identical(runner(bf16), tmp_path / "resume", "--zero_opt_level=3")
+    p = perf(tmp_path / "resume" / "res")
+    assert p["memory_bytes"]["parameters"] < p["host_parameter_bytes"]  # + float32 windows
+    fp32 = runner(FC)
+    for level in (0, 3):
+        d = tmp_path / f"z{level}"
+        fp32(2, d, "--runconfig.max_steps=2", "--runconfig.mode=train")
+        runner(bf16)(2, d, "--runconfig.max_steps=4", "--runconfig.mode=train",
+                     f"--zero_opt_level={level}")  # fmt: skip
+    assert_same_state(final_state(tmp_path / "z0"), final_state(tmp_path / "z3"), "ZeRO-3")

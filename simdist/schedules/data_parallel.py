@@ -240,7 +240,13 @@ class DataParallel(Schedule):
         # buffers of the training collectives: shared memory where the ranks share a node
         self.partitioned = self.packed = None
         if self.zero_level == 3:  # this rank's slice; stages gather into windows
-            self.partitioned = PartitionedParameters(self.sync, self.model, half_alloc)
+            words = None
+            if half:  # the slice as 16-bit words, two per float32 element of device memory
+                n = self.sync.partition[1] - self.sync.partition[0]
+                words = self.memory.alloc("parameters", "param_slice", n // 2).view(np.uint16)
+            self.partitioned = PartitionedParameters(
+                self.sync, self.model, half_alloc, words, self.precision.fmt
+            )
             self.partitioned.wire = self.param_wire  # gathers move 16-bit words in half
             self.params_flat = None
             self.pviews = self.partitioned
@@ -289,6 +295,8 @@ class DataParallel(Schedule):
         )
         rng = np.random.default_rng(r.seed)
         if self.partitioned is not None:  # every rank draws the same: no broadcast needed
+            if half:  # what the slice's words are the rounding of
+                self.partitioned.master = self.optimizer.state["master"]
             self.partitioned.initialize(self.model.init_parameters, rng)
         elif self.packed is not None:  # the master of [lo, hi) too; words broadcast as DDP
             master = self.optimizer.state["master"]
@@ -297,7 +305,7 @@ class DataParallel(Schedule):
         else:
             self.model.init_parameters(self.pviews, rng)
             self.coll.broadcast(self.params_flat, root=0)  # replicas start identical, as DDP
-        if half and self.packed is None:  # fp32 master of [lo, hi); weights its half rounding
+        if half and not self._weights_as_words:  # fp32 master of [lo, hi); weights rounded
             self._master_from_weights()
         self.sim = simulate.attach(self)  # hooks the step's calls; per-step device time
         self.state_shard = StateShard(
@@ -314,6 +322,8 @@ class DataParallel(Schedule):
         )
         if self.packed is not None:  # the checkpoint reader packs what it reads
             self.state_shard.params, self.state_shard.write = self.packed.words, self._write_packed
+        elif self._weights_as_words:
+            self.state_shard.write = self.partitioned.write
         plo, phi = self.sync.partition
         self._own = slice(plo - lo, phi - lo)  # this rank's partition in the reduced grads
         host = host_activation_bytes(self.model, self.micro_batch)
@@ -401,6 +411,8 @@ class DataParallel(Schedule):
             self.optimizer.step(master, grads, applied, run.learning_rate(step))
             if self.packed is not None:
                 self.packed.store(self.sync.update_range[0], master)
+            elif self._weights_as_words:
+                self.partitioned.store(master)
             else:
                 self.precision.store_into(self.owned_parameters(), master)
         guard.enter("gather_parameters", n)
@@ -419,7 +431,7 @@ class DataParallel(Schedule):
     def _nonfinite(self, n: int, grads: np.ndarray, loss: float) -> str:
         lo, hi = self.sync.partition
         if self.partitioned is not None:
-            own = self.partitioned.slice
+            own = self.partitioned.values(lo, hi)
         elif self.packed is not None:
             own = self.packed.unpack(lo, hi)
         else:
@@ -446,12 +458,18 @@ class DataParallel(Schedule):
         """Mixed precision: the fp32 weights become the master of this rank's range, and
         every weight this rank holds its half rounding (all ranks round the same values).
         16-bit weights: the checkpoint reader already wrote both (``_write_packed``)."""
-        if self.packed is not None:
+        if self._weights_as_words:
             return
         np.copyto(self.optimizer.state["master"], self.owned_parameters())
         self.precision.store(
             self.params_flat if self.partitioned is None else self.partitioned.slice
         )
+
+    @property
+    def _weights_as_words(self) -> bool:
+        """Mixed precision's weights held as 16-bit words: packed (ZeRO 0-2) or ZeRO-3's
+        slice (then the fp32 master is written with them, never copied from them)."""
+        return self.packed is not None or bool(self.partitioned and self.partitioned.fmt)
 
     def host_parameter_bytes(self) -> int:
         if self.packed is not None:
