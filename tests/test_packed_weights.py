@@ -13,21 +13,15 @@ import numpy as np
 import pytest
 from model_runs import assert_same_state, runner
 from simdist.kernels.half import BF16, round_half
+from test_precision import FC
+from test_precision import GPT2 as GPT2_ARGS
 from test_train import final_state
 
 from simdist.arena import Layout
 from simdist.models import build_model
 from simdist.packed_params import PackedParameters, chosen
 
-GPT2 = [
-    "--params",
-    "gpt2_mini",
-    "--train_input.batch_size=2",
-    "--runconfig.progress_bar=false",
-    "--runconfig.trace_steps=0",
-    "--runconfig.precision=bf16",
-]
-FC = ["--model.hidden_sizes=[64, 32]", "--runconfig.progress_bar=false"]
+GPT2 = [*GPT2_ARGS, "--runconfig.precision=bf16"]
 
 
 def perf(d) -> dict:
