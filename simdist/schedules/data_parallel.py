@@ -607,8 +607,9 @@ class DataParallel(Schedule):
             # the model's activations as this host holds them (mixed precision: GPT-2's
             # saved activations as 16-bit words); memory_bytes has the device's
             "host_activation_bytes": host_activation_bytes(self.model, self.micro_batch),
-            # the weights as this host holds them (mixed precision: 16-bit words and two
-            # a float32 stage window, where that takes less memory: packed_params)
+            # the weights as this host holds them (mixed precision: 16-bit words and one
+            # float32 stage window where that takes less memory, packed_params; ZeRO-3: the
+            # slice and its gather windows)
             "host_parameter_bytes": self.host_parameter_bytes(),
             # bytes this rank sent per step, summaries and checkpoint gathers included
             "comm_bytes_sent_per_step": sent / max(steps, 1),
