@@ -49,9 +49,9 @@ FLOAT32_WORDS = "bf16/f32w"  # bf16 with the weights as float32 words on the hos
 HOST: dict[tuple[str, str], list[tuple[int, int]]] = {}  # (model, precision) -> memory
 
 
-def run_simdist(model: str, steps: int, precision: str) -> float:
-    env = dict(os.environ)
-    if precision == FLOAT32_WORDS:
+def run_simdist(model: str, steps: int, label: str) -> float:
+    env, precision = dict(os.environ), label
+    if label == FLOAT32_WORDS:
         precision, env["SIMDIST_PACK_WEIGHTS"] = "bf16", "0"
     with tempfile.TemporaryDirectory() as d:
         cmd = [MPIEXEC, "-n", "1", sys.executable, "-m", "mpi4py", "-m", "simdist.train"]
@@ -60,8 +60,9 @@ def run_simdist(model: str, steps: int, precision: str) -> float:
         if out.returncode:
             raise RuntimeError(f"simdist failed:\n{out.stdout}\n{out.stderr}")
         perf = json.loads(Path(d, "run", "performance.json").read_text())
-        key = (model, precision if "SIMDIST_PACK_WEIGHTS" not in env else FLOAT32_WORDS)
-        HOST.setdefault(key, []).append((perf["host_parameter_bytes"], perf["peak_rss_bytes"]))
+        HOST.setdefault((model, label), []).append(
+            (perf["host_parameter_bytes"], perf["peak_rss_bytes"])
+        )
         return steady_rate(perf)
 
 

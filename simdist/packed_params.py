@@ -8,8 +8,8 @@ groups are unpacked into just before it runs: ZeRO-3's windows (``simdist.parall
 loaded by unpacking instead of by an all-gather, so one window and no prefetch. Unpacking
 is exact, so a stage reads the float32 values the float32 words held before and the run's
 bits do not change. The host holds 2Ψ + 4W bytes (W: the largest stage's parameters)
-instead of 4Ψ, less wherever W < Ψ / 2 (``saves_memory``: GPT-2, whose blocks are small
-next to the model; not fc_mnist, whose first layer is 60 % of it): ``chosen``.
+instead of 4Ψ, less wherever W < Ψ / 2 (``chosen``: GPT-2, whose blocks are small next
+to the model; not fc_mnist, whose first layer is 60 % of it).
 
 Who writes the words: initialisation (one tensor at a time, ``fill_tensors``), the
 optimizer (its range of the master, rounded, ``store``), ZeRO-1/2's all-gather (the words

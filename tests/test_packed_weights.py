@@ -42,7 +42,7 @@ def test_gpt2_bf16_weights_as_16_bit_words_train_the_same_bits(tmp_path, monkeyp
     psi = words["parameters_padded"]
     assert floats["host_parameter_bytes"] == 4 * psi
     window = words["host_parameter_bytes"] - 2 * psi  # one float32 window of the largest stage
-    assert 0 < window < psi  # 4 W < 2 Ψ: what makes 16-bit words the default here
+    assert 0 < window < psi  # 4 W < Ψ here; auto packs where 4 W < 2 Ψ
     assert words["memory_bytes"] == floats["memory_bytes"]  # the device holds 2 Ψ either way
     assert words["memory_bytes"]["parameters"] == 2 * psi
     assert f"weights {2 * psi / 2**20:.1f} MiB as 16-bit words" in out.stdout
