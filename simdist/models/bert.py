@@ -76,6 +76,7 @@ from .bert_shapes import (
     parameter_specs,
     resolve_config,
 )
+from .stages import Stage
 
 F32 = np.float32
 
@@ -139,6 +140,10 @@ class Bert:
         self._layer_names = [
             tuple(f"bert.encoder.layer.{i}.{p}" for p in LAYER_PARAMS) for i in range(L)
         ]
+        heads = (*HEAD_PARAMS, EMBED_PARAMS[0])  # the MLM decoder is the word embeddings
+        self._stages = [Stage("embeddings", EMBED_PARAMS, ("bert.embeddings.LayerNorm.weight",))]
+        self._stages += [Stage(f"layer.{i}", n, n) for i, n in enumerate(self._layer_names)]
+        self._stages.append(Stage("heads", heads, heads))
         self._arena: np.ndarray | None = None
         self._batch = 0
         self._offsets: dict[str, int] = {}
@@ -221,14 +226,11 @@ class Bert:
 
     # -------------------------------------------------------------- protocol: compute
     def forward(self, params, inputs: np.ndarray, targets: np.ndarray) -> float:
-        v = self._load_batch(inputs, targets)
-        cfg = self.config
-        self._dropout = cfg.hidden_dropout_prob > 0 or cfg.attention_probs_dropout_prob > 0
-        if self._dropout:
-            sample_keys(self._seed, self._step(), inputs[:, 2, 0], v.keys)
-        self._forward(v, params)
-        self._saved = v
-        return float(self._sample_losses(v).mean(dtype=np.float64))
+        self.begin(inputs, targets)
+        loss = 0.0
+        for k in range(len(self._stages)):
+            loss = self.forward_stage(k, params)
+        return loss
 
     def evaluate(self, params, inputs: np.ndarray, targets: np.ndarray) -> tuple[float, int]:
         """(sum of the MLM token losses, correct MLM predictions) over the masked positions;
@@ -237,35 +239,241 @@ class Bert:
         if self._arena is None:
             self.allocate(inputs.shape[0])
         loss_sum, correct = 0.0, 0
-        self._dropout = False
         for lo in range(0, inputs.shape[0], self._batch):
             hi = min(lo + self._batch, inputs.shape[0])
-            v = self._load_batch(inputs[lo:hi], targets[lo:hi])
-            self._forward(v, params)
-            loss_sum += float(v.mlm_losses.sum(dtype=np.float64))
-            correct += int(np.count_nonzero(v.logits.argmax(axis=1) == v.labels))
-            nsp_ok = int(np.count_nonzero(v.nsp_logits.argmax(axis=1) == v.nsp_labels))
-            nsp_loss = float(v.nsp_losses.sum(dtype=np.float64))
-            for key, num in (("nsp_accuracy", nsp_ok), ("nsp_loss", nsp_loss)):
-                acc = self.extra_eval[key]
-                acc[0] += num
-                acc[1] += v.B
-        self._saved = None
+            self.begin(inputs[lo:hi], targets[lo:hi], training=False)
+            for k in range(len(self._stages)):
+                self.forward_stage(k, params)
+            batch_loss, batch_correct = self.eval_stats()
+            loss_sum, correct = loss_sum + batch_loss, correct + batch_correct
+        self._saved = None  # the arena no longer holds a training forward
         return loss_sum, correct
 
     def backward(self, params, grads, dloss: float) -> None:
+        if self._saved is None:
+            raise RuntimeError("backward without a preceding forward")
+        for k in range(len(self._stages) - 1, -1, -1):
+            self.backward_stage(k, params, grads, dloss)
+
+    # -------------------------------------------------------------- stages
+    def stages(self) -> list[Stage]:
+        """Embeddings, layers 0..L-1, heads: what forward runs in order, backward in reverse.
+
+        The heads (MLM transform and tied decoder, pooler, NSP) read the word embeddings
+        again; the embeddings' backward reads only their LayerNorm weight (its scatter-add
+        reads no weights), but loads its whole gradient group, the unit of loading."""
+        return list(self._stages)
+
+    def begin(self, inputs: np.ndarray, targets: np.ndarray, training: bool = True) -> None:
+        """Load a micro-batch for ``forward_stage``; ``training``: apply dropout (when the
+        config has it), whose masks hash the step ``bind_step`` gives."""
+        v = self._load_batch(inputs, targets)
+        cfg = self.config
+        self._dropout = training and (
+            cfg.hidden_dropout_prob > 0 or cfg.attention_probs_dropout_prob > 0
+        )
+        if self._dropout:
+            sample_keys(self._seed, self._step(), inputs[:, 2, 0], v.keys)
+        self._current = v
+        self._saved = None  # the arena is being overwritten: no backward until the heads ran
+
+    def forward_stage(self, k: int, params) -> float | None:
+        """Run stage ``k``'s forward; the heads (last stage) return the mean sample loss."""
+        v = self._current
+        if v is None:
+            raise RuntimeError("forward_stage without begin(inputs, targets)")
+        L = self.config.num_hidden_layers
+        if k == 0:
+            self._embed_forward(v, params)
+        elif k <= L:
+            self._layer_forward(v, params, k - 1)
+        else:
+            self._heads_forward(v, params)
+            self._saved = v
+            return float(self._sample_losses(v).mean(dtype=np.float64))
+        return None
+
+    def eval_stats(self) -> tuple[float, int]:
+        """(sum of the MLM token losses, correct MLM predictions) of the last forward; its
+        NSP correct predictions and loss sum are added to ``extra_eval``."""
+        v = self._current
+        if v is None:
+            raise RuntimeError("eval_stats without a forward")
+        loss_sum = float(v.mlm_losses.sum(dtype=np.float64))
+        correct = int(np.count_nonzero(v.logits.argmax(axis=1) == v.labels))
+        nsp_ok = int(np.count_nonzero(v.nsp_logits.argmax(axis=1) == v.nsp_labels))
+        nsp_loss = float(v.nsp_losses.sum(dtype=np.float64))
+        for key, num in (("nsp_accuracy", nsp_ok), ("nsp_loss", nsp_loss)):
+            acc = self.extra_eval[key]
+            acc[0] += num
+            acc[1] += v.B
+        return loss_sum, correct
+
+    def backward_stage(self, k: int, params, grads, dloss: float) -> None:
+        """Stage ``k``'s backward (from the last stage down to 0 after the forward); each
+        stage finishes its gradient group with ``grads.done``."""
         v = self._saved
         if v is None:
             raise RuntimeError("backward without a preceding forward")
+        L = self.config.num_hidden_layers
+        if k == L + 1:
+            self._heads_backward(v, params, grads, dloss)
+            grads.done(HEAD_PARAMS)
+        elif k >= 1:
+            self._layer_backward(v, params, grads, k - 1)
+            grads.done(self._layer_names[k - 1])
+        else:
+            self._embed_backward(v, params, grads)
+            grads.done(EMBED_PARAMS)
+
+    # -------------------------------------------------------------- internals
+    def _sample_losses(self, v: _Views) -> np.ndarray:
+        P = self.config.max_predictions_per_seq
+        return v.mlm_losses.reshape(v.B, P).mean(axis=1, dtype=np.float64) + v.nsp_losses
+
+    def _load_batch(self, inputs: np.ndarray, targets: np.ndarray) -> _Views:
         cfg = self.config
-        L, P = cfg.num_hidden_layers, cfg.max_predictions_per_seq
-        ph, pa = F32(cfg.hidden_dropout_prob), F32(cfg.attention_probs_dropout_prob)
+        T, P, V = cfg.max_seq_length, cfg.max_predictions_per_seq, cfg.vocab_size
+        if self._arena is None:
+            raise ValueError("call allocate(batch_size) before forward/evaluate")
+        if inputs.ndim != 3 or inputs.shape[1:] != (3, T):
+            raise ValueError(f"BERT inputs must be (B, 3, {T}); got {inputs.shape}")
+        B = inputs.shape[0]
+        if targets.shape != (B, 2 * P + 1):
+            raise ValueError(f"BERT targets must be (B, {2 * P + 1}); got {targets.shape}")
+        if B > self._batch:
+            raise ValueError(f"batch of {B} sequences, but allocate({self._batch}) was called")
+        v = self._views.get(B)
+        if v is None:
+            v = self._views[B] = _Views(self._arena, cfg, B, self._offsets)
+            v.row_base = (np.arange(B, dtype=np.int32) * T)[:, None]  # sample b's row 0
+        tok, typ, pos, lab = inputs[:, 0], inputs[:, 1], targets[:, :P], targets[:, P : 2 * P]
+        # the kernels index with these unchecked: a bad id would touch wild memory
+        for what, a, hi in (
+            ("token ids", tok, V),
+            ("token type ids", typ, cfg.type_vocab_size),
+            ("masked positions", pos, T),
+            ("masked labels", lab, V),
+            ("NSP labels", targets[:, 2 * P], 2),
+        ):
+            if a.size and (a.min() < 0 or a.max() >= hi):
+                raise ValueError(f"BERT {what} must lie in [0, {hi})")
+        np.copyto(v.tokens, tok, casting="same_kind")
+        np.copyto(v.types, typ, casting="same_kind")
+        np.add(pos, v.row_base, out=v.rows.reshape(B, P), casting="same_kind")
+        np.copyto(v.cls_rows, v.row_base[:, 0])  # [CLS] rows (no per-step arange)
+        np.copyto(v.labels.reshape(B, P), lab, casting="same_kind")
+        np.copyto(v.nsp_labels, targets[:, 2 * P], casting="same_kind")
+        np.not_equal(v.tokens, cfg.pad_token_id, out=v.keep, casting="unsafe")
+        return v
+
+    def _rates(self) -> tuple[np.float32, np.float32]:
+        """(hidden, attention-probability) dropout rates of this pass (0: none)."""
+        cfg = self.config
         if not self._dropout:
-            ph = pa = F32(0.0)
-        g = grads
+            return F32(0.0), F32(0.0)
+        return F32(cfg.hidden_dropout_prob), F32(cfg.attention_probs_dropout_prob)
+
+    def _embed_forward(self, v: _Views, params) -> None:
+        ph, _ = self._rates()
+        st = self._store  # mixed precision: what a kernel writes is stored half (else no-op)
+        segment_embedding_forward(v.emb3, v.tokens, v.types, *(params[n] for n in EMBED_PARAMS[:3]))
+        st(v.emb)
+        layernorm_forward_eps(
+            v.x0, v.emb_mean, v.emb_rstd, v.emb,
+            params["bert.embeddings.LayerNorm.weight"], params["bert.embeddings.LayerNorm.bias"],
+            F32(self.config.layer_norm_eps),
+        )  # fmt: skip
+        if ph > 0:
+            dropout_forward(_rows(v.x0, v.B), _rows(v.x0, v.B), v.keys, 0, ph)
+        st(v.x0)
+
+    def _layer_forward(self, v: _Views, params, i: int) -> None:
+        ph, pa = self._rates()
+        st = self._store
+        eps, NH = F32(self.config.layer_norm_eps), self.config.num_attention_heads
+        (qw, qb, kw, kb, vw, vb, ow, ob, l1w, l1b, iw, ib, o2w, o2b, l2w, l2b) = self._layer_names[
+            i
+        ]
+        x = v.layer_in[i]
+        linear_hf_forward(v.q[i], x, params[qw], params[qb])
+        linear_hf_forward(v.k[i], x, params[kw], params[kb])
+        linear_hf_forward(v.v[i], x, params[vw], params[vb])
+        st(v.q[i], v.k[i], v.v[i])
+        mha_forward(
+            v.ctx3[i], v.att[i], v.q3[i], v.k3[i], v.v3[i], v.keep, v.att_scratch,
+            v.att_dscores, NH, False, v.keys, _site(i, 0), pa,
+        )  # fmt: skip
+        st(v.ctx[i])  # the probabilities stay float32, as a fused attention keeps them
+        linear_hf_forward(v.res1[i], v.ctx[i], params[ow], params[ob])
+        if ph > 0:
+            dropout_forward(_rows(v.res1[i], v.B), _rows(v.res1[i], v.B), v.keys, _site(i, 1), ph)
+        st(v.res1[i])
+        residual_layernorm_forward_eps(
+            v.res1[i], v.a1[i], v.a1_mean[i], v.a1_rstd[i], x, v.res1[i], params[l1w],
+            params[l1b], eps,
+        )  # fmt: skip
+        st(v.res1[i], v.a1[i])
+        linear_hf_forward(v.inter[i], v.a1[i], params[iw], params[ib])
+        st(v.inter[i])
+        gelu_erf_forward(_flat(v.inter_g[i]), _flat(v.inter[i]))
+        st(v.inter_g[i])
+        linear_hf_forward(v.res2[i], v.inter_g[i], params[o2w], params[o2b])
+        if ph > 0:
+            dropout_forward(_rows(v.res2[i], v.B), _rows(v.res2[i], v.B), v.keys, _site(i, 2), ph)
+        st(v.res2[i])
+        residual_layernorm_forward_eps(
+            v.res2[i], v.h[i], v.h_mean[i], v.h_rstd[i], v.a1[i], v.res2[i], params[l2w],
+            params[l2b], eps,
+        )  # fmt: skip
+        st(v.res2[i], v.h[i])
+
+    def _heads_forward(self, v: _Views, params) -> None:
+        st = self._store
+        eps = F32(self.config.layer_norm_eps)
+        out = v.h[self.config.num_hidden_layers - 1]
+        # MLM head on the masked rows; decoder tied to the word embeddings
+        gather_rows_forward(v.mlm_in, out, v.rows)
+        linear_hf_forward(
+            v.t_dense, v.mlm_in, params["cls.predictions.transform.dense.weight"],
+            params["cls.predictions.transform.dense.bias"],
+        )  # fmt: skip
+        st(v.t_dense)
+        gelu_erf_forward(_flat(v.t_gelu), _flat(v.t_dense))
+        st(v.t_gelu)
+        layernorm_forward_eps(
+            v.t_ln, v.t_mean, v.t_rstd, v.t_gelu,
+            params["cls.predictions.transform.LayerNorm.weight"],
+            params["cls.predictions.transform.LayerNorm.bias"], eps,
+        )  # fmt: skip
+        st(v.t_ln)
+        linear_hf_forward(v.logits, v.t_ln, params[EMBED_PARAMS[0]], params["cls.predictions.bias"])
+        st(v.logits)  # the loss reads them in float32
+        softmax_cross_entropy_forward(v.mlm_losses, v.probs, v.logits, v.labels)
+        # pooler ([CLS] row) and NSP
+        gather_rows_forward(v.cls, out, v.cls_rows)
+        linear_hf_forward(
+            v.pooled_pre,
+            v.cls,
+            params["bert.pooler.dense.weight"],
+            params["bert.pooler.dense.bias"],
+        )
+        st(v.pooled_pre)
+        tanh_forward(_flat(v.pooled), _flat(v.pooled_pre))
+        st(v.pooled)
+        linear_hf_forward(
+            v.nsp_logits, v.pooled, params["cls.seq_relationship.weight"],
+            params["cls.seq_relationship.bias"],
+        )  # fmt: skip
+        st(v.nsp_logits)
+        softmax_cross_entropy_forward(v.nsp_losses, v.nsp_probs, v.nsp_logits, v.nsp_labels)
+
+    def _heads_backward(self, v: _Views, params, g, dloss: float) -> None:
+        """MLM (per-sample loss = mean of its P token losses) and NSP; leaves d(last layer's
+        output) in ``dres``."""
+        P = self.config.max_predictions_per_seq
         st = self._store
         wte = params[EMBED_PARAMS[0]]
-        # ---- heads: MLM (per-sample loss = mean of its P token losses) and NSP
         softmax_cross_entropy_backward(v.probs, v.probs, v.labels, F32(dloss / P))
         st(v.probs)
         linear_hf_backward(
@@ -316,16 +524,15 @@ class Bert:
             params["bert.pooler.dense.weight"],
         )
         st(v.db1)
-        g.done(HEAD_PARAMS)
         v.dres.fill(0.0)
         gather_rows_backward(v.dres, v.dm2, v.rows)
         gather_rows_backward(v.dres, v.db1, v.cls_rows)
         st(v.dres)
-        # ---- encoder layers, last to first; dres holds d(layer output)
-        for i in range(L - 1, -1, -1):
-            self._layer_backward(v, params, g, i, ph, pa)
-            g.done(self._layer_names[i])
-        # ---- embeddings: dres is d x0
+
+    def _embed_backward(self, v: _Views, params, g) -> None:
+        """``dres`` holds d x0."""
+        ph, _ = self._rates()
+        st = self._store
         if ph > 0:
             dropout_backward(_rows(v.dres, v.B), _rows(v.dres, v.B), v.keys, 0, ph)
             st(v.dres)
@@ -344,148 +551,13 @@ class Bert:
         dwpe.fill(0.0)
         dwtt.fill(0.0)
         segment_embedding_backward_accumulate(
-            g[EMBED_PARAMS[0]], dwpe, dwtt, v.dln.reshape(v.B, -1, cfg.hidden_size),
-            v.tokens, v.types, cfg.pad_token_id,
+            g[EMBED_PARAMS[0]], dwpe, dwtt, v.dln.reshape(v.B, -1, self.config.hidden_size),
+            v.tokens, v.types, self.config.pad_token_id,
         )  # fmt: skip
-        g.done(EMBED_PARAMS)
 
-    # -------------------------------------------------------------- internals
-    def _sample_losses(self, v: _Views) -> np.ndarray:
-        P = self.config.max_predictions_per_seq
-        return v.mlm_losses.reshape(v.B, P).mean(axis=1, dtype=np.float64) + v.nsp_losses
-
-    def _load_batch(self, inputs: np.ndarray, targets: np.ndarray) -> _Views:
-        cfg = self.config
-        T, P, V = cfg.max_seq_length, cfg.max_predictions_per_seq, cfg.vocab_size
-        if self._arena is None:
-            raise ValueError("call allocate(batch_size) before forward/evaluate")
-        if inputs.ndim != 3 or inputs.shape[1:] != (3, T):
-            raise ValueError(f"BERT inputs must be (B, 3, {T}); got {inputs.shape}")
-        B = inputs.shape[0]
-        if targets.shape != (B, 2 * P + 1):
-            raise ValueError(f"BERT targets must be (B, {2 * P + 1}); got {targets.shape}")
-        if B > self._batch:
-            raise ValueError(f"batch of {B} sequences, but allocate({self._batch}) was called")
-        v = self._views.get(B)
-        if v is None:
-            v = self._views[B] = _Views(self._arena, cfg, B, self._offsets)
-            v.row_base = (np.arange(B, dtype=np.int32) * T)[:, None]  # sample b's row 0
-        tok, typ, pos, lab = inputs[:, 0], inputs[:, 1], targets[:, :P], targets[:, P : 2 * P]
-        # the kernels index with these unchecked: a bad id would touch wild memory
-        for what, a, hi in (
-            ("token ids", tok, V),
-            ("token type ids", typ, cfg.type_vocab_size),
-            ("masked positions", pos, T),
-            ("masked labels", lab, V),
-            ("NSP labels", targets[:, 2 * P], 2),
-        ):
-            if a.size and (a.min() < 0 or a.max() >= hi):
-                raise ValueError(f"BERT {what} must lie in [0, {hi})")
-        np.copyto(v.tokens, tok, casting="same_kind")
-        np.copyto(v.types, typ, casting="same_kind")
-        np.add(pos, v.row_base, out=v.rows.reshape(B, P), casting="same_kind")
-        np.copyto(v.cls_rows, v.row_base[:, 0])  # [CLS] rows (no per-step arange)
-        np.copyto(v.labels.reshape(B, P), lab, casting="same_kind")
-        np.copyto(v.nsp_labels, targets[:, 2 * P], casting="same_kind")
-        np.not_equal(v.tokens, cfg.pad_token_id, out=v.keep, casting="unsafe")
-        return v
-
-    def _forward(self, v: _Views, params) -> None:
-        cfg = self.config
-        L, NH = cfg.num_hidden_layers, cfg.num_attention_heads
-        ph, pa = F32(cfg.hidden_dropout_prob), F32(cfg.attention_probs_dropout_prob)
-        if not self._dropout:
-            ph = pa = F32(0.0)
-        st = self._store  # mixed precision: what a kernel writes is stored half (else no-op)
-        eps = F32(cfg.layer_norm_eps)
-        segment_embedding_forward(v.emb3, v.tokens, v.types, *(params[n] for n in EMBED_PARAMS[:3]))
-        st(v.emb)
-        layernorm_forward_eps(
-            v.x0, v.emb_mean, v.emb_rstd, v.emb,
-            params["bert.embeddings.LayerNorm.weight"], params["bert.embeddings.LayerNorm.bias"],
-            eps,
-        )  # fmt: skip
-        if ph > 0:
-            dropout_forward(_rows(v.x0, v.B), _rows(v.x0, v.B), v.keys, 0, ph)
-        st(v.x0)
-        for i in range(L):
-            (qw, qb, kw, kb, vw, vb, ow, ob, l1w, l1b, iw, ib, o2w, o2b, l2w, l2b) = (
-                self._layer_names[i]
-            )
-            x = v.layer_in[i]
-            linear_hf_forward(v.q[i], x, params[qw], params[qb])
-            linear_hf_forward(v.k[i], x, params[kw], params[kb])
-            linear_hf_forward(v.v[i], x, params[vw], params[vb])
-            st(v.q[i], v.k[i], v.v[i])
-            mha_forward(
-                v.ctx3[i], v.att[i], v.q3[i], v.k3[i], v.v3[i], v.keep, v.att_scratch,
-                v.att_dscores, NH, False, v.keys, _site(i, 0), pa,
-            )  # fmt: skip
-            st(v.ctx[i])  # the probabilities stay float32, as a fused attention keeps them
-            linear_hf_forward(v.res1[i], v.ctx[i], params[ow], params[ob])
-            if ph > 0:
-                dropout_forward(
-                    _rows(v.res1[i], v.B), _rows(v.res1[i], v.B), v.keys, _site(i, 1), ph
-                )
-            st(v.res1[i])
-            residual_layernorm_forward_eps(
-                v.res1[i], v.a1[i], v.a1_mean[i], v.a1_rstd[i], x, v.res1[i], params[l1w],
-                params[l1b], eps,
-            )  # fmt: skip
-            st(v.res1[i], v.a1[i])
-            linear_hf_forward(v.inter[i], v.a1[i], params[iw], params[ib])
-            st(v.inter[i])
-            gelu_erf_forward(_flat(v.inter_g[i]), _flat(v.inter[i]))
-            st(v.inter_g[i])
-            linear_hf_forward(v.res2[i], v.inter_g[i], params[o2w], params[o2b])
-            if ph > 0:
-                dropout_forward(
-                    _rows(v.res2[i], v.B), _rows(v.res2[i], v.B), v.keys, _site(i, 2), ph
-                )
-            st(v.res2[i])
-            residual_layernorm_forward_eps(
-                v.res2[i], v.h[i], v.h_mean[i], v.h_rstd[i], v.a1[i], v.res2[i], params[l2w],
-                params[l2b], eps,
-            )  # fmt: skip
-            st(v.res2[i], v.h[i])
-        out = v.h[L - 1]
-        # MLM head on the masked rows; decoder tied to the word embeddings
-        gather_rows_forward(v.mlm_in, out, v.rows)
-        linear_hf_forward(
-            v.t_dense, v.mlm_in, params["cls.predictions.transform.dense.weight"],
-            params["cls.predictions.transform.dense.bias"],
-        )  # fmt: skip
-        st(v.t_dense)
-        gelu_erf_forward(_flat(v.t_gelu), _flat(v.t_dense))
-        st(v.t_gelu)
-        layernorm_forward_eps(
-            v.t_ln, v.t_mean, v.t_rstd, v.t_gelu,
-            params["cls.predictions.transform.LayerNorm.weight"],
-            params["cls.predictions.transform.LayerNorm.bias"], eps,
-        )  # fmt: skip
-        st(v.t_ln)
-        linear_hf_forward(v.logits, v.t_ln, params[EMBED_PARAMS[0]], params["cls.predictions.bias"])
-        st(v.logits)  # the loss reads them in float32
-        softmax_cross_entropy_forward(v.mlm_losses, v.probs, v.logits, v.labels)
-        # pooler ([CLS] row) and NSP
-        gather_rows_forward(v.cls, out, v.cls_rows)
-        linear_hf_forward(
-            v.pooled_pre,
-            v.cls,
-            params["bert.pooler.dense.weight"],
-            params["bert.pooler.dense.bias"],
-        )
-        st(v.pooled_pre)
-        tanh_forward(_flat(v.pooled), _flat(v.pooled_pre))
-        st(v.pooled)
-        linear_hf_forward(
-            v.nsp_logits, v.pooled, params["cls.seq_relationship.weight"],
-            params["cls.seq_relationship.bias"],
-        )  # fmt: skip
-        st(v.nsp_logits)
-        softmax_cross_entropy_forward(v.nsp_losses, v.nsp_probs, v.nsp_logits, v.nsp_labels)
-
-    def _layer_backward(self, v: _Views, params, g, i: int, ph, pa) -> None:
+    def _layer_backward(self, v: _Views, params, g, i: int) -> None:
+        """``dres`` holds d(layer i's output); leaves d(its input) there."""
+        ph, pa = self._rates()
         cfg = self.config
         (qw, qb, kw, kb, vw, vb, ow, ob, l1w, l1b, iw, ib, o2w, o2b, l2w, l2b) = self._layer_names[
             i
