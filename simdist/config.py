@@ -461,7 +461,9 @@ NOTES: dict[str, str] = {
     "runconfig.save_checkpoints_steps": "0: none (but on a stop signal or steps_this_run)",
     "runconfig.steps_this_run": "null: to max_steps; stops early, checkpointed, schedule kept",
     "runconfig.keep_checkpoint_max": "0: keep all",
-    "runconfig.zero_opt_level": "> 0 needs enable_data_parallel, pipelined only; 3: fc_mnist, gpt2",
+    "runconfig.zero_opt_level": (
+        "> 0 needs enable_data_parallel, pipelined only; 3: fc_mnist, gpt2, bert"
+    ),
     "runconfig.ranks_per_node": "null: as MPI places ranks; pipelined only",
     "runconfig.stall_timeout_s": "0 turns the watchdog off",
     "runconfig.check_collectives": "false: op/length/dtype hash; true: full signature",

@@ -2,8 +2,8 @@
 
 In bf16 / fp16 the weights are the optimizer's fp32 master rounded to the half format
 (``simdist.precision``). At ZeRO levels 0-2 every rank holds every weight; for a model with
-stages (``simdist.models.stages``: fc_mnist, gpt2) the run keeps them here as 16-bit words,
-2Ψ bytes on the host as on the device, and each stage computes from a float32 window its
+stages (``simdist.models.stages``: fc_mnist, gpt2, bert) the run keeps them here as 16-bit
+words, 2Ψ bytes on the host as on the device, and each stage computes from a float32 window its
 groups are unpacked into just before it runs: ZeRO-3's windows (``simdist.parallel``),
 loaded by unpacking instead of by an all-gather, so one window and no prefetch. Unpacking
 is exact, so a stage reads the float32 values the float32 words held before and the run's

@@ -255,11 +255,22 @@ def fill_tensors(init, rng, specs, write) -> None:
     no whole float32 copy of the model ever exists. ``specs``: name -> ParamSpec."""
 
     class Filler(dict):
-        current: tuple[str, np.ndarray] | None = None
+        def __init__(self):
+            super().__init__()
+            self.current: tuple[str, np.ndarray] | None = None
+            self.written: set[str] = set()
 
         def __getitem__(self, name: str) -> np.ndarray:
+            if self.current is not None and self.current[0] == name:
+                return self.current[1]
+            if name in self.written:  # its values are gone: a fresh array would zero them
+                raise RuntimeError(
+                    f"init_parameters went back to {name!r} after another tensor; "
+                    "initialise each tensor in one go"
+                )
             self.flush()
             self.current = (name, np.zeros(specs[name].shape, np.float32))
+            self.written.add(name)
             return self.current[1]
 
         def flush(self) -> None:

@@ -214,7 +214,8 @@ class Bert:
                 p.fill(1.0)
             else:
                 p.fill(0.0)
-        params[EMBED_PARAMS[0]][self.config.pad_token_id] = 0.0
+            if spec.name == EMBED_PARAMS[0]:  # one tensor at a time (ZeRO-3 initialises so)
+                p[self.config.pad_token_id] = 0.0
 
     def allocate(self, batch_size: int) -> None:
         if batch_size < 1:

@@ -94,9 +94,10 @@ class FCMNIST:
             out.append(Stage(f"fc{i + 1}", (w, b), (w,) if i > 0 else ()))
         return out
 
-    def begin(self, inputs: np.ndarray, targets: np.ndarray) -> None:
+    def begin(self, inputs: np.ndarray, targets: np.ndarray, training: bool = True) -> None:
         """Load a micro-batch for ``forward_stage`` (the training workspace when its size
-        matches, else an evaluation workspace of this batch size)."""
+        matches, else an evaluation workspace of this batch size; no dropout, so
+        ``training`` changes nothing)."""
         n = inputs.shape[0]
         train = self._train
         self._ws_now = train if train is not None and train.losses.shape[0] == n else None

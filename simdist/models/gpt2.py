@@ -513,8 +513,9 @@ class GPT2:
         """
         return list(self._stages)
 
-    def begin(self, inputs: np.ndarray, targets: np.ndarray) -> None:
-        """Load a micro-batch (B <= the allocated batch) for ``forward_stage``."""
+    def begin(self, inputs: np.ndarray, targets: np.ndarray, training: bool = True) -> None:
+        """Load a micro-batch (B <= the allocated batch) for ``forward_stage`` (no dropout:
+        training or not, the same forward)."""
         self._current = self._load_batch(inputs, targets)
         self._saved = None  # the arena is being overwritten: no backward until the head ran
 

@@ -7,13 +7,15 @@ device just before the stage runs and drop them right after. The model's own
 ``forward``/``backward`` run the same stage functions, so both execution modes compute the
 same bits.
 
-What such a model provides (duck-typed; GPT-2 implements it)::
+What such a model provides (duck-typed; fc_mnist, GPT-2 and BERT implement it)::
 
     stages() -> list[Stage]                       # forward order
-    begin(inputs, targets) -> None                # load a micro-batch into the arena
+    begin(inputs, targets, training=True) -> None # load a micro-batch into the arena
+                                                  # (training: apply dropout, if any)
     forward_stage(k, params) -> float | None      # the last stage returns the mean loss
     backward_stage(k, params, grads, dloss)       # k from the last stage down to 0
-    eval_stats() -> (loss_sum, correct)           # after the last forward stage
+    eval_stats() -> (loss_sum, correct)           # after the last forward stage (adds to
+                                                  # the model's extra_eval, if any)
 
 Pipeline parallelism (``simdist.schedules.pipeline``) runs a contiguous range of stages per
 rank, so such a model also names its stage boundaries (views of the loaded micro-batch's

@@ -85,8 +85,10 @@ class WeightStreaming(Schedule):
         if not hasattr(self.model, "stages"):
             raise ConfigError(
                 f"model {self.model.name!r} has no stages, so it cannot stream its weights; "
-                "use runconfig.execution_mode=pipelined (weight streaming: gpt2, fc_mnist)"
+                "use runconfig.execution_mode=pipelined (weight streaming: gpt2, fc_mnist, bert)"
             )
+        if hasattr(self.model, "bind_step"):  # dropout masks hash (seed, global step, sample)
+            self.model.bind_step(p.runconfig.seed, lambda: run.step)
         self.profile = run.profile
         self.precision = Precision(canonical(p.runconfig.precision) or "fp32")
         self.scaler = scaler_for(p.runconfig, self.precision.name)
@@ -406,7 +408,7 @@ class WeightStreaming(Schedule):
                 if work:
                     c_lo, c_hi, closes = chunks[rnd]
                     x, y = self.data.eval_batch(c_lo, c_hi)
-                    self.model.begin(x, y)
+                    self.model.begin(x, y, training=False)  # no dropout
                 for k in range(nst):
                     j = rnd * nst + k
                     params = self.window.get(j)

@@ -89,8 +89,8 @@ def simulate_step(
 def stage_compute_times(model, stages: list[Stage], cost: CostModel, batch: int) -> tuple:
     """(forward seconds, backward seconds) per stage on the simulated device, from the
     model's ``kernel_costs`` where it has them (kernel names start with the stage's name;
-    the embedding's and the head's are recognised by theirs), else 6 N FLOPs per token.
-    Returns (fwd, bwd, note)."""
+    the embedding's are recognised by theirs, and the rest belong to the head), else 6 N
+    FLOPs per token. Returns (fwd, bwd, note)."""
     nst = len(stages)
     fwd, bwd = [0.0] * nst, [0.0] * nst
     if not cost.profile.has_peak("matmul", cost.dtype):
@@ -100,10 +100,10 @@ def stage_compute_times(model, stages: list[Stage], cost: CostModel, batch: int)
     if costs is not None:
         for kc in costs(batch):
             head = kc.name.split(".")
-            key = ".".join(head[:2]) if head[0] == "h" else head[0]
-            if key in index:
-                k = index[key]
-            elif head[0] in ("tokens", "embedding", "wte", "wpe"):
+            key = ".".join(head[:2])  # a block's kernels: "h.3.*" (GPT-2), "layer.3.*" (BERT)
+            if key in index or head[0] in index:
+                k = index[key] if key in index else index[head[0]]
+            elif head[0] in ("tokens", "inputs", "embedding", "wte", "wpe"):
                 k = 0
             else:
                 k = nst - 1
