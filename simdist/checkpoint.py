@@ -130,7 +130,10 @@ def save(
     with h5py.File(tmp, "w") as f:
         g = f.create_group("model")
         for key, value in tensors.items():
-            g.create_dataset(key, data=value, dtype=np.float32)
+            if hasattr(value, "write_to"):  # writes itself in blocks (16-bit words unpacked)
+                value.write_to(g.create_dataset(key, shape=value.shape, dtype=np.float32))
+            else:
+                g.create_dataset(key, data=value, dtype=np.float32)
         if optimizer_state is not None:
             o = f.create_group("optimizer")
             for state, per_name in optimizer_state.items():

@@ -108,7 +108,7 @@ class PackedParameters(StageWindows):
 
 
 class UnpackedTensors:
-    """``items()``: each parameter (name, float32 tensor), unpacked as it is reached."""
+    """``items()``: each parameter (name, ``UnpackedTensor``), unpacked as it is written."""
 
     def __init__(self, packed: PackedParameters):
         self.packed = packed
@@ -116,5 +116,33 @@ class UnpackedTensors:
     def items(self):
         p = self.packed
         for spec in p.layout.specs:
-            a = p.layout.offsets[spec.name]
-            yield spec.name, p.unpack(a, a + spec.numel).reshape(spec.shape)
+            yield spec.name, UnpackedTensor(p, p.layout.offsets[spec.name], spec.shape)
+
+
+class UnpackedTensor:
+    """One parameter as float32, unpacked block by block into the checkpoint writer's
+    dataset (``write_to``), so no float32 copy of a large tensor (GPT-2's or BERT's token
+    embedding) adds to the peak; ``np.asarray`` gives the whole tensor."""
+
+    BLOCK = 1 << 20  # elements unpacked per write (4 MiB of float32)
+
+    def __init__(self, packed: PackedParameters, lo: int, shape: tuple[int, ...]):
+        self.packed, self.lo, self.shape = packed, lo, tuple(shape)
+        self.size = int(np.prod(self.shape, dtype=np.int64))
+
+    def write_to(self, dataset) -> None:
+        """Fill ``dataset`` (this shape, float32; an h5py dataset) in blocks of rows."""
+        rows = self.shape[0] if self.shape else 1
+        row = self.size // rows if rows else 0
+        step = max(1, self.BLOCK // max(row, 1))
+        for r in range(0, rows, step):
+            e = min(rows, r + step)
+            block = self.packed.unpack(self.lo + r * row, self.lo + e * row)
+            if self.shape:
+                dataset[r:e] = block.reshape((e - r, *self.shape[1:]))
+            else:
+                dataset[()] = block.reshape(())
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        out = self.packed.unpack(self.lo, self.lo + self.size).reshape(self.shape)
+        return out if dtype is None else out.astype(dtype)

@@ -19,7 +19,7 @@ from test_train import final_state
 
 from simdist.arena import Layout
 from simdist.models import build_model
-from simdist.packed_params import PackedParameters, chosen
+from simdist.packed_params import PackedParameters, UnpackedTensor, chosen
 
 GPT2 = [*GPT2_ARGS, "--runconfig.precision=bf16"]
 
@@ -119,6 +119,14 @@ def test_stages_read_exact_unpacked_windows_and_nothing_else(monkeypatch):
     assert packed.loads == sum(len(u) for u in uses)
     with pytest.raises(KeyError, match="read outside a stage"):
         packed["wte"]
+    # the checkpoint writer's tensors unpack in blocks of rows (here 5 elements: 1 row of
+    # wte, several of a bias) into the dataset, to the values of the whole tensor
+    monkeypatch.setattr(UnpackedTensor, "BLOCK", 5)
+    views = layout.views(flat)
+    for name, t in packed.tensors().items():
+        into = np.full(t.shape, np.nan, np.float32)
+        t.write_to(into)
+        assert np.array_equal(into, views[name]) and np.array_equal(np.asarray(t), into), name
     assert chosen(layout, other)  # auto: gpt2-mini's largest stage is under Ψ / 2
     monkeypatch.setenv("SIMDIST_PACK_WEIGHTS", "yes")
     with pytest.raises(ConfigError, match="SIMDIST_PACK_WEIGHTS='yes'"):
