@@ -462,7 +462,7 @@ NOTES: dict[str, str] = {
     "runconfig.steps_this_run": "null: to max_steps; stops early, checkpointed, schedule kept",
     "runconfig.keep_checkpoint_max": "0: keep all",
     "runconfig.zero_opt_level": (
-        "> 0 needs enable_data_parallel, pipelined only; 3: fc_mnist, gpt2, bert"
+        "> 0 needs enable_data_parallel, pipelined only; 3: all but transformer"
     ),
     "runconfig.ranks_per_node": "null: as MPI places ranks; pipelined only",
     "runconfig.stall_timeout_s": "0 turns the watchdog off",

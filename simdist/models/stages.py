@@ -7,7 +7,7 @@ device just before the stage runs and drop them right after. The model's own
 ``forward``/``backward`` run the same stage functions, so both execution modes compute the
 same bits.
 
-What such a model provides (duck-typed; fc_mnist, GPT-2 and BERT implement it)::
+What such a model provides (duck-typed; fc_mnist, GPT-2, BERT and T5 implement it)::
 
     stages() -> list[Stage]                       # forward order
     begin(inputs, targets, training=True) -> None # load a micro-batch into the arena

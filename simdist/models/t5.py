@@ -52,6 +52,7 @@ from simdist.precision import no_store, precision_store
 
 from . import t5_costs
 from .base import GradientGroup, KernelCost, ParamSpec
+from .stages import Stage
 from .t5_arena import EPS, F32, Views, arena_layout
 from .t5_shapes import (  # noqa: F401  (re-exported: tests and plan mode import them here)
     FIELDS,
@@ -88,6 +89,19 @@ class T5:
         self._enc = [block_names(config, "encoder", i) for i in range(config.num_layers)]
         self._dec = [block_names(config, "decoder", i) for i in range(config.num_decoder_layers)]
         self._head = head_names(config)
+        shared = ("shared.weight",)
+        final = ("encoder.final_layer_norm.weight",)
+        head = (*self._head, *(shared if config.tie_word_embeddings else ()))
+        # (stage, which forward / backward method runs it, with which block index)
+        plan = [(Stage("encoder.embed", shared, ()), ("encoder_embed", 0))]
+        plan += [(Stage(f"encoder.{i}", n, n), ("encoder", i)) for i, n in enumerate(self._enc)]
+        plan.append((Stage("encoder.final_norm", final, final), ("encoder_final", 0)))
+        plan.append((Stage("decoder.embed", shared, ()), ("decoder_embed", 0)))
+        plan += [(Stage(f"decoder.{j}", n, n), ("decoder", j)) for j, n in enumerate(self._dec)]
+        plan.append((Stage("head", head, head), ("head", 0)))
+        self._stages = [s for s, _ in plan]
+        self._kinds = [k for _, k in plan]
+        self._current: Views | None = None
         self._arena: np.ndarray | None = None
         self._batch = 0
         self._offsets: dict[str, int] = {}
@@ -163,29 +177,344 @@ class T5:
         self._views, self._saved = {}, None
 
     # -------------------------------------------------------------- protocol: compute
+    # -------------------------------------------------------------- protocol: compute
     def forward(self, params, inputs: np.ndarray, targets: np.ndarray) -> float:
-        v = self._load_batch(inputs, targets)
-        self._p = F32(self.config.dropout_rate)
-        if self._p > 0:
-            sample_keys(self._seed, self._step(), inputs[:, -1], v.keys)
-        self._forward(v, params)
-        self._saved = v
-        return float(self._sample_losses(v).mean(dtype=np.float64))
+        self.begin(inputs, targets)
+        loss = 0.0
+        for k in range(len(self._stages)):
+            loss = self.forward_stage(k, params)
+        return loss
 
     def evaluate(self, params, inputs: np.ndarray, targets: np.ndarray) -> tuple[float, int]:
         """(sum of the target-token losses, correctly predicted target tokens), teacher-forced."""
         if self._arena is None:
             self.allocate(inputs.shape[0])
         loss_sum, correct = 0.0, 0
-        self._p = F32(0.0)
         for lo in range(0, inputs.shape[0], self._batch):
             hi = min(lo + self._batch, inputs.shape[0])
-            v = self._load_batch(inputs[lo:hi], targets[lo:hi])
-            self._forward(v, params)
-            loss_sum += float(v.losses.sum(dtype=np.float64))
-            correct += int(np.count_nonzero(v.logits.argmax(axis=1) == v.labels))
+            self.begin(inputs[lo:hi], targets[lo:hi], training=False)
+            for k in range(len(self._stages)):
+                self.forward_stage(k, params)
+            batch_loss, batch_correct = self.eval_stats()
+            loss_sum, correct = loss_sum + batch_loss, correct + batch_correct
         self._saved = None
         return loss_sum, correct
+
+    def backward(self, params, grads, dloss: float) -> None:
+        if self._saved is None:
+            raise RuntimeError("backward without a preceding forward")
+        for k in range(len(self._stages) - 1, -1, -1):
+            self.backward_stage(k, params, grads, dloss)
+
+    # -------------------------------------------------------------- stages
+    # kernel costs (``t5_costs``) whose names do not start with their stage's name
+    kernel_stages = {
+        "relpos": "encoder.0",  # both stacks' bias tables, costed as one kernel
+        "encoder.relpos": "encoder.0",
+        "encoder.dropout": "encoder.embed",
+        "encoder.final": "encoder.final_norm",
+        "decoder.relpos": "decoder.0",
+        "decoder.dropout": "decoder.embed",
+        "decoder.final_norm": "head",
+        "decoder.final": "head",
+    }
+
+    def stages(self) -> list[Stage]:
+        """The encoder's embedding, blocks and final norm, then the decoder's embedding,
+        blocks and head (final norm and output projection): forward in order, backward in
+        reverse. The shared embedding is read by both embeddings (and a tied head); the
+        embeddings' backward reads no weights. Block 0 of each stack holds its relative
+        position bias table, which the block computes the stack's bias from."""
+        return list(self._stages)
+
+    def begin(self, inputs: np.ndarray, targets: np.ndarray, training: bool = True) -> None:
+        """Load a micro-batch for ``forward_stage``; ``training``: apply dropout (when the
+        config has it), whose masks hash the step ``bind_step`` gives."""
+        v = self._load_batch(inputs, targets)
+        self._p = F32(self.config.dropout_rate) if training else F32(0.0)
+        if self._p > 0:
+            sample_keys(self._seed, self._step(), inputs[:, -1], v.keys)
+        self._current = v
+        self._saved = None  # the arena is being overwritten: no backward until the head ran
+
+    def forward_stage(self, k: int, params) -> float | None:
+        """Run stage ``k``'s forward; the head (last stage) returns the mean sample loss."""
+        v = self._current
+        if v is None:
+            raise RuntimeError("forward_stage without begin(inputs, targets)")
+        kind, i = self._kinds[k]
+        getattr(self, f"_{kind}_forward")(v, params, i)
+        if kind == "head":
+            self._saved = v
+            return float(self._sample_losses(v).mean(dtype=np.float64))
+        return None
+
+    def eval_stats(self) -> tuple[float, int]:
+        """(sum of the target-token losses, correct argmax predictions) of the last forward."""
+        v = self._current
+        if v is None:
+            raise RuntimeError("eval_stats without a forward")
+        loss_sum = float(v.losses.sum(dtype=np.float64))
+        return loss_sum, int(np.count_nonzero(v.logits.argmax(axis=1) == v.labels))
+
+    def backward_stage(self, k: int, params, grads, dloss: float) -> None:
+        """Stage ``k``'s backward (from the last stage down to 0 after the forward); a stage
+        that finishes a gradient group hands it over with ``grads.done``."""
+        v = self._saved
+        if v is None:
+            raise RuntimeError("backward without a preceding forward")
+        kind, i = self._kinds[k]
+        getattr(self, f"_{kind}_backward")(v, params, grads, i, dloss)
+
+    # -------------------------------------------------------------- stage forwards
+    def _encoder_embed_forward(self, v: Views, params, _: int) -> None:
+        S, st = sites(self.config), self._store
+        token_embedding_forward(v.ex[0], v.enc_ids, params["shared.weight"])
+        self._drop(v.ex[0], v.B, S["enc_emb"])
+        st(v.ex[0])
+
+    def _encoder_forward(self, v: Views, params, i: int) -> None:
+        cfg = self.config
+        B, NH, p = v.B, cfg.num_heads, self._p
+        S = sites(cfg)
+        st = self._store  # mixed precision: what a kernel writes is stored half (else no-op)
+        names = self._enc[i]
+        if i == 0:  # the encoder's bias, from block 0's table, for every block
+            relpos_bias_forward(v.e_bias, params[names[4]], v.e_buckets)
+        q, k, vv, o = (params[n] for n in names[:4])
+        s0 = S["enc"][i]
+        off = 1 if i == 0 else 0
+        x, t = v.ex[i], v.tD[: v.Ne]
+        rmsnorm_forward(v.e_n1[i], v.e_r1[i], x, params[names[4 + off]], EPS)
+        st(v.e_n1[i])
+        linear_nobias_forward(v.e_q[i], v.e_n1[i], q)
+        linear_nobias_forward(v.e_k[i], v.e_n1[i], k)
+        linear_nobias_forward(v.e_v[i], v.e_n1[i], vv)
+        st(v.e_q[i], v.e_k[i], v.e_v[i])
+        _attend(v.enc3(v.e_ctx[i]), v.e_att[i], v.enc3(v.e_q[i]), v.enc3(v.e_k[i]),
+                v.enc3(v.e_v[i]), v.enc_keep, v.scratch, v.ds_ee, NH, False, v.keys, s0, p,
+                v.e_bias, True)  # fmt: skip
+        st(v.e_ctx[i])  # the probabilities stay float32, as a fused attention keeps them
+        linear_nobias_forward(t, v.e_ctx[i], o)
+        self._drop(t, B, s0 + 1)
+        st(t)
+        residual_forward(v.e_xm[i].reshape(-1), x.reshape(-1), t.reshape(-1))
+        st(v.e_xm[i])
+        rmsnorm_forward(v.e_n2[i], v.e_r2[i], v.e_xm[i], params[names[-1]], EPS)
+        st(v.e_n2[i])
+        self._ffn_forward(v, params, names[5 + off : -1], v.e_n2[i], v.e_h[i], v.e_h1[i],
+                          v.e_g[i], v.e_a[i], B, s0 + 2)  # fmt: skip
+        linear_nobias_forward(t, v.e_a[i], params[names[-2]])
+        self._drop(t, B, s0 + 3)
+        st(t)
+        residual_forward(v.ex[i + 1].reshape(-1), v.e_xm[i].reshape(-1), t.reshape(-1))
+        st(v.ex[i + 1])
+
+    def _encoder_final_forward(self, v: Views, params, _: int) -> None:
+        S, st = sites(self.config), self._store
+        w = params["encoder.final_layer_norm.weight"]
+        rmsnorm_forward(v.enc_out, v.e_rf, v.ex[-1], w, EPS)
+        self._drop(v.enc_out, v.B, S["enc_final"])
+        st(v.enc_out)
+
+    def _decoder_embed_forward(self, v: Views, params, _: int) -> None:
+        S, st = sites(self.config), self._store
+        token_embedding_forward(v.dy[0], v.dec_ids, params["shared.weight"])
+        self._drop(v.dy[0], v.B, S["dec_emb"])
+        st(v.dy[0])
+
+    def _decoder_forward(self, v: Views, params, j: int) -> None:
+        cfg = self.config
+        B, NH, p = v.B, cfg.num_heads, self._p
+        S = sites(cfg)
+        st = self._store
+        names = self._dec[j]
+        if j == 0:  # the decoder's self-attention bias, from block 0's table
+            relpos_bias_forward(v.d_bias, params[names[4]], v.d_buckets)
+        s0 = S["dec"][j]
+        off = 1 if j == 0 else 0
+        y, t = v.dy[j], v.tD[: v.Nd]
+        sq, sk, sv, so = (params[n] for n in names[:4])
+        rmsnorm_forward(v.s_n[j], v.s_r[j], y, params[names[4 + off]], EPS)
+        st(v.s_n[j])
+        linear_nobias_forward(v.s_q[j], v.s_n[j], sq)
+        linear_nobias_forward(v.s_k[j], v.s_n[j], sk)
+        linear_nobias_forward(v.s_v[j], v.s_n[j], sv)
+        st(v.s_q[j], v.s_k[j], v.s_v[j])
+        _attend(v.dec3(v.s_ctx[j]), v.s_att[j], v.dec3(v.s_q[j]), v.dec3(v.s_k[j]),
+                v.dec3(v.s_v[j]), v.dec_keep, v.scratch, v.ds_dd, NH, True, v.keys, s0, p,
+                v.d_bias, True)  # fmt: skip
+        st(v.s_ctx[j])
+        linear_nobias_forward(t, v.s_ctx[j], so)
+        self._drop(t, B, s0 + 1)
+        st(t)
+        residual_forward(v.s_xm[j].reshape(-1), y.reshape(-1), t.reshape(-1))
+        st(v.s_xm[j])
+        c = 5 + off
+        cq, ck, cv, co = (params[n] for n in names[c : c + 4])
+        rmsnorm_forward(v.c_n[j], v.c_r[j], v.s_xm[j], params[names[c + 4]], EPS)
+        st(v.c_n[j])
+        linear_nobias_forward(v.c_q[j], v.c_n[j], cq)
+        linear_nobias_forward(v.c_k[j], v.enc_out, ck)
+        linear_nobias_forward(v.c_v[j], v.enc_out, cv)
+        st(v.c_q[j], v.c_k[j], v.c_v[j])
+        _attend(v.dec3(v.c_ctx[j]), v.c_att[j], v.dec3(v.c_q[j]), v.enc3(v.c_k[j]),
+                v.enc3(v.c_v[j]), v.enc_keep, v.scratch, v.ds_de, NH, False, v.keys,
+                s0 + 2, p, v.d_bias, False)  # fmt: skip
+        st(v.c_ctx[j])
+        linear_nobias_forward(t, v.c_ctx[j], co)
+        self._drop(t, B, s0 + 3)
+        st(t)
+        residual_forward(v.c_xm[j].reshape(-1), v.s_xm[j].reshape(-1), t.reshape(-1))
+        st(v.c_xm[j])
+        rmsnorm_forward(v.f_n[j], v.f_r[j], v.c_xm[j], params[names[-1]], EPS)
+        st(v.f_n[j])
+        self._ffn_forward(v, params, names[c + 5 : -1], v.f_n[j], v.f_h[j], v.f_h1[j],
+                          v.f_g[j], v.f_a[j], B, s0 + 4)  # fmt: skip
+        linear_nobias_forward(t, v.f_a[j], params[names[-2]])
+        self._drop(t, B, s0 + 5)
+        st(t)
+        residual_forward(v.dy[j + 1].reshape(-1), v.c_xm[j].reshape(-1), t.reshape(-1))
+        st(v.dy[j + 1])
+
+    def _head_forward(self, v: Views, params, _: int) -> None:
+        cfg = self.config
+        S, st = sites(cfg), self._store
+        w = params["decoder.final_layer_norm.weight"]
+        rmsnorm_forward(v.dec_out, v.d_rf, v.dy[-1], w, EPS)
+        self._drop(v.dec_out, v.B, S["dec_final"])
+        st(v.dec_out)
+        head = v.dec_out
+        if cfg.tie_word_embeddings:
+            scale_forward(v.dec_scaled.reshape(-1), v.dec_out.reshape(-1), F32(cfg.d_model**-0.5))
+            st(v.dec_scaled)
+            head = v.dec_scaled
+        linear_nobias_forward(v.logits, head, params[self._head_weight()])
+        st(v.logits)  # the loss reads them in float32
+        softmax_cross_entropy_forward(v.losses, v.probs, v.logits, v.labels)
+
+    def _head_weight(self) -> str:
+        return "shared.weight" if self.config.tie_word_embeddings else "lm_head.weight"
+
+    # -------------------------------------------------------------- stage backwards
+    def _head_backward(self, v: Views, params, g, _: int, dloss: float) -> None:
+        """Per-sample loss = mean of its Td token losses; leaves d(last block's output) in
+        ``gd`` and zeroes what the blocks accumulate into (bias and encoder-output grads)."""
+        cfg = self.config
+        B, S, Nd = v.B, sites(cfg), v.Nd
+        hw = self._head_weight()
+        st = self._store
+        softmax_cross_entropy_backward(v.probs, v.probs, v.labels, F32(dloss / cfg.target_length))
+        st(v.probs)  # d logits
+        t = v.tD[:Nd]
+        head = v.dec_scaled if cfg.tie_word_embeddings else v.dec_out
+        linear_nobias_backward(t, g[hw], v.probs, head, params[hw])
+        if cfg.tie_word_embeddings:
+            st(t)
+            scale_forward(t.reshape(-1), t.reshape(-1), F32(cfg.d_model**-0.5))
+        d = self._undrop(t, t, B, S["dec_final"])
+        st(d)
+        gd = v.gd
+        w = "decoder.final_layer_norm.weight"
+        rmsnorm_backward(gd, g[w], d, v.dy[-1], params[w], v.d_rf)
+        st(gd)
+        g.done(self._head)
+        v.e_dbias.fill(0.0)
+        v.d_dbias.fill(0.0)
+        v.g_enc.fill(0.0)
+
+    def _decoder_backward(self, v: Views, params, g, j: int, dloss: float) -> None:
+        """``gd`` holds d(block j's output); leaves d(its input) there."""
+        cfg = self.config
+        B, NH, p = v.B, cfg.num_heads, self._p
+        S = sites(cfg)
+        Ne, Nd = v.Ne, v.Nd
+        st = self._store
+        t, gd = v.tD[:Nd], v.gd
+        gn, gq, gk, gv, gc = v.g_n[:Nd], v.g_q[:Nd], v.g_k, v.g_v, v.g_ctx[:Nd]
+        names = self._dec[j]
+        s0, off = S["dec"][j], (1 if j == 0 else 0)
+        c = 5 + off
+        # FFN
+        d = self._undrop(t, gd, B, s0 + 5)
+        st(d)
+        self._ffn_backward(v, params, g, names[c + 5 : -1], gn, d, v.f_n[j],
+                           v.f_h[j], v.f_h1[j], v.f_g[j], v.f_a[j], Nd, B, s0 + 4)  # fmt: skip
+        rmsnorm_backward_accumulate(gd, g[names[-1]], gn, v.c_xm[j], params[names[-1]],
+                                    v.f_r[j])  # fmt: skip
+        st(gd)
+        # cross-attention: keys and values from the encoder output
+        d = self._undrop(t, gd, B, s0 + 3)
+        st(d)
+        linear_nobias_backward(gc, g[names[c + 3]], d, v.c_ctx[j], params[names[c + 3]])
+        st(gc)
+        _attend_back(v.dec3(gq), v.enc3(gk[:Ne]), v.enc3(gv[:Ne]), v.d_dbias, v.dec3(gc),
+                     v.dec3(v.c_q[j]), v.enc3(v.c_k[j]), v.enc3(v.c_v[j]), v.c_att[j],
+                     v.scratch, v.ds_de, NH, False, v.keys, s0 + 2, p, False)  # fmt: skip
+        st(gq, gk[:Ne], gv[:Ne])
+        linear_nobias_backward(gn, g[names[c]], gq, v.c_n[j], params[names[c]])
+        st(gn)
+        for which, dk in ((1, gk[:Ne]), (2, gv[:Ne])):
+            n = names[c + which]
+            linear_nobias_backward_accumulate(v.g_enc, g[n], dk, v.enc_out, params[n])
+        st(v.g_enc)
+        rmsnorm_backward_accumulate(gd, g[names[c + 4]], gn, v.s_xm[j], params[names[c + 4]],
+                                    v.c_r[j])  # fmt: skip
+        st(gd)
+        # causal self-attention with the shared bias
+        acts = (v.s_n[j], v.s_q[j], v.s_k[j], v.s_v[j], v.s_ctx[j], v.s_att[j], v.s_r[j])
+        self._self_attention_backward(
+            v, params, g, names, v.dy[j], gd, acts, v.d_dbias, v.ds_dd, True, v.dec3, s0
+        )
+        if j == 0:
+            relpos_bias_backward(g[names[4]], v.d_dbias, v.d_buckets)
+        g.done(names)
+
+    def _decoder_embed_backward(self, v: Views, params, g, _: int, dloss: float) -> None:
+        """The shared table (a tied head wrote its gradient first)."""
+        if not self.config.tie_word_embeddings:
+            g["shared.weight"].fill(0.0)
+        d = self._undrop(v.tD[: v.Nd], v.gd, v.B, sites(self.config)["dec_emb"])
+        self._store(d)
+        token_embedding_backward_accumulate(g["shared.weight"], d, v.dec_ids)
+
+    def _encoder_final_backward(self, v: Views, params, g, _: int, dloss: float) -> None:
+        """d(encoder output), gathered from every cross-attention, through the final norm."""
+        st = self._store
+        w = "encoder.final_layer_norm.weight"
+        d = self._undrop(v.g_enc, v.g_enc, v.B, sites(self.config)["enc_final"])
+        st(d)
+        rmsnorm_backward(v.ge, g[w], d, v.ex[-1], params[w], v.e_rf)
+        st(v.ge)
+        g.done((w,))
+
+    def _encoder_backward(self, v: Views, params, g, i: int, dloss: float) -> None:
+        """``ge`` holds d(block i's output); leaves d(its input) there."""
+        B, S, Ne = v.B, sites(self.config), v.Ne
+        st = self._store
+        t, gn, ge = v.tD[:Ne], v.g_n[:Ne], v.ge
+        names = self._enc[i]
+        s0, off = S["enc"][i], (1 if i == 0 else 0)
+        d = self._undrop(t, ge, B, s0 + 3)
+        st(d)
+        self._ffn_backward(v, params, g, names[5 + off : -1], gn, d, v.e_n2[i], v.e_h[i],
+                           v.e_h1[i], v.e_g[i], v.e_a[i], Ne, B, s0 + 2)  # fmt: skip
+        rmsnorm_backward_accumulate(ge, g[names[-1]], gn, v.e_xm[i], params[names[-1]],
+                                    v.e_r2[i])  # fmt: skip
+        st(ge)
+        acts = (v.e_n1[i], v.e_q[i], v.e_k[i], v.e_v[i], v.e_ctx[i], v.e_att[i], v.e_r1[i])
+        self._self_attention_backward(
+            v, params, g, names, v.ex[i], ge, acts, v.e_dbias, v.ds_ee, False, v.enc3, s0
+        )
+        if i == 0:
+            relpos_bias_backward(g[names[4]], v.e_dbias, v.e_buckets)
+        g.done(names)
+
+    def _encoder_embed_backward(self, v: Views, params, g, _: int, dloss: float) -> None:
+        d = self._undrop(v.tD[: v.Ne], v.ge, v.B, sites(self.config)["enc_emb"])
+        self._store(d)
+        token_embedding_backward_accumulate(g["shared.weight"], d, v.enc_ids)
+        g.done(("shared.weight",))
 
     def _sample_losses(self, v: Views) -> np.ndarray:
         return v.losses.reshape(v.B, -1).mean(axis=1, dtype=np.float64)
@@ -267,224 +596,6 @@ class T5:
             relu_backward(gh, ga, h)
             linear_nobias_backward(dn, grads[names[0]], gh, x_norm, params[names[0]])
         st(dn)
-
-    def _forward(self, v: Views, params) -> None:
-        cfg = self.config
-        B, NH, p = v.B, cfg.num_heads, self._p
-        S = sites(cfg)
-        relpos_bias_forward(v.e_bias, params[self._enc[0][4]], v.e_buckets)
-        relpos_bias_forward(v.d_bias, params[self._dec[0][4]], v.d_buckets)
-        shared = params["shared.weight"]
-        # ---- encoder
-        st = self._store  # mixed precision: what a kernel writes is stored half (else no-op)
-        token_embedding_forward(v.ex[0], v.enc_ids, shared)
-        self._drop(v.ex[0], B, S["enc_emb"])
-        st(v.ex[0])
-        for i, names in enumerate(self._enc):
-            q, k, vv, o = (params[n] for n in names[:4])
-            s0 = S["enc"][i]
-            off = 1 if i == 0 else 0
-            x, t = v.ex[i], v.tD[: v.Ne]
-            rmsnorm_forward(v.e_n1[i], v.e_r1[i], x, params[names[4 + off]], EPS)
-            st(v.e_n1[i])
-            linear_nobias_forward(v.e_q[i], v.e_n1[i], q)
-            linear_nobias_forward(v.e_k[i], v.e_n1[i], k)
-            linear_nobias_forward(v.e_v[i], v.e_n1[i], vv)
-            st(v.e_q[i], v.e_k[i], v.e_v[i])
-            _attend(v.enc3(v.e_ctx[i]), v.e_att[i], v.enc3(v.e_q[i]), v.enc3(v.e_k[i]),
-                    v.enc3(v.e_v[i]), v.enc_keep, v.scratch, v.ds_ee, NH, False, v.keys, s0, p,
-                    v.e_bias, True)  # fmt: skip
-            st(v.e_ctx[i])  # the probabilities stay float32, as a fused attention keeps them
-            linear_nobias_forward(t, v.e_ctx[i], o)
-            self._drop(t, B, s0 + 1)
-            st(t)
-            residual_forward(v.e_xm[i].reshape(-1), x.reshape(-1), t.reshape(-1))
-            st(v.e_xm[i])
-            rmsnorm_forward(v.e_n2[i], v.e_r2[i], v.e_xm[i], params[names[-1]], EPS)
-            st(v.e_n2[i])
-            self._ffn_forward(v, params, names[5 + off : -1], v.e_n2[i], v.e_h[i], v.e_h1[i],
-                              v.e_g[i], v.e_a[i], B, s0 + 2)  # fmt: skip
-            linear_nobias_forward(t, v.e_a[i], params[names[-2]])
-            self._drop(t, B, s0 + 3)
-            st(t)
-            residual_forward(v.ex[i + 1].reshape(-1), v.e_xm[i].reshape(-1), t.reshape(-1))
-            st(v.ex[i + 1])
-        w = params["encoder.final_layer_norm.weight"]
-        rmsnorm_forward(v.enc_out, v.e_rf, v.ex[-1], w, EPS)
-        self._drop(v.enc_out, B, S["enc_final"])
-        st(v.enc_out)
-        # ---- decoder
-        token_embedding_forward(v.dy[0], v.dec_ids, shared)
-        self._drop(v.dy[0], B, S["dec_emb"])
-        st(v.dy[0])
-        for j, names in enumerate(self._dec):
-            s0 = S["dec"][j]
-            off = 1 if j == 0 else 0
-            y, t = v.dy[j], v.tD[: v.Nd]
-            sq, sk, sv, so = (params[n] for n in names[:4])
-            rmsnorm_forward(v.s_n[j], v.s_r[j], y, params[names[4 + off]], EPS)
-            st(v.s_n[j])
-            linear_nobias_forward(v.s_q[j], v.s_n[j], sq)
-            linear_nobias_forward(v.s_k[j], v.s_n[j], sk)
-            linear_nobias_forward(v.s_v[j], v.s_n[j], sv)
-            st(v.s_q[j], v.s_k[j], v.s_v[j])
-            _attend(v.dec3(v.s_ctx[j]), v.s_att[j], v.dec3(v.s_q[j]), v.dec3(v.s_k[j]),
-                    v.dec3(v.s_v[j]), v.dec_keep, v.scratch, v.ds_dd, NH, True, v.keys, s0, p,
-                    v.d_bias, True)  # fmt: skip
-            st(v.s_ctx[j])
-            linear_nobias_forward(t, v.s_ctx[j], so)
-            self._drop(t, B, s0 + 1)
-            st(t)
-            residual_forward(v.s_xm[j].reshape(-1), y.reshape(-1), t.reshape(-1))
-            st(v.s_xm[j])
-            c = 5 + off
-            cq, ck, cv, co = (params[n] for n in names[c : c + 4])
-            rmsnorm_forward(v.c_n[j], v.c_r[j], v.s_xm[j], params[names[c + 4]], EPS)
-            st(v.c_n[j])
-            linear_nobias_forward(v.c_q[j], v.c_n[j], cq)
-            linear_nobias_forward(v.c_k[j], v.enc_out, ck)
-            linear_nobias_forward(v.c_v[j], v.enc_out, cv)
-            st(v.c_q[j], v.c_k[j], v.c_v[j])
-            _attend(v.dec3(v.c_ctx[j]), v.c_att[j], v.dec3(v.c_q[j]), v.enc3(v.c_k[j]),
-                    v.enc3(v.c_v[j]), v.enc_keep, v.scratch, v.ds_de, NH, False, v.keys,
-                    s0 + 2, p, v.d_bias, False)  # fmt: skip
-            st(v.c_ctx[j])
-            linear_nobias_forward(t, v.c_ctx[j], co)
-            self._drop(t, B, s0 + 3)
-            st(t)
-            residual_forward(v.c_xm[j].reshape(-1), v.s_xm[j].reshape(-1), t.reshape(-1))
-            st(v.c_xm[j])
-            rmsnorm_forward(v.f_n[j], v.f_r[j], v.c_xm[j], params[names[-1]], EPS)
-            st(v.f_n[j])
-            self._ffn_forward(v, params, names[c + 5 : -1], v.f_n[j], v.f_h[j], v.f_h1[j],
-                              v.f_g[j], v.f_a[j], B, s0 + 4)  # fmt: skip
-            linear_nobias_forward(t, v.f_a[j], params[names[-2]])
-            self._drop(t, B, s0 + 5)
-            st(t)
-            residual_forward(v.dy[j + 1].reshape(-1), v.c_xm[j].reshape(-1), t.reshape(-1))
-            st(v.dy[j + 1])
-        w = params["decoder.final_layer_norm.weight"]
-        rmsnorm_forward(v.dec_out, v.d_rf, v.dy[-1], w, EPS)
-        self._drop(v.dec_out, B, S["dec_final"])
-        st(v.dec_out)
-        head = v.dec_out
-        if cfg.tie_word_embeddings:
-            scale_forward(v.dec_scaled.reshape(-1), v.dec_out.reshape(-1), F32(cfg.d_model**-0.5))
-            st(v.dec_scaled)
-            head = v.dec_scaled
-        linear_nobias_forward(v.logits, head, params[self._head_weight()])
-        st(v.logits)  # the loss reads them in float32
-        softmax_cross_entropy_forward(v.losses, v.probs, v.logits, v.labels)
-
-    def _head_weight(self) -> str:
-        return "shared.weight" if self.config.tie_word_embeddings else "lm_head.weight"
-
-    def backward(self, params, grads, dloss: float) -> None:
-        v = self._saved
-        if v is None:
-            raise RuntimeError("backward without a preceding forward")
-        cfg = self.config
-        B, NH, p, g = v.B, cfg.num_heads, self._p, grads
-        S = sites(cfg)
-        Ne, Nd = v.Ne, v.Nd
-        hw = self._head_weight()
-        # ---- head: per-sample loss = mean of its Td token losses
-        st = self._store
-        softmax_cross_entropy_backward(v.probs, v.probs, v.labels, F32(dloss / cfg.target_length))
-        st(v.probs)  # d logits
-        t = v.tD[:Nd]
-        head = v.dec_scaled if cfg.tie_word_embeddings else v.dec_out
-        linear_nobias_backward(t, g[hw], v.probs, head, params[hw])
-        if cfg.tie_word_embeddings:
-            st(t)
-            scale_forward(t.reshape(-1), t.reshape(-1), F32(cfg.d_model**-0.5))
-        d = self._undrop(t, t, B, S["dec_final"])
-        st(d)
-        gd = v.gd
-        w = "decoder.final_layer_norm.weight"
-        rmsnorm_backward(gd, g[w], d, v.dy[-1], params[w], v.d_rf)
-        st(gd)
-        g.done(self._head)
-        # ---- decoder blocks, last to first; gd holds d(block output)
-        v.e_dbias.fill(0.0)
-        v.d_dbias.fill(0.0)
-        v.g_enc.fill(0.0)
-        gn, gq, gk, gv, gc = v.g_n[:Nd], v.g_q[:Nd], v.g_k, v.g_v, v.g_ctx[:Nd]
-        for j in range(cfg.num_decoder_layers - 1, -1, -1):
-            names = self._dec[j]
-            s0, off = S["dec"][j], (1 if j == 0 else 0)
-            c = 5 + off
-            # FFN
-            d = self._undrop(t, gd, B, s0 + 5)
-            st(d)
-            self._ffn_backward(v, params, g, names[c + 5 : -1], gn, d, v.f_n[j],
-                               v.f_h[j], v.f_h1[j], v.f_g[j], v.f_a[j], Nd, B, s0 + 4)  # fmt: skip
-            rmsnorm_backward_accumulate(gd, g[names[-1]], gn, v.c_xm[j], params[names[-1]],
-                                        v.f_r[j])  # fmt: skip
-            st(gd)
-            # cross-attention: keys and values from the encoder output
-            d = self._undrop(t, gd, B, s0 + 3)
-            st(d)
-            linear_nobias_backward(gc, g[names[c + 3]], d, v.c_ctx[j], params[names[c + 3]])
-            st(gc)
-            _attend_back(v.dec3(gq), v.enc3(gk[:Ne]), v.enc3(gv[:Ne]), v.d_dbias, v.dec3(gc),
-                         v.dec3(v.c_q[j]), v.enc3(v.c_k[j]), v.enc3(v.c_v[j]), v.c_att[j],
-                         v.scratch, v.ds_de, NH, False, v.keys, s0 + 2, p, False)  # fmt: skip
-            st(gq, gk[:Ne], gv[:Ne])
-            linear_nobias_backward(gn, g[names[c]], gq, v.c_n[j], params[names[c]])
-            st(gn)
-            for which, dk in ((1, gk[:Ne]), (2, gv[:Ne])):
-                n = names[c + which]
-                linear_nobias_backward_accumulate(v.g_enc, g[n], dk, v.enc_out, params[n])
-            st(v.g_enc)
-            rmsnorm_backward_accumulate(gd, g[names[c + 4]], gn, v.s_xm[j], params[names[c + 4]],
-                                        v.c_r[j])  # fmt: skip
-            st(gd)
-            # causal self-attention with the shared bias
-            acts = (v.s_n[j], v.s_q[j], v.s_k[j], v.s_v[j], v.s_ctx[j], v.s_att[j], v.s_r[j])
-            self._self_attention_backward(
-                v, params, g, names, v.dy[j], gd, acts, v.d_dbias, v.ds_dd, True, v.dec3, s0
-            )
-            if j == 0:
-                relpos_bias_backward(g[names[4]], v.d_dbias, v.d_buckets)
-            g.done(names)
-        # decoder embedding: the shared table (the tied head wrote it first)
-        if not cfg.tie_word_embeddings:
-            g["shared.weight"].fill(0.0)
-        d = self._undrop(t, gd, B, S["dec_emb"])
-        st(d)
-        token_embedding_backward_accumulate(g["shared.weight"], d, v.dec_ids)
-        # ---- encoder: d(encoder output) gathered from every cross-attention
-        ge = v.ge
-        w = "encoder.final_layer_norm.weight"
-        d = self._undrop(v.g_enc, v.g_enc, B, S["enc_final"])
-        st(d)
-        rmsnorm_backward(ge, g[w], d, v.ex[-1], params[w], v.e_rf)
-        st(ge)
-        g.done((w,))
-        t = v.tD[:Ne]
-        gn = v.g_n[:Ne]
-        for i in range(cfg.num_layers - 1, -1, -1):
-            names = self._enc[i]
-            s0, off = S["enc"][i], (1 if i == 0 else 0)
-            d = self._undrop(t, ge, B, s0 + 3)
-            st(d)
-            self._ffn_backward(v, params, g, names[5 + off : -1], gn, d, v.e_n2[i], v.e_h[i],
-                               v.e_h1[i], v.e_g[i], v.e_a[i], Ne, B, s0 + 2)  # fmt: skip
-            rmsnorm_backward_accumulate(ge, g[names[-1]], gn, v.e_xm[i], params[names[-1]],
-                                        v.e_r2[i])  # fmt: skip
-            st(ge)
-            acts = (v.e_n1[i], v.e_q[i], v.e_k[i], v.e_v[i], v.e_ctx[i], v.e_att[i], v.e_r1[i])
-            self._self_attention_backward(
-                v, params, g, names, v.ex[i], ge, acts, v.e_dbias, v.ds_ee, False, v.enc3, s0
-            )
-            if i == 0:
-                relpos_bias_backward(g[names[4]], v.e_dbias, v.e_buckets)
-            g.done(names)
-        d = self._undrop(t, ge, B, S["enc_emb"])
-        st(d)
-        token_embedding_backward_accumulate(g["shared.weight"], d, v.enc_ids)
-        g.done(("shared.weight",))
 
     def _self_attention_backward(
         self, v, params, g, names, x, gres, acts, dbias, ds, causal, to3, s0

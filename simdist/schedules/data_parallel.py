@@ -141,7 +141,7 @@ class DataParallel(Schedule):
             raise ConfigError(
                 f"runconfig.zero_opt_level=3 gathers each stage's parameters before it runs, "
                 f"and model {self.model.name!r} has no stages; use zero_opt_level 0-2 "
-                "(ZeRO-3 supports fc_mnist, gpt2 and bert)",
+                "(ZeRO-3 supports fc_mnist, gpt2, bert and t5)",
                 "runconfig.zero_opt_level",
             )
         if hasattr(self.model, "bind_step"):  # dropout masks hash (seed, global step, sample)

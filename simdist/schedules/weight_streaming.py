@@ -85,7 +85,7 @@ class WeightStreaming(Schedule):
         if not hasattr(self.model, "stages"):
             raise ConfigError(
                 f"model {self.model.name!r} has no stages, so it cannot stream its weights; "
-                "use runconfig.execution_mode=pipelined (weight streaming: gpt2, fc_mnist, bert)"
+                "use runconfig.execution_mode=pipelined (every other model streams)"
             )
         if hasattr(self.model, "bind_step"):  # dropout masks hash (seed, global step, sample)
             self.model.bind_step(p.runconfig.seed, lambda: run.step)

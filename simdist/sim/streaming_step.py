@@ -98,15 +98,9 @@ def stage_compute_times(model, stages: list[Stage], cost: CostModel, batch: int)
     index = {st.name: k for k, st in enumerate(stages)}
     costs = getattr(model, "kernel_costs", None)
     if costs is not None:
+        aliases = getattr(model, "kernel_stages", {})
         for kc in costs(batch):
-            head = kc.name.split(".")
-            key = ".".join(head[:2])  # a block's kernels: "h.3.*" (GPT-2), "layer.3.*" (BERT)
-            if key in index or head[0] in index:
-                k = index[key] if key in index else index[head[0]]
-            elif head[0] in ("tokens", "inputs", "embedding", "wte", "wpe"):
-                k = 0
-            else:
-                k = nst - 1
+            k = _stage_of(kc.name, index, aliases, nst)
             secs = kc.count * cost.compute_time(
                 kc.flops, kc.bytes, kc.kind, shape=kc.shape, serial_flops=kc.serial_flops
             )
@@ -119,6 +113,20 @@ def stage_compute_times(model, stages: list[Stage], cost: CostModel, batch: int)
         fwd[k] = cost.compute_time(2.0 * tokens * n, 4.0 * n)
         bwd[k] = 2 * fwd[k]
     return fwd, bwd, "compute: 2 FLOPs per weight and token forward, twice that backward"
+
+
+def _stage_of(name: str, index: dict[str, int], aliases: dict[str, str], nst: int) -> int:
+    """The stage a kernel cost belongs to: its name's first two parts or first part, as
+    the model's ``kernel_stages`` renames them, name a stage (a block's kernels: "h.3.*",
+    "layer.3.*", "encoder.3.*"); else the inputs' and embedding's are stage 0's and the
+    rest the head's."""
+    head = name.split(".")
+    for n in (2, 1):
+        key = ".".join(head[:n])
+        key = aliases.get(key, key)
+        if key in index:
+            return index[key]
+    return 0 if head[0] in ("tokens", "inputs", "embedding", "wte", "wpe") else nst - 1
 
 
 @dataclass(frozen=True)
