@@ -32,6 +32,10 @@ def tiny_model(name: str):
     return build_model(load_params(PRESETS[name]).model)
 
 
+def numel(model) -> list[tuple[str, int]]:
+    return [(s.name, s.numel) for s in model.parameter_specs()]
+
+
 def evaluation(d) -> dict:
     return json.loads((d / "eval.json").read_text())
 
@@ -160,3 +164,33 @@ def test_one_tensor_at_a_time_init_refuses_going_back():
 
     with pytest.raises(RuntimeError, match="went back to 'a'"):
         fill_tensors(back, None, specs, lambda n, v: None)
+
+
+def test_bert_pipeline_equals_one_rank(tmp_path):
+    """BERT cut into 2 and 3 pipeline stages (1F1B, GPipe) over 3 micro-batches, dropout on:
+    one rank's loss lines, parameters, Adam state and evaluation (NSP included), the word
+    embeddings tied across the first and last stage; the bytes sent per boundary are what
+    the simulated pipeline costs (``boundary_bytes``)."""
+    from test_pipeline import assert_same_run, run_record
+    from test_pipeline import train as pp_train
+
+    from simdist.sim.pp_schedule import boundary_bytes
+
+    base = [*TINY_BERT, "--optimizer.grad_accum_steps=3", "--runconfig.max_steps=2"]
+    ref = run_record(pp_train(1, tmp_path / "np1", base), tmp_path / "np1")
+    assert "nsp_accuracy" in ref[2]
+    model = tiny_model("bert")
+    for n, kind in ((2, "1f1b"), (3, "gpipe")):
+        d = tmp_path / f"pp{n}"
+        out = pp_train(n, d, base, f"--pipeline-parallel={n}", f"--pipeline-schedule={kind}")
+        assert "stage 0: embeddings layer.0" in out.stdout, out.stdout
+        assert_same_run(ref, run_record(out, d), f"bert PP{n}")
+        p = perf(d)
+        cuts = np.cumsum([len(x["model_stages"]) for x in p["pipeline_split"]])[:-1]
+        fwd = [3 * boundary_bytes(model, int(k), 4)[0] for k in cuts]
+        bwd = [3 * boundary_bytes(model, int(k), 4)[1] for k in cuts]
+        # stage s sends activations forward (but the last) and gradients back (but the first);
+        # the last also sends each micro-batch's word-embedding gradient to the first (tied)
+        want = [a + b for a, b in zip([*fwd, 0], [0, *bwd], strict=True)]
+        want[-1] += 3 * 4 * dict(numel(model))["bert.embeddings.word_embeddings.weight"]
+        assert p["pipeline_bytes_sent_per_step"] == want

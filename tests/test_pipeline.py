@@ -380,7 +380,7 @@ def test_non_finite_input_stops_every_stage_at_the_same_step(tmp_path):
             ["--pipeline-parallel=2", "--tensor-parallel=2", "-b", "8"],
             "pipeline_parallel=2 x runconfig.tensor_parallel=2 must divide the 2 ranks",
         ),
-        (2, ["--pipeline-parallel=2", "--params=bert_mini"], "cannot be pipelined"),
+        (2, ["--pipeline-parallel=2", "--params=t5_mini"], "cannot be pipelined"),
         (
             2,
             ["--pipeline-parallel=2", "--input_workers_per_replica=1"],

@@ -327,6 +327,48 @@ class Bert:
             self._embed_backward(v, params, grads)
             grads.done(EMBED_PARAMS)
 
+    # -------------------------------------------------------------- pipeline boundaries
+    def stage_input(self, k: int) -> list[np.ndarray]:
+        """What stage ``k`` (>= 1) reads from the stages before it, as a view of the loaded
+        micro-batch's arena: the previous stage's output (the embeddings' x0 before layer 0,
+        a layer's output h after it; the heads gather their rows from the last h). A
+        pipeline sends it after stage k - 1's forward and receives it before stage k's."""
+        v = self._current
+        if v is None:
+            raise RuntimeError("stage_input without begin(inputs, targets)")
+        L = self.config.num_hidden_layers
+        return [v.layer_in[k - 1] if k <= L else v.h[L - 1]]
+
+    def stage_input_grad(self, k: int) -> np.ndarray:
+        """The gradient of stage ``k``'s input after ``backward_stage(k)``; also where
+        ``backward_stage(k - 1)`` starts from (one hidden-state gradient buffer)."""
+        if self._current is None:
+            raise RuntimeError("stage_input_grad without begin(inputs, targets)")
+        return self._current.dres
+
+    def hold_for_backward(self) -> None:
+        """A pipeline stage that ends before the heads: keep this micro-batch's activations
+        for its backward (the heads' forward does this otherwise)."""
+        self._saved = self._current
+
+    def boundary_numel(self, k: int) -> tuple[int, int]:
+        """Elements per sequence crossing the boundary before stage ``k``: (forward
+        ``stage_input(k)``, backward ``stage_input_grad(k)``), one hidden state each way."""
+        n = self.config.max_seq_length * self.config.hidden_size
+        return n, n
+
+    def stage_flops(self) -> list[int]:
+        """Forward + backward FLOPs of each stage per sequence, as ``flops_per_sample``
+        counts them (they add up to it): the embeddings none, a layer 3 T (8 H^2 + 4 H I +
+        4 T H), the heads the pooler, NSP, MLM transform and decoder. Pipelines balance
+        their split by these."""
+        c = self.config
+        L, H, I, V = c.num_hidden_layers, c.hidden_size, c.intermediate_size, c.vocab_size
+        T, P = c.max_seq_length, c.max_predictions_per_seq
+        layer = 3 * T * (2 * (4 * H * H + 2 * H * I) + 4 * T * H)
+        heads = 3 * (2 * (H * H + 2 * H) + P * 2 * (H * H + H * V))
+        return [0, *[layer] * L, heads]
+
     # -------------------------------------------------------------- internals
     def _sample_losses(self, v: _Views) -> np.ndarray:
         P = self.config.max_predictions_per_seq

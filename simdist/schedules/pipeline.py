@@ -222,7 +222,7 @@ class Pipeline(WholeTensorCheckpoint, Schedule):
         if not hasattr(self.model, "stage_input"):
             raise ConfigError(
                 f"model {self.model.name!r} cannot be pipelined (no stage boundaries); "
-                "runconfig.pipeline_parallel supports fc_mnist and gpt2",
+                "runconfig.pipeline_parallel supports fc_mnist, gpt2 and bert",
                 "runconfig.pipeline_parallel",
             )
         self.layout = Layout(self.model.parameter_specs(), self.replicas)

@@ -264,12 +264,16 @@ def boundary_bytes(model: Any, k: int, batch: int) -> tuple[int, int]:
     """Bytes a pipeline sends across the boundary before model stage ``k`` per micro-batch
     of ``batch``: (forward: ``stage_input(k)``, backward: ``stage_input_grad(k)``), from the
     model's shapes (nothing allocated; ``tests/test_pipeline.py`` checks them against a
-    run's sends). FC-MNIST: layer k - 1's output both ways; GPT-2: the embedding's output
+    run's sends). FC-MNIST: layer k - 1's output both ways; a model that counts them
+    itself (BERT): its ``boundary_numel``; GPT-2: the embedding's output
     before block 0, else the previous block's res2 and MLP output, and one residual-stream
     gradient back."""
     if hasattr(model, "sizes"):  # fc_mnist
         n = 4 * batch * int(model.sizes[k])
         return n, n
+    if hasattr(model, "boundary_numel"):  # BERT: one hidden state each way
+        f, b = model.boundary_numel(k)
+        return 4 * batch * f, 4 * batch * b
     cfg = model.config  # a GPT-2 layout
     stream = 4 * batch * cfg.block_size * cfg.n_embd
     if getattr(model, "sequence_parallel", False):  # weight mode: this shard's token rows
