@@ -130,7 +130,9 @@ def test_streamed_compute_is_charged_to_the_stage_that_runs_it():
     enc = [time[f"encoder.{i}"] for i in range(6)]
     dec = [time[f"decoder.{j}"] for j in range(6)]
     # block 0 also computes its stack's bias from its table (and its gradient)
-    assert enc[0][0] > enc[1][0] == enc[5][0] > 0 and dec[0][1] > dec[1][1] == dec[5][1] > 0
+    for stack in (enc, dec):
+        assert stack[0][0] > stack[1][0] == stack[5][0] > 0
+        assert stack[0][1] > stack[1][1] == stack[5][1] > 0
     assert all(f > 0 and b > 0 for f, b in time.values())
     every = sum(
         kc.count * cost.compute_time(kc.flops, kc.bytes, kc.kind, shape=kc.shape,

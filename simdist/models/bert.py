@@ -262,7 +262,8 @@ class Bert:
 
         The heads (MLM transform and tied decoder, pooler, NSP) read the word embeddings
         again; the embeddings' backward reads only their LayerNorm weight (its scatter-add
-        reads no weights), but loads its whole gradient group, the unit of loading."""
+        reads no weights), for which ZeRO-3 and 16-bit weights load the embeddings' whole
+        gradient group, their unit of loading (weight streaming streams just the weight)."""
         return list(self._stages)
 
     def begin(self, inputs: np.ndarray, targets: np.ndarray, training: bool = True) -> None:
@@ -318,8 +319,7 @@ class Bert:
             raise RuntimeError("backward without a preceding forward")
         L = self.config.num_hidden_layers
         if k == L + 1:
-            self._heads_backward(v, params, grads, dloss)
-            grads.done(HEAD_PARAMS)
+            self._heads_backward(v, params, grads, dloss)  # finishes HEAD_PARAMS
         elif k >= 1:
             self._layer_backward(v, params, grads, k - 1)
             grads.done(self._layer_names[k - 1])
@@ -512,8 +512,8 @@ class Bert:
         softmax_cross_entropy_forward(v.nsp_losses, v.nsp_probs, v.nsp_logits, v.nsp_labels)
 
     def _heads_backward(self, v: _Views, params, g, dloss: float) -> None:
-        """MLM (per-sample loss = mean of its P token losses) and NSP; leaves d(last layer's
-        output) in ``dres``."""
+        """MLM (per-sample loss = mean of its P token losses) and NSP; finishes the heads'
+        gradient group, then leaves d(last layer's output) in ``dres``."""
         P = self.config.max_predictions_per_seq
         st = self._store
         wte = params[EMBED_PARAMS[0]]
@@ -567,6 +567,7 @@ class Bert:
             params["bert.pooler.dense.weight"],
         )
         st(v.db1)
+        g.done(HEAD_PARAMS)  # before the scatter into dres: their reduction starts sooner
         v.dres.fill(0.0)
         gather_rows_backward(v.dres, v.dm2, v.rows)
         gather_rows_backward(v.dres, v.db1, v.cls_rows)

@@ -19,7 +19,7 @@ What such a model provides (duck-typed; fc_mnist, GPT-2, BERT and T5 implement i
 
 Pipeline parallelism (``simdist.schedules.pipeline``) runs a contiguous range of stages per
 rank, so such a model also names its stage boundaries (views of the loaded micro-batch's
-activations; fc_mnist and gpt2 implement them)::
+activations; fc_mnist, gpt2 and bert implement them)::
 
     stage_input(k) -> list[ndarray]    # what stage k reads from earlier stages (k >= 1)
     stage_input_grad(k) -> ndarray     # d(stage k's input) after backward_stage(k); the

@@ -174,9 +174,8 @@ class T5:
         self._offsets, total = arena_layout(self.config, batch_size)
         self._arena = np.zeros(total, dtype=np.float32)
         self._batch = batch_size
-        self._views, self._saved = {}, None
+        self._views, self._saved, self._current = {}, None, None
 
-    # -------------------------------------------------------------- protocol: compute
     # -------------------------------------------------------------- protocol: compute
     def forward(self, params, inputs: np.ndarray, targets: np.ndarray) -> float:
         self.begin(inputs, targets)
@@ -209,7 +208,6 @@ class T5:
     # -------------------------------------------------------------- stages
     # kernel costs (``t5_costs``) whose names do not start with their stage's name
     kernel_stages = {
-        "relpos": "encoder.0",  # both stacks' bias tables, costed as one kernel
         "encoder.relpos": "encoder.0",
         "encoder.dropout": "encoder.embed",
         "encoder.final": "encoder.final_norm",

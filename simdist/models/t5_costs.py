@@ -113,7 +113,9 @@ def kernel_costs(cfg, B: int, groups: list[GradientGroup]) -> list[KernelCost]:
     f, b = "forward", "backward"
     out: list[KernelCost] = [
         vector("inputs.copy", 0, 2 * (Ne + 2 * Nd + B) + B * (Te + Td), f),
-        vector("relpos.bias", 0, NH * (Te * Te + Td * Td) * 2 + 2 * nb * NH, f),
+        # each stack's bias from its block 0's table (run by that block's stage)
+        vector("encoder.relpos.bias", 0, NH * Te * Te * 2 + nb * NH, f),
+        vector("decoder.relpos.bias", 0, NH * Td * Td * 2 + nb * NH, f),
         vector("encoder.embed", 0, 2 * Ne * D + Ne, f),
         *_drop("encoder.dropout", Ne * D, p, f),
     ]

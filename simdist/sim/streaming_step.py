@@ -88,9 +88,8 @@ def simulate_step(
 
 def stage_compute_times(model, stages: list[Stage], cost: CostModel, batch: int) -> tuple:
     """(forward seconds, backward seconds) per stage on the simulated device, from the
-    model's ``kernel_costs`` where it has them (kernel names start with the stage's name;
-    the embedding's are recognised by theirs, and the rest belong to the head), else 6 N
-    FLOPs per token. Returns (fwd, bwd, note)."""
+    model's ``kernel_costs`` where it has them (each kernel on its stage: ``_stage_of``),
+    else 6 N FLOPs per token. Returns (fwd, bwd, note)."""
     nst = len(stages)
     fwd, bwd = [0.0] * nst, [0.0] * nst
     if not cost.profile.has_peak("matmul", cost.dtype):
