@@ -76,7 +76,7 @@ from .bert_shapes import (
     parameter_specs,
     resolve_config,
 )
-from .stages import Stage
+from .stages import Stage, StagedModel
 
 F32 = np.float32
 
@@ -130,7 +130,7 @@ def _flat(a: np.ndarray) -> np.ndarray:
     return a.reshape(-1)
 
 
-class Bert:
+class Bert(StagedModel):
     """The Model protocol (``simdist.models.base``) for BERT pretraining."""
 
     def __init__(self, config: BertConfig):
@@ -225,38 +225,8 @@ class Bert:
         self._batch = batch_size
         self._views, self._saved, self._current = {}, None, None
 
-    # -------------------------------------------------------------- protocol: compute
-    def forward(self, params, inputs: np.ndarray, targets: np.ndarray) -> float:
-        self.begin(inputs, targets)
-        loss = 0.0
-        for k in range(len(self._stages)):
-            loss = self.forward_stage(k, params)
-        return loss
-
-    def evaluate(self, params, inputs: np.ndarray, targets: np.ndarray) -> tuple[float, int]:
-        """(sum of the MLM token losses, correct MLM predictions) over the masked positions;
-        NSP accuracy and loss accumulate in ``extra_eval`` ({metric: [sum, samples]}, which
-        the run zeroes before and reduces over the ranks after an evaluation)."""
-        if self._arena is None:
-            self.allocate(inputs.shape[0])
-        loss_sum, correct = 0.0, 0
-        for lo in range(0, inputs.shape[0], self._batch):
-            hi = min(lo + self._batch, inputs.shape[0])
-            self.begin(inputs[lo:hi], targets[lo:hi], training=False)
-            for k in range(len(self._stages)):
-                self.forward_stage(k, params)
-            batch_loss, batch_correct = self.eval_stats()
-            loss_sum, correct = loss_sum + batch_loss, correct + batch_correct
-        self._saved = None  # the arena no longer holds a training forward
-        return loss_sum, correct
-
-    def backward(self, params, grads, dloss: float) -> None:
-        if self._saved is None:
-            raise RuntimeError("backward without a preceding forward")
-        for k in range(len(self._stages) - 1, -1, -1):
-            self.backward_stage(k, params, grads, dloss)
-
-    # -------------------------------------------------------------- stages
+    # -------------------------------------------------------------- stages (forward, backward
+    # and evaluate: StagedModel's loops over them)
     def stages(self) -> list[Stage]:
         """Embeddings, layers 0..L-1, heads: what forward runs in order, backward in reverse.
 

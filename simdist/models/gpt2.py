@@ -55,7 +55,7 @@ from simdist.precision import no_store, precision_store
 
 from . import gpt2_costs
 from .base import GradientGroup, KernelCost, ParamSpec
-from .stages import Stage
+from .stages import Stage, StagedModel
 
 F32 = np.float32
 
@@ -370,7 +370,7 @@ class _Views:
                 unpack_half(self._work[name][i], self._saved16[name][i], self._fmt)
 
 
-class GPT2:
+class GPT2(StagedModel):
     """The Model protocol (``simdist.models.base``) for GPT-2."""
 
     # mixed precision: hold the blocks' saved activations as 16-bit words (module docstring)
@@ -489,21 +489,8 @@ class GPT2:
             self._views[key] = _Views(self._arena, self.config, B, T, self._offsets, self.tp, store)
         return self._views[key]
 
-    # -------------------------------------------------------------- protocol: compute
-    def forward(self, params, inputs: np.ndarray, targets: np.ndarray) -> float:
-        self.begin(inputs, targets)
-        loss = 0.0
-        for k in range(len(self._stages)):
-            loss = self.forward_stage(k, params)
-        return loss
-
-    def backward(self, params, grads, dloss: float) -> None:
-        if self._saved is None:
-            raise RuntimeError("backward without a preceding forward")
-        for k in range(len(self._stages) - 1, -1, -1):
-            self.backward_stage(k, params, grads, dloss)
-
-    # -------------------------------------------------------------- stages (weight streaming)
+    # -------------------------------------------------------------- stages (forward, backward
+    # and evaluate: StagedModel's loops over them)
     def stages(self) -> list[Stage]:
         """Embedding, blocks 0..L-1, head: what forward runs in order, backward in reverse.
 
@@ -680,22 +667,6 @@ class GPT2:
         ]
         groups.append(GradientGroup(("wte.weight", "wpe.weight"), held=True))
         return groups
-
-    def evaluate(self, params, inputs: np.ndarray, targets: np.ndarray) -> tuple[float, int]:
-        """(sum of the B*T token losses, correct next-token argmax predictions)."""
-        if self._arena is None:
-            self.allocate(inputs.shape[0])
-        loss_sum, correct = 0.0, 0
-        # chunks of the allocated micro-batch: evaluation needs no memory of its own
-        for lo in range(0, inputs.shape[0], self._batch):
-            hi = min(lo + self._batch, inputs.shape[0])
-            self.begin(inputs[lo:hi], targets[lo:hi])
-            for k in range(len(self._stages)):
-                self.forward_stage(k, params)
-            batch_loss, batch_correct = self.eval_stats()
-            loss_sum, correct = loss_sum + batch_loss, correct + batch_correct
-        self._saved = None  # the arena no longer holds a training forward
-        return loss_sum, correct
 
     # -------------------------------------------------------------- internals
     def _ln1_params(self, params, i: int) -> tuple[np.ndarray, np.ndarray]:

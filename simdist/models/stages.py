@@ -4,8 +4,8 @@ A model that supports weight-streaming execution (``simdist.streaming``) runs it
 pass as a sequence of stages and its backward pass as the same stages in reverse. Each
 stage names the parameters it reads, so the executor can ship exactly those weights to the
 device just before the stage runs and drop them right after. The model's own
-``forward``/``backward`` run the same stage functions, so both execution modes compute the
-same bits.
+``forward``/``backward``/``evaluate`` (``StagedModel``'s loops) run the same stage
+functions, so every execution mode computes the same bits.
 
 What such a model provides (duck-typed; fc_mnist, GPT-2, BERT and T5 implement it)::
 
@@ -42,3 +42,42 @@ class Stage:
     name: str
     forward_params: tuple[str, ...]
     backward_params: tuple[str, ...]
+
+
+class StagedModel:
+    """The Model protocol's ``forward`` / ``backward`` / ``evaluate`` as loops over a model's
+    stages (``self._stages``; GPT-2, BERT and T5 inherit them), so data parallelism, ZeRO-3's
+    windows, 16-bit weights, weight streaming and pipelines all run the same stage
+    functions and compute the same bits."""
+
+    _stages: list[Stage]
+
+    def forward(self, params, inputs, targets) -> float:
+        self.begin(inputs, targets)
+        loss = 0.0
+        for k in range(len(self._stages)):
+            loss = self.forward_stage(k, params)
+        return loss
+
+    def backward(self, params, grads, dloss: float) -> None:
+        if self._saved is None:
+            raise RuntimeError("backward without a preceding forward")
+        for k in range(len(self._stages) - 1, -1, -1):
+            self.backward_stage(k, params, grads, dloss)
+
+    def evaluate(self, params, inputs, targets) -> tuple[float, int]:
+        """The sums ``eval_stats`` defines (loss, correct predictions; a model's
+        ``extra_eval`` too), without dropout, over chunks of the allocated micro-batch:
+        evaluation needs no memory of its own."""
+        if self._arena is None:
+            self.allocate(inputs.shape[0])
+        loss_sum, correct = 0.0, 0
+        for lo in range(0, inputs.shape[0], self._batch):
+            hi = min(lo + self._batch, inputs.shape[0])
+            self.begin(inputs[lo:hi], targets[lo:hi], training=False)
+            for k in range(len(self._stages)):
+                self.forward_stage(k, params)
+            batch_loss, batch_correct = self.eval_stats()
+            loss_sum, correct = loss_sum + batch_loss, correct + batch_correct
+        self._saved = None  # the arena no longer holds a training forward
+        return loss_sum, correct

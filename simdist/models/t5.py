@@ -52,7 +52,7 @@ from simdist.precision import no_store, precision_store
 
 from . import t5_costs
 from .base import GradientGroup, KernelCost, ParamSpec
-from .stages import Stage
+from .stages import Stage, StagedModel
 from .t5_arena import EPS, F32, Views, arena_layout
 from .t5_shapes import (  # noqa: F401  (re-exported: tests and plan mode import them here)
     FIELDS,
@@ -80,7 +80,7 @@ def activation_bytes(cfg: T5Config, batch_size: int) -> int:
 
 
 # ------------------------------------------------------------------ the model
-class T5:
+class T5(StagedModel):
     """The Model protocol (``simdist.models.base``) for T5 span-corruption denoising."""
 
     def __init__(self, config: T5Config):
@@ -176,36 +176,8 @@ class T5:
         self._batch = batch_size
         self._views, self._saved, self._current = {}, None, None
 
-    # -------------------------------------------------------------- protocol: compute
-    def forward(self, params, inputs: np.ndarray, targets: np.ndarray) -> float:
-        self.begin(inputs, targets)
-        loss = 0.0
-        for k in range(len(self._stages)):
-            loss = self.forward_stage(k, params)
-        return loss
-
-    def evaluate(self, params, inputs: np.ndarray, targets: np.ndarray) -> tuple[float, int]:
-        """(sum of the target-token losses, correctly predicted target tokens), teacher-forced."""
-        if self._arena is None:
-            self.allocate(inputs.shape[0])
-        loss_sum, correct = 0.0, 0
-        for lo in range(0, inputs.shape[0], self._batch):
-            hi = min(lo + self._batch, inputs.shape[0])
-            self.begin(inputs[lo:hi], targets[lo:hi], training=False)
-            for k in range(len(self._stages)):
-                self.forward_stage(k, params)
-            batch_loss, batch_correct = self.eval_stats()
-            loss_sum, correct = loss_sum + batch_loss, correct + batch_correct
-        self._saved = None
-        return loss_sum, correct
-
-    def backward(self, params, grads, dloss: float) -> None:
-        if self._saved is None:
-            raise RuntimeError("backward without a preceding forward")
-        for k in range(len(self._stages) - 1, -1, -1):
-            self.backward_stage(k, params, grads, dloss)
-
-    # -------------------------------------------------------------- stages
+    # -------------------------------------------------------------- stages (forward, backward
+    # and evaluate: StagedModel's loops over them)
     # kernel costs (``t5_costs``) whose names do not start with their stage's name
     kernel_stages = {
         "encoder.relpos": "encoder.0",
