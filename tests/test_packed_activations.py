@@ -1,6 +1,6 @@
-"""GPT-2 in mixed precision holds its blocks' saved activations as 16-bit words
-(``gpt2.PACKED``): the same bits as float32 words holding the half values, less host
-memory, and the same across a pipeline boundary."""
+"""GPT-2 and BERT in mixed precision hold their blocks' saved activations as 16-bit words
+(``gpt2.PACKED``, ``bert_shapes.PACKED``; ``saved_words``): the same bits as float32 words
+holding the half values, less host memory, and the same across a pipeline boundary."""
 
 from __future__ import annotations
 
@@ -8,7 +8,11 @@ import numpy as np
 import pytest
 
 from simdist.arena import Layout
+from simdist.data.bert import BertData
+from simdist.data.text import load_corpus_bytes
 from simdist.models.base import GradientViews
+from simdist.models.bert import Bert
+from simdist.models.bert import resolve_config as bert_config
 from simdist.models.gpt2 import GPT2, resolve_config
 from simdist.precision import Precision
 
@@ -97,5 +101,89 @@ def test_few_blocks_keep_float32_words():
     model = GPT2(resolve_config("gpt2-mini", n_layer=2))
     model.set_precision(Precision("bf16"))
     model.allocate(B)
+    assert model._words is None
+    assert model.host_activation_bytes(B) == model.activation_bytes(B)
+
+
+# ---------------------------------------------------------------- BERT
+def _bert(precision: str, packs: bool, layers: int = 4):
+    cfg = bert_config(
+        None, num_hidden_layers=layers, num_attention_heads=2, hidden_size=32,
+        intermediate_size=64, max_position_embeddings=24, vocab_size=260, type_vocab_size=2,
+        max_seq_length=24, max_predictions_per_seq=4,
+    )  # fmt: skip
+    model = Bert(cfg)
+    model.packs_saved_activations = packs
+    model.set_precision(Precision(precision))
+    model.allocate(B)
+    model.bind_step(3, lambda: 7)  # dropout on: its masks must survive the packing too
+    return model
+
+
+def _bert_params_and_batch(model):
+    cfg = model.config
+    layout = Layout(model.parameter_specs(), world=1)
+    params = layout.views(np.zeros(layout.padded, np.float32))
+    model.init_parameters(params, np.random.default_rng(0))
+    for p in params.values():
+        Precision("bf16").store(p)
+    data = BertData(load_corpus_bytes(), cfg.max_seq_length, cfg.max_predictions_per_seq, B, "")
+    x, y = data.train_batch(np.arange(B) * 3)
+    x = x.copy()
+    x[1, 0, -2:] = 0  # some padding
+    return layout, params, x, y.copy()
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_bert_packed_store_gives_the_bits_of_float32_words_in_less_memory(precision):
+    packed, plain = _bert(precision, True), _bert(precision, False)
+    layout, params, x, y = _bert_params_and_batch(packed)
+    runs = []
+    for model in (packed, plain):
+        flat, grads = _grads(layout)
+        loss = model.forward(params, x, y)
+        model.backward(params, grads, 1.0 / B)
+        runs.append((loss, flat, model.evaluate(params, x, y)))
+    assert runs[0][0] == runs[1][0] and runs[0][2] == runs[1][2]
+    assert np.array_equal(runs[0][1], runs[1][1])
+    assert np.count_nonzero(runs[0][1]) > 0.9 * layout.numel
+    assert packed._words is not None and packed._words.dtype == np.uint16
+    held = packed._arena.nbytes + packed._words.nbytes
+    assert held == packed.host_activation_bytes(B) < 0.9 * plain._arena.nbytes
+    assert plain._words is None and plain._arena.nbytes == plain.host_activation_bytes(B)
+    assert packed.activation_bytes(B) == plain.activation_bytes(B) == plain._arena.nbytes
+
+
+def test_bert_packed_store_across_a_pipeline_boundary():
+    """Embeddings and layers 0-1 on one model, layers 2-3 and the heads on another: the
+    second stage packs the layer output it received, and its backward unpacks it."""
+    whole, first, second = (_bert("bf16", True) for _ in range(3))
+    layout, params, x, y = _bert_params_and_batch(whole)
+    ref_flat, ref = _grads(layout)
+    ref_loss = whole.forward(params, x, y)
+    whole.backward(params, ref, 1.0 / B)
+
+    flat, grads = _grads(layout)
+    n_stages, cut = len(whole.stages()), 3  # embeddings, layer.0, layer.1 | layer.2, .3, heads
+    first.begin(x, y)
+    second.begin(x, y)
+    for k in range(cut):
+        first.forward_stage(k, params)
+    first.hold_for_backward()
+    for dst, src in zip(second.stage_input(cut), first.stage_input(cut), strict=True):
+        np.copyto(dst, src)
+    for k in range(cut, n_stages):
+        loss = second.forward_stage(k, params)
+    for k in range(n_stages - 1, cut - 1, -1):
+        second.backward_stage(k, params, grads, 1.0 / B)
+    np.copyto(first.stage_input_grad(cut), second.stage_input_grad(cut))
+    for k in range(cut - 1, -1, -1):
+        first.backward_stage(k, params, grads, 1.0 / B)
+    assert loss == ref_loss
+    assert np.array_equal(flat, ref_flat)
+
+
+def test_bert_with_two_layers_keeps_float32_words():
+    model = _bert("bf16", True, layers=2)
     assert model._words is None
     assert model.host_activation_bytes(B) == model.activation_bytes(B)

@@ -4,7 +4,8 @@ Like ``gpt2.py``: the configuration with presets (bert-mini, bert-base, bert-lar
 ``bert_shapes.py`` with the sizes, so they are known without allocating), the parameter
 list in Hugging Face's ``BertForPreTraining`` state-dict names and layouts (``nn.Linear``
 weights are (out, in); the MLM decoder is tied to the word embeddings, its
-bias is ``cls.predictions.bias``), one float32 activation arena, and forward / backward as
+bias is ``cls.predictions.bias``), one float32 activation arena (in mixed precision the layers'
+saved activations as 16-bit words besides it, ``saved_words``), and forward / backward as
 kernel calls. Post-LN encoder layers: x -> LN(x + drop(attn(x))) -> LN(. + drop(ffn(.))).
 
 Inputs (``simdist.data.bert`` makes them):
@@ -67,15 +68,21 @@ from .bert_shapes import (
     HEAD_PARAMS,
     INT_FIELDS,
     LAYER_PARAMS,
+    OWN_PACKED,
+    PACKED,
     BertConfig,
     activation_bytes,
     activation_shapes,
     arena_layout,
     flops_per_sample,
     num_parameters,
+    packed_activation_bytes,
     parameter_specs,
     resolve_config,
+    saved_shapes,
+    store_layout,
 )
+from .saved_words import SavedWords
 from .stages import Stage, StagedModel
 
 F32 = np.float32
@@ -89,11 +96,24 @@ def build_bert(config) -> Bert:
 
 # ------------------------------------------------------------------ the model
 class _Views:
-    """Named views of the arena for one micro-batch size B."""
+    """Named views of the arena for one micro-batch size B, per layer where the tensor is
+    per layer."""
 
-    def __init__(self, arena: np.ndarray, cfg: BertConfig, B: int, offsets: dict):
+    def __init__(
+        self,
+        arena: np.ndarray,
+        cfg: BertConfig,
+        B: int,
+        offsets: dict,
+        store: tuple[np.ndarray, dict[str, int], int] | None = None,
+    ):
+        """``store``: mixed precision's (uint16 store, its offsets, half format); the
+        arena then holds ``working_copies`` layers of the ``PACKED`` tensors."""
         self.B = B
-        for name, (shape, dtype) in activation_shapes(cfg, B).items():
+        self._words: SavedWords | None = None
+        if store is not None:
+            self._words = SavedWords(store[0], store[1], saved_shapes(cfg, B), store[2])
+        for name, (shape, dtype) in activation_shapes(cfg, B, store is not None).items():
             lo = offsets[name]
             n = math.prod(shape) * (2 if dtype == "u8" else 1)
             flat = arena[lo : lo + n]
@@ -102,12 +122,11 @@ class _Views:
             elif dtype == "u8":
                 flat = flat.view(np.uint64)
             arr = flat.reshape(shape)
-            # per-layer tensors become a list of per-layer views
-            setattr(
-                self,
-                name,
-                list(arr) if shape[0] == cfg.num_hidden_layers and name in _PER_LAYER else arr,
-            )
+            if self._words is not None and name in PACKED:  # layer i: working copy i % w
+                arr = self._words.working(name, arr)
+            elif name in _PER_LAYER:  # a list of per-layer views
+                arr = list(arr)
+            setattr(self, name, arr)
         T, H = cfg.max_seq_length, cfg.hidden_size
         self.layer_in = [self.x0] + self.h[:-1]
         self.q3 = [a.reshape(B, T, H) for a in self.q]
@@ -118,6 +137,16 @@ class _Views:
         self.dres3 = self.dres.reshape(B, T, H)
         self.dctx3, self.dq3 = self.dctx.reshape(B, T, H), self.dq.reshape(B, T, H)
         self.dk3, self.dv3 = self.dk.reshape(B, T, H), self.dv.reshape(B, T, H)
+
+    def pack(self, i: int, names: tuple[str, ...]) -> None:
+        """Layer i's tensors ``names`` into the 16-bit store (no-op unless packed)."""
+        if self._words is not None:
+            self._words.pack(i, names)
+
+    def unpack(self, i: int, names: tuple[str, ...]) -> None:
+        """Layer i's tensors ``names`` back into their working copies (exact)."""
+        if self._words is not None:
+            self._words.unpack(i, names)
 
 
 _PER_LAYER = {
@@ -132,6 +161,9 @@ def _flat(a: np.ndarray) -> np.ndarray:
 
 class Bert(StagedModel):
     """The Model protocol (``simdist.models.base``) for BERT pretraining."""
+
+    # mixed precision: hold the layers' saved activations as 16-bit words (``saved_words``)
+    packs_saved_activations = True
 
     def __init__(self, config: BertConfig):
         self.config = config
@@ -154,6 +186,9 @@ class Bert(StagedModel):
         self._step: Callable[[], int] = lambda: 0
         self._dropout = False  # this forward applies dropout (training, p > 0)
         self._store = no_store  # set_precision: round what the kernels store
+        self._half_fmt = 0  # set_precision: the half format of the 16-bit store (0: none)
+        self._words: np.ndarray | None = None  # the 16-bit store (mixed precision)
+        self._words_offsets: dict[str, int] = {}
         self.extra_eval: dict[str, list[float]] = {
             "nsp_accuracy": [0.0, 0.0],
             "nsp_loss": [0.0, 0.0],
@@ -161,8 +196,17 @@ class Bert(StagedModel):
 
     def set_precision(self, precision) -> None:
         """Train in ``precision`` (``simdist.precision.Precision``): every activation and
-        activation gradient the kernels write is stored in its half format."""
+        activation gradient the kernels write is stored in its half format, and the saved
+        ones are held as 16-bit words (``packs_saved_activations``) where that takes less
+        host memory (not with fewer than 3 layers: the working copies would cost more)."""
         self._store = precision_store(precision)
+        fmt = precision.fmt if precision.half and self.packs_saved_activations else 0
+        if fmt and packed_activation_bytes(self.config, 1) >= activation_bytes(self.config, 1):
+            fmt = 0
+        if fmt != self._half_fmt:
+            self._half_fmt = fmt
+            if self._arena is not None:  # the layout changes: allocate again
+                self.allocate(self._batch)
 
     # -------------------------------------------------------------- training-loop hook
     def bind_step(self, seed: int, step: Callable[[], int]) -> None:
@@ -178,7 +222,15 @@ class Bert(StagedModel):
         return num_parameters(self.config)
 
     def activation_bytes(self, batch_size: int) -> int:
+        """The arena in float32 words, every layer's tensors (the device's layout)."""
         return activation_bytes(self.config, batch_size)
+
+    def host_activation_bytes(self, batch_size: int) -> int:
+        """What ``allocate(batch_size)`` takes on the host: the arena, and in mixed
+        precision with packing its working copies and the 16-bit store instead."""
+        if not self._half_fmt:
+            return self.activation_bytes(batch_size)
+        return packed_activation_bytes(self.config, batch_size)
 
     def flops_per_sample(self) -> int:
         return flops_per_sample(self.config)
@@ -220,8 +272,13 @@ class Bert(StagedModel):
     def allocate(self, batch_size: int) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
-        self._offsets, total = arena_layout(self.config, batch_size)
+        packed = bool(self._half_fmt)
+        self._offsets, total = arena_layout(self.config, batch_size, packed)
         self._arena = np.zeros(total, dtype=np.float32)
+        self._words, self._words_offsets = None, {}
+        if packed:
+            self._words_offsets, n = store_layout(self.config, batch_size)
+            self._words = np.zeros(n, dtype=np.uint16)
         self._batch = batch_size
         self._views, self._saved, self._current = {}, None, None
 
@@ -358,7 +415,10 @@ class Bert(StagedModel):
             raise ValueError(f"batch of {B} sequences, but allocate({self._batch}) was called")
         v = self._views.get(B)
         if v is None:
-            v = self._views[B] = _Views(self._arena, cfg, B, self._offsets)
+            store = None
+            if self._words is not None:
+                store = (self._words, self._words_offsets, self._half_fmt)
+            v = self._views[B] = _Views(self._arena, cfg, B, self._offsets, store)
             v.row_base = (np.arange(B, dtype=np.int32) * T)[:, None]  # sample b's row 0
         tok, typ, pos, lab = inputs[:, 0], inputs[:, 1], targets[:, :P], targets[:, P : 2 * P]
         # the kernels index with these unchecked: a bad id would touch wild memory
@@ -408,6 +468,8 @@ class Bert(StagedModel):
         (qw, qb, kw, kb, vw, vb, ow, ob, l1w, l1b, iw, ib, o2w, o2b, l2w, l2b) = self._layer_names[
             i
         ]
+        if i:
+            v.pack(i - 1, ("h",))  # layer i - 1's output, final (perhaps received)
         x = v.layer_in[i]
         linear_hf_forward(v.q[i], x, params[qw], params[qb])
         linear_hf_forward(v.k[i], x, params[kw], params[kb])
@@ -440,6 +502,7 @@ class Bert(StagedModel):
             params[l2b], eps,
         )  # fmt: skip
         st(v.res2[i], v.h[i])
+        v.pack(i, OWN_PACKED)  # before layer i + 1 reuses the working copies
 
     def _heads_forward(self, v: _Views, params) -> None:
         st = self._store
@@ -578,6 +641,9 @@ class Bert(StagedModel):
         ]
         B = v.B
         st = self._store
+        v.unpack(i, OWN_PACKED)
+        if i:
+            v.unpack(i - 1, ("h",))  # layer i's input (layer_in)
         # h = LN2(res2), res2 = a1 + drop(dense(gelu(dense(a1)))); dres = d h
         layernorm_backward(
             v.dln, g[l2w], g[l2b], v.dres, v.res2[i], params[l2w], v.h_mean[i], v.h_rstd[i]

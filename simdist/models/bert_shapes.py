@@ -16,6 +16,7 @@ import numpy as np
 from simdist.config import ConfigError
 
 from .base import ParamSpec
+from .saved_words import aligned_layout
 
 F32 = np.float32
 INT_FIELDS = (
@@ -204,9 +205,41 @@ def num_parameters(cfg: BertConfig) -> int:
 ARENA_ALIGN = 16  # elements (64 bytes): every tensor on its own cache line
 
 
-def activation_shapes(cfg: BertConfig, B: int) -> dict[str, tuple[tuple[int, ...], str]]:
+def activation_shapes(
+    cfg: BertConfig, B: int, packed: bool = False
+) -> dict[str, tuple[tuple[int, ...], str]]:
     """(shape, dtype) of every arena tensor for micro-batch B, in arena order. int32 and
-    uint64 tensors are carved from the float32 arena (aligned, so the views are legal)."""
+    uint64 tensors are carved from the float32 arena (aligned, so the views are legal).
+    ``packed``: the ``PACKED`` tensors are float32 working copies of ``working_copies``
+    layers, not of every layer (their L layers are in the uint16 store of ``saved_shapes``)."""
+    shapes = _activation_shapes(cfg, B)
+    if packed:
+        for name in PACKED:
+            shape, dtype = shapes[name]
+            shapes[name] = ((working_copies(cfg, name), *shape[1:]), dtype)
+    return shapes
+
+
+# a layer's tensors that its backward reads, held as 16-bit words in mixed precision: its
+# own (final when the layer ends) and its output h, packed by the next layer (the input it
+# may have received from a pipeline stage); the last layer's h is read by no backward
+OWN_PACKED = ("q", "k", "v", "ctx", "res1", "a1", "inter", "inter_g", "res2")
+PACKED = (*OWN_PACKED, "h")
+
+
+def working_copies(cfg: BertConfig, name: str) -> int:
+    """Layers of float32 working copies of a packed tensor: two of the layers' output
+    (layer i reads layer i - 1's h while it writes its own), one of the rest."""
+    return min(cfg.num_hidden_layers, 2 if name == "h" else 1)
+
+
+def saved_shapes(cfg: BertConfig, B: int) -> dict[str, tuple[int, ...]]:
+    """The uint16 store of mixed precision: every layer's ``PACKED`` tensors."""
+    shapes = _activation_shapes(cfg, B)
+    return {name: shapes[name][0] for name in PACKED}
+
+
+def _activation_shapes(cfg: BertConfig, B: int) -> dict[str, tuple[tuple[int, ...], str]]:
     L, H, I, V = cfg.num_hidden_layers, cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
     T, P, NH, hs = (
         cfg.max_seq_length,
@@ -279,17 +312,29 @@ def activation_shapes(cfg: BertConfig, B: int) -> dict[str, tuple[tuple[int, ...
     }
 
 
-def arena_layout(cfg: BertConfig, B: int) -> tuple[dict[str, int], int]:
-    offsets, total = {}, 0
-    for name, (shape, dtype) in activation_shapes(cfg, B).items():
-        offsets[name] = total
-        n = math.prod(shape) * (2 if dtype == "u8" else 1)
-        total += -(-n // ARENA_ALIGN) * ARENA_ALIGN
-    return offsets, total
+def arena_layout(cfg: BertConfig, B: int, packed: bool = False) -> tuple[dict[str, int], int]:
+    """(offset of each tensor, total float32 elements) of the arena (``packed``: with
+    working copies of the packed tensors, ``activation_shapes``)."""
+    sizes = {
+        name: math.prod(shape) * (2 if dtype == "u8" else 1)
+        for name, (shape, dtype) in activation_shapes(cfg, B, packed).items()
+    }
+    return aligned_layout(sizes, ARENA_ALIGN)
+
+
+def store_layout(cfg: BertConfig, B: int) -> tuple[dict[str, int], int]:
+    """(offset of each tensor, total uint16 words) of mixed precision's 16-bit store."""
+    return aligned_layout({n: math.prod(s) for n, s in saved_shapes(cfg, B).items()}, ARENA_ALIGN)
 
 
 def activation_bytes(cfg: BertConfig, batch_size: int) -> int:
+    """The arena in float32 words, every layer's tensors (the device's layout)."""
     return 4 * arena_layout(cfg, batch_size)[1]
+
+
+def packed_activation_bytes(cfg: BertConfig, batch_size: int) -> int:
+    """Host bytes of a packed arena: its float32 words and the 16-bit store."""
+    return 4 * arena_layout(cfg, batch_size, packed=True)[1] + 2 * store_layout(cfg, batch_size)[1]
 
 
 def flops_per_sample(cfg: BertConfig) -> int:

@@ -41,7 +41,6 @@ from simdist.config import ConfigError
 from simdist.kernels.attention import attention_backward, attention_forward
 from simdist.kernels.embedding import embedding_backward_accumulate, embedding_forward
 from simdist.kernels.gelu import gelu_backward, gelu_forward
-from simdist.kernels.half import pack_half, unpack_half
 from simdist.kernels.layernorm import (
     layernorm_backward,
     layernorm_backward_accumulate,
@@ -55,6 +54,7 @@ from simdist.precision import no_store, precision_store
 
 from . import gpt2_costs
 from .base import GradientGroup, KernelCost, ParamSpec
+from .saved_words import SavedWords, aligned_layout
 from .stages import Stage, StagedModel
 
 F32 = np.float32
@@ -252,11 +252,7 @@ def _packed_bytes(cfg: GPT2Config, tp: int, batch_size: int = 1) -> int:
 
 
 def _layout(shapes: dict[str, tuple[int, ...]]) -> tuple[dict[str, int], int]:
-    offsets, total = {}, 0
-    for name, shape in shapes.items():
-        offsets[name] = total
-        total += -(-math.prod(shape) // ARENA_ALIGN) * ARENA_ALIGN
-    return offsets, total
+    return aligned_layout({name: math.prod(s) for name, s in shapes.items()}, ARENA_ALIGN)
 
 
 def activation_bytes(cfg: GPT2Config, batch_size: int, tp: int = 1) -> int:
@@ -306,19 +302,12 @@ class _Views:
             if name in ("tokens", "targets"):
                 flat = flat.view(np.int32)
             v[name] = flat.reshape(shape)
-        self._fmt = 0
-        self._saved16: dict[str, list[np.ndarray]] = {}
-        self._work: dict[str, list[np.ndarray]] = {}
+        self._words: SavedWords | None = None
         if store is not None:
-            words, store_offsets, self._fmt = store
-            L = cfg.n_layer
-            for name, shape in saved_shapes(cfg, B, T, tp).items():
-                lo = store_offsets[name]
-                flat = words[lo : lo + math.prod(shape)].reshape(L, -1)
-                self._saved16[name] = list(flat)
-                w = working_copies(cfg, name)
-                v[name] = [v[name][i % w] for i in range(L)]  # block i: working copy i % w
-                self._work[name] = [a.reshape(-1) for a in v[name]]
+            words, store_offsets, fmt = store
+            self._words = SavedWords(words, store_offsets, saved_shapes(cfg, B, T, tp), fmt)
+            for name in PACKED:  # block i: working copy i % working_copies
+                v[name] = self._words.working(name, v[name])
         self.tokens, self.targets = v["tokens"], v["targets"]
         self.targets_flat = self.targets.reshape(N)
         self.encoded = v["encoded"]
@@ -359,15 +348,13 @@ class _Views:
 
     def pack(self, i: int, names: tuple[str, ...]) -> None:
         """Block i's tensors ``names`` into the 16-bit store (no-op unless packed)."""
-        if self._fmt:
-            for name in names:
-                pack_half(self._saved16[name][i], self._work[name][i], self._fmt)
+        if self._words is not None:
+            self._words.pack(i, names)
 
     def unpack(self, i: int, names: tuple[str, ...]) -> None:
         """Block i's tensors ``names`` back into their working copies (exact)."""
-        if self._fmt:
-            for name in names:
-                unpack_half(self._work[name][i], self._saved16[name][i], self._fmt)
+        if self._words is not None:
+            self._words.unpack(i, names)
 
 
 class GPT2(StagedModel):
