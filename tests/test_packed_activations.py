@@ -1,6 +1,7 @@
-"""GPT-2 and BERT in mixed precision hold their blocks' saved activations as 16-bit words
-(``gpt2.PACKED``, ``bert_shapes.PACKED``; ``saved_words``): the same bits as float32 words
-holding the half values, less host memory, and the same across a pipeline boundary."""
+"""GPT-2, BERT and T5 in mixed precision hold their blocks' saved activations as 16-bit
+words (``gpt2.PACKED``, ``bert_shapes.PACKED``, ``t5_arena.packed_names``; ``saved_words``):
+the same bits as float32 words holding the half values, less host memory, and the same
+across a pipeline boundary."""
 
 from __future__ import annotations
 
@@ -9,11 +10,14 @@ import pytest
 
 from simdist.arena import Layout
 from simdist.data.bert import BertData
+from simdist.data.t5 import T5Data
 from simdist.data.text import load_corpus_bytes
 from simdist.models.base import GradientViews
 from simdist.models.bert import Bert
 from simdist.models.bert import resolve_config as bert_config
 from simdist.models.gpt2 import GPT2, resolve_config
+from simdist.models.t5 import T5
+from simdist.models.t5 import resolve_config as t5_config
 from simdist.precision import Precision
 
 B = 2
@@ -187,3 +191,46 @@ def test_bert_with_two_layers_keeps_float32_words():
     model = _bert("bf16", True, layers=2)
     assert model._words is None
     assert model.host_activation_bytes(B) == model.activation_bytes(B)
+
+
+# ---------------------------------------------------------------- T5
+def _t5(precision: str, packs: bool, gated: bool):
+    cfg = t5_config(
+        None, num_layers=3, num_decoder_layers=4, num_heads=2, d_model=32, d_kv=16, d_ff=48,
+        vocab_size=359, relative_attention_num_buckets=8, relative_attention_max_distance=16,
+        n_positions=64, max_seq_length=24, dropout_rate=0.1,
+        feed_forward_proj="gated-gelu" if gated else "relu",
+    )  # fmt: skip
+    model = T5(cfg)
+    model.packs_saved_activations = packs
+    model.set_precision(Precision(precision))
+    model.allocate(B)
+    model.bind_step(3, lambda: 7)  # dropout on
+    return model
+
+
+@pytest.mark.parametrize("precision,gated", [("bf16", True), ("fp16", False)])
+def test_t5_packed_store_gives_the_bits_of_float32_words_in_less_memory(precision, gated):
+    packed, plain = _t5(precision, True, gated), _t5(precision, False, gated)
+    cfg = packed.config
+    layout = Layout(packed.parameter_specs(), world=1)
+    params = layout.views(np.zeros(layout.padded, np.float32))
+    packed.init_parameters(params, np.random.default_rng(0))
+    for p in params.values():
+        Precision(precision).store(p)
+    x, y = T5Data(load_corpus_bytes()[:50000], cfg.max_seq_length, B, "").train_batch(
+        np.arange(B) * 3
+    )
+    runs = []
+    for model in (packed, plain):
+        flat, grads = _grads(layout)
+        loss = model.forward(params, x, y)
+        model.backward(params, grads, 1.0 / B)
+        runs.append((loss, flat, model.evaluate(params, x, y)))
+    assert runs[0][0] == runs[1][0] and runs[0][2] == runs[1][2]
+    assert np.array_equal(runs[0][1], runs[1][1])
+    assert np.count_nonzero(runs[0][1]) > 0.9 * layout.numel
+    assert packed._words is not None and plain._words is None
+    held = packed._arena.nbytes + packed._words.nbytes
+    assert held == packed.host_activation_bytes(B) < 0.9 * plain._arena.nbytes
+    assert packed.activation_bytes(B) == plain.activation_bytes(B) == plain._arena.nbytes

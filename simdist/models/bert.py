@@ -58,7 +58,7 @@ from simdist.kernels.transformer_act import (
     tanh_backward,
     tanh_forward,
 )
-from simdist.precision import no_store, precision_store
+from simdist.precision import no_store
 
 from . import bert_costs
 from .base import GradientGroup, KernelCost, ParamSpec
@@ -76,13 +76,12 @@ from .bert_shapes import (
     arena_layout,
     flops_per_sample,
     num_parameters,
-    packed_activation_bytes,
     parameter_specs,
     resolve_config,
     saved_shapes,
     store_layout,
 )
-from .saved_words import SavedWords
+from .saved_words import PacksSavedActivations, SavedWords
 from .stages import Stage, StagedModel
 
 F32 = np.float32
@@ -159,11 +158,9 @@ def _flat(a: np.ndarray) -> np.ndarray:
     return a.reshape(-1)
 
 
-class Bert(StagedModel):
-    """The Model protocol (``simdist.models.base``) for BERT pretraining."""
-
-    # mixed precision: hold the layers' saved activations as 16-bit words (``saved_words``)
-    packs_saved_activations = True
+class Bert(PacksSavedActivations, StagedModel):
+    """The Model protocol (``simdist.models.base``) for BERT pretraining; in mixed
+    precision (``set_precision``) it holds its layers' saved activations as 16-bit words."""
 
     def __init__(self, config: BertConfig):
         self.config = config
@@ -186,27 +183,10 @@ class Bert(StagedModel):
         self._step: Callable[[], int] = lambda: 0
         self._dropout = False  # this forward applies dropout (training, p > 0)
         self._store = no_store  # set_precision: round what the kernels store
-        self._half_fmt = 0  # set_precision: the half format of the 16-bit store (0: none)
-        self._words: np.ndarray | None = None  # the 16-bit store (mixed precision)
-        self._words_offsets: dict[str, int] = {}
         self.extra_eval: dict[str, list[float]] = {
             "nsp_accuracy": [0.0, 0.0],
             "nsp_loss": [0.0, 0.0],
         }
-
-    def set_precision(self, precision) -> None:
-        """Train in ``precision`` (``simdist.precision.Precision``): every activation and
-        activation gradient the kernels write is stored in its half format, and the saved
-        ones are held as 16-bit words (``packs_saved_activations``) where that takes less
-        host memory (not with fewer than 3 layers: the working copies would cost more)."""
-        self._store = precision_store(precision)
-        fmt = precision.fmt if precision.half and self.packs_saved_activations else 0
-        if fmt and packed_activation_bytes(self.config, 1) >= activation_bytes(self.config, 1):
-            fmt = 0
-        if fmt != self._half_fmt:
-            self._half_fmt = fmt
-            if self._arena is not None:  # the layout changes: allocate again
-                self.allocate(self._batch)
 
     # -------------------------------------------------------------- training-loop hook
     def bind_step(self, seed: int, step: Callable[[], int]) -> None:
@@ -225,12 +205,11 @@ class Bert(StagedModel):
         """The arena in float32 words, every layer's tensors (the device's layout)."""
         return activation_bytes(self.config, batch_size)
 
-    def host_activation_bytes(self, batch_size: int) -> int:
-        """What ``allocate(batch_size)`` takes on the host: the arena, and in mixed
-        precision with packing its working copies and the 16-bit store instead."""
-        if not self._half_fmt:
-            return self.activation_bytes(batch_size)
-        return packed_activation_bytes(self.config, batch_size)
+    def _arena_layout(self, batch_size: int, packed: bool) -> tuple[dict[str, int], int]:
+        return arena_layout(self.config, batch_size, packed)
+
+    def _store_layout(self, batch_size: int) -> tuple[dict[str, int], int]:
+        return store_layout(self.config, batch_size)
 
     def flops_per_sample(self) -> int:
         return flops_per_sample(self.config)
@@ -270,16 +249,7 @@ class Bert(StagedModel):
                 p[self.config.pad_token_id] = 0.0
 
     def allocate(self, batch_size: int) -> None:
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be positive, got {batch_size}")
-        packed = bool(self._half_fmt)
-        self._offsets, total = arena_layout(self.config, batch_size, packed)
-        self._arena = np.zeros(total, dtype=np.float32)
-        self._words, self._words_offsets = None, {}
-        if packed:
-            self._words_offsets, n = store_layout(self.config, batch_size)
-            self._words = np.zeros(n, dtype=np.uint16)
-        self._batch = batch_size
+        self._allocate_arena(batch_size)
         self._views, self._saved, self._current = {}, None, None
 
     # -------------------------------------------------------------- stages (forward, backward
@@ -415,10 +385,7 @@ class Bert(StagedModel):
             raise ValueError(f"batch of {B} sequences, but allocate({self._batch}) was called")
         v = self._views.get(B)
         if v is None:
-            store = None
-            if self._words is not None:
-                store = (self._words, self._words_offsets, self._half_fmt)
-            v = self._views[B] = _Views(self._arena, cfg, B, self._offsets, store)
+            v = self._views[B] = _Views(self._arena, cfg, B, self._offsets, self._store_of())
             v.row_base = (np.arange(B, dtype=np.int32) * T)[:, None]  # sample b's row 0
         tok, typ, pos, lab = inputs[:, 0], inputs[:, 1], targets[:, :P], targets[:, P : 2 * P]
         # the kernels index with these unchecked: a bad id would touch wild memory

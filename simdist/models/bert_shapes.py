@@ -332,11 +332,6 @@ def activation_bytes(cfg: BertConfig, batch_size: int) -> int:
     return 4 * arena_layout(cfg, batch_size)[1]
 
 
-def packed_activation_bytes(cfg: BertConfig, batch_size: int) -> int:
-    """Host bytes of a packed arena: its float32 words and the 16-bit store."""
-    return 4 * arena_layout(cfg, batch_size, packed=True)[1] + 2 * store_layout(cfg, batch_size)[1]
-
-
 def flops_per_sample(cfg: BertConfig) -> int:
     """Forward + backward matrix-product FLOPs of one sequence (3x the forward's):
     per token and layer 2 (4 H^2 + 2 H I) for the projections and feed-forward, plus

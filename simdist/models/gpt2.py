@@ -50,11 +50,11 @@ from simdist.kernels.layernorm import (
 from simdist.kernels.linear import linear_backward, linear_forward
 from simdist.kernels.loss import softmax_cross_entropy_backward, softmax_cross_entropy_forward
 from simdist.kernels.matmul import lm_head_backward, lm_head_forward
-from simdist.precision import no_store, precision_store
+from simdist.precision import no_store
 
 from . import gpt2_costs
 from .base import GradientGroup, KernelCost, ParamSpec
-from .saved_words import SavedWords, aligned_layout
+from .saved_words import PacksSavedActivations, SavedWords, aligned_layout
 from .stages import Stage, StagedModel
 
 F32 = np.float32
@@ -245,12 +245,6 @@ def arena_layout(
     return _layout(activation_shapes(cfg, batch_size, cfg.block_size, tp, packed))
 
 
-def _packed_bytes(cfg: GPT2Config, tp: int, batch_size: int = 1) -> int:
-    """Host bytes of a packed arena: its float32 words and the 16-bit store."""
-    arena = arena_layout(cfg, batch_size, tp, packed=True)[1]
-    return 4 * arena + 2 * _layout(saved_shapes(cfg, batch_size, cfg.block_size, tp))[1]
-
-
 def _layout(shapes: dict[str, tuple[int, ...]]) -> tuple[dict[str, int], int]:
     return aligned_layout({name: math.prod(s) for name, s in shapes.items()}, ARENA_ALIGN)
 
@@ -357,11 +351,8 @@ class _Views:
             self._words.unpack(i, names)
 
 
-class GPT2(StagedModel):
+class GPT2(PacksSavedActivations, StagedModel):
     """The Model protocol (``simdist.models.base``) for GPT-2."""
-
-    # mixed precision: hold the blocks' saved activations as 16-bit words (module docstring)
-    packs_saved_activations = True
 
     def __init__(self, config: GPT2Config):
         self.config = config
@@ -380,24 +371,7 @@ class GPT2(StagedModel):
         self._stages += [Stage(f"h.{i}", n, n) for i, n in enumerate(self._layer_names)]
         self._stages.append(Stage("head", head, head))
         self._store = no_store  # set_precision: round what the kernels store
-        self._half_fmt = 0  # set_precision: the half format of the 16-bit store (0: none)
-        self._words: np.ndarray | None = None  # the 16-bit store (mixed precision)
-        self._words_offsets: dict[str, int] = {}
         self.tp = 1  # tensor-parallel shards of the arena (``gpt2_tp``); 1: the whole model
-
-    def set_precision(self, precision) -> None:
-        """Train in ``precision`` (``simdist.precision.Precision``): every activation and
-        activation gradient the kernels write is stored in its half format, and the saved
-        ones are held as 16-bit words (``packs_saved_activations``)."""
-        self._store = precision_store(precision)
-        fmt = precision.fmt if precision.half and self.packs_saved_activations else 0
-        plain = 4 * arena_layout(self.config, 1, self.tp)[1]
-        if fmt and _packed_bytes(self.config, self.tp) >= plain:
-            fmt = 0  # too few blocks (n_layer < 3) for the working copies to pay off
-        if fmt != self._half_fmt:
-            self._half_fmt = fmt
-            if self._arena is not None:  # the layout changes: allocate again
-                self.allocate(self._batch)
 
     # -------------------------------------------------------------- protocol: sizes
     def parameter_specs(self) -> list[ParamSpec]:
@@ -410,12 +384,11 @@ class GPT2(StagedModel):
         """The arena in float32 words, every block's tensors (the device's layout)."""
         return activation_bytes(self.config, batch_size, self.tp)
 
-    def host_activation_bytes(self, batch_size: int) -> int:
-        """What ``allocate(batch_size)`` takes on the host: the arena, and in mixed
-        precision with packing its working copies and the 16-bit store instead."""
-        if not self._half_fmt:
-            return self.activation_bytes(batch_size)
-        return _packed_bytes(self.config, self.tp, batch_size)
+    def _arena_layout(self, batch_size: int, packed: bool) -> tuple[dict[str, int], int]:
+        return arena_layout(self.config, batch_size, self.tp, packed)
+
+    def _store_layout(self, batch_size: int) -> tuple[dict[str, int], int]:
+        return _layout(saved_shapes(self.config, batch_size, self.config.block_size, self.tp))
 
     def flops_per_sample(self) -> int:
         return flops_per_sample(self.config)
@@ -443,18 +416,7 @@ class GPT2(StagedModel):
                 p.fill(0.0)  # biases
 
     def allocate(self, batch_size: int) -> None:
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be positive, got {batch_size}")
-        packed = bool(self._half_fmt)
-        offsets, total = arena_layout(self.config, batch_size, self.tp, packed)
-        self._arena = np.zeros(total, dtype=np.float32)
-        self._offsets = offsets
-        self._words, self._words_offsets = None, {}
-        if packed:
-            cfg = self.config
-            self._words_offsets, n = _layout(saved_shapes(cfg, batch_size, cfg.block_size, self.tp))
-            self._words = np.zeros(n, dtype=np.uint16)
-        self._batch = batch_size
+        self._allocate_arena(batch_size)
         self._views = {}
         self._saved = None
         self._current = None
@@ -470,10 +432,9 @@ class GPT2(StagedModel):
             )
         key = (B, T)
         if key not in self._views:
-            store = None
-            if self._words is not None:
-                store = (self._words, self._words_offsets, self._half_fmt)
-            self._views[key] = _Views(self._arena, self.config, B, T, self._offsets, self.tp, store)
+            self._views[key] = _Views(
+                self._arena, self.config, B, T, self._offsets, self.tp, self._store_of()
+            )
         return self._views[key]
 
     # -------------------------------------------------------------- stages (forward, backward

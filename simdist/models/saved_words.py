@@ -5,7 +5,9 @@ each. On the host the kernels compute in float32 words holding half values (exac
 model keeps a few layers' float32 *working copies* of each saved per-layer tensor and, once
 layer i's tensor is final, packs it into a uint16 store; backward unpacks it into the
 working copy again before it reads it. Packing is exact (the kernels stored half values),
-so the results are bit for bit those of float32 words (GPT-2, BERT).
+so the results are bit for bit those of float32 words (GPT-2, BERT, T5). The device's
+accounting (``activation_bytes``) stays the float32 layout; ``host_activation_bytes`` is
+what the host holds.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import math
 import numpy as np
 
 from simdist.kernels.half import pack_half, unpack_half
+from simdist.precision import precision_store
 
 
 class SavedWords:
@@ -64,3 +67,63 @@ def aligned_layout(sizes: dict[str, int], align: int) -> tuple[dict[str, int], i
         offsets[name] = total
         total += -(-n // align) * align
     return offsets, total
+
+
+class PacksSavedActivations:
+    """Mixin of a model whose arena has a packed variant (GPT-2, BERT, T5): in mixed
+    precision, where it takes less host memory, the arena holds working copies and a uint16
+    store beside it holds every layer's saved tensors. The model provides
+    ``_arena_layout(batch_size, packed)`` and ``_store_layout(batch_size)``, each
+    (offsets, total elements), and ``activation_bytes`` (the device's layout)."""
+
+    # mixed precision: hold the layers' saved activations as 16-bit words
+    packs_saved_activations = True
+    _half_fmt = 0  # the half format of the 16-bit store (0: none)
+    _words: np.ndarray | None = None
+    _words_offsets: dict[str, int] = {}
+    _arena: np.ndarray | None = None
+    _batch = 0
+
+    def set_precision(self, precision) -> None:
+        """Train in ``precision`` (``simdist.precision.Precision``): every activation and
+        activation gradient the kernels write is stored in its half format, and the saved
+        ones are held as 16-bit words (``packs_saved_activations``) where that takes less
+        host memory (with few layers the working copies cost more than the store saves)."""
+        self._store = precision_store(precision)
+        fmt = precision.fmt if precision.half and self.packs_saved_activations else 0
+        if fmt and self._packed_bytes(1) >= 4 * self._arena_layout(1, False)[1]:
+            fmt = 0
+        if fmt != self._half_fmt:
+            self._half_fmt = fmt
+            if self._arena is not None:  # the layout changes: allocate again
+                self.allocate(self._batch)
+
+    def host_activation_bytes(self, batch_size: int) -> int:
+        """What ``allocate(batch_size)`` takes on the host: the arena, and in mixed
+        precision with packing its working copies and the 16-bit store instead."""
+        if not self._half_fmt:
+            return self.activation_bytes(batch_size)
+        return self._packed_bytes(batch_size)
+
+    def _packed_bytes(self, batch_size: int) -> int:
+        return 4 * self._arena_layout(batch_size, True)[1] + 2 * self._store_layout(batch_size)[1]
+
+    def _allocate_arena(self, batch_size: int) -> None:
+        """The arena (and in mixed precision with packing the 16-bit store) for
+        micro-batches of up to ``batch_size``."""
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be positive, got {batch_size}")
+        packed = bool(self._half_fmt)
+        self._offsets, total = self._arena_layout(batch_size, packed)
+        self._arena = np.zeros(total, dtype=np.float32)
+        self._words, self._words_offsets = None, {}
+        if packed:
+            self._words_offsets, n = self._store_layout(batch_size)
+            self._words = np.zeros(n, dtype=np.uint16)
+        self._batch = batch_size
+
+    def _store_of(self) -> tuple[np.ndarray, dict[str, int], int] | None:
+        """What a views object packs into: (store, its offsets, half format), or None."""
+        if self._words is None:
+            return None
+        return self._words, self._words_offsets, self._half_fmt

@@ -48,12 +48,13 @@ from simdist.kernels.loss import softmax_cross_entropy_backward, softmax_cross_e
 from simdist.kernels.relpos import relpos_bias_backward, relpos_bias_forward
 from simdist.kernels.residual import residual_forward
 from simdist.kernels.rmsnorm import rmsnorm_backward, rmsnorm_backward_accumulate, rmsnorm_forward
-from simdist.precision import no_store, precision_store
+from simdist.precision import no_store
 
 from . import t5_costs
 from .base import GradientGroup, KernelCost, ParamSpec
+from .saved_words import PacksSavedActivations
 from .stages import Stage, StagedModel
-from .t5_arena import EPS, F32, Views, arena_layout
+from .t5_arena import EPS, F32, Views, arena_layout, store_layout
 from .t5_shapes import (  # noqa: F401  (re-exported: tests and plan mode import them here)
     FIELDS,
     REL,
@@ -80,8 +81,10 @@ def activation_bytes(cfg: T5Config, batch_size: int) -> int:
 
 
 # ------------------------------------------------------------------ the model
-class T5(StagedModel):
-    """The Model protocol (``simdist.models.base``) for T5 span-corruption denoising."""
+class T5(PacksSavedActivations, StagedModel):
+    """The Model protocol (``simdist.models.base``) for T5 span-corruption denoising; in
+    mixed precision (``set_precision``) it holds its blocks' saved activations as 16-bit
+    words."""
 
     def __init__(self, config: T5Config):
         self.config = config
@@ -113,11 +116,6 @@ class T5(StagedModel):
         self._keys = np.zeros(1, np.uint64)  # the current batch's dropout keys
         self._store = no_store  # set_precision: round what the kernels store
 
-    def set_precision(self, precision) -> None:
-        """Train in ``precision`` (``simdist.precision.Precision``): every activation and
-        activation gradient the kernels write is stored in its half format."""
-        self._store = precision_store(precision)
-
     def bind_step(self, seed: int, step: Callable[[], int]) -> None:
         """Dropout masks hash (seed, step(), sample index)."""
         self._seed, self._step = int(seed), step
@@ -130,7 +128,14 @@ class T5(StagedModel):
         return num_parameters(self.config)
 
     def activation_bytes(self, batch_size: int) -> int:
+        """The arena in float32 words, every block's tensors (the device's layout)."""
         return activation_bytes(self.config, batch_size)
+
+    def _arena_layout(self, batch_size: int, packed: bool) -> tuple[dict[str, int], int]:
+        return arena_layout(self.config, batch_size, packed)
+
+    def _store_layout(self, batch_size: int) -> tuple[dict[str, int], int]:
+        return store_layout(self.config, batch_size)
 
     def flops_per_sample(self) -> int:
         return flops_per_sample(self.config)
@@ -169,11 +174,7 @@ class T5(StagedModel):
             p *= F32(std.get(kind, D**-0.5))
 
     def allocate(self, batch_size: int) -> None:
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be positive, got {batch_size}")
-        self._offsets, total = arena_layout(self.config, batch_size)
-        self._arena = np.zeros(total, dtype=np.float32)
-        self._batch = batch_size
+        self._allocate_arena(batch_size)
         self._views, self._saved, self._current = {}, None, None
 
     # -------------------------------------------------------------- stages (forward, backward
@@ -254,6 +255,7 @@ class T5(StagedModel):
         q, k, vv, o = (params[n] for n in names[:4])
         s0 = S["enc"][i]
         off = 1 if i == 0 else 0
+        v.pack(i, ("ex",))  # block i's input, final
         x, t = v.ex[i], v.tD[: v.Ne]
         rmsnorm_forward(v.e_n1[i], v.e_r1[i], x, params[names[4 + off]], EPS)
         st(v.e_n1[i])
@@ -279,6 +281,7 @@ class T5(StagedModel):
         st(t)
         residual_forward(v.ex[i + 1].reshape(-1), v.e_xm[i].reshape(-1), t.reshape(-1))
         st(v.ex[i + 1])
+        v.pack(i, v.enc_own)  # before block i + 1 reuses the working copies
 
     def _encoder_final_forward(self, v: Views, params, _: int) -> None:
         S, st = sites(self.config), self._store
@@ -303,6 +306,7 @@ class T5(StagedModel):
             relpos_bias_forward(v.d_bias, params[names[4]], v.d_buckets)
         s0 = S["dec"][j]
         off = 1 if j == 0 else 0
+        v.pack(j, ("dy",))  # block j's input, final
         y, t = v.dy[j], v.tD[: v.Nd]
         sq, sk, sv, so = (params[n] for n in names[:4])
         rmsnorm_forward(v.s_n[j], v.s_r[j], y, params[names[4 + off]], EPS)
@@ -346,6 +350,7 @@ class T5(StagedModel):
         st(t)
         residual_forward(v.dy[j + 1].reshape(-1), v.c_xm[j].reshape(-1), t.reshape(-1))
         st(v.dy[j + 1])
+        v.pack(j, v.dec_own)  # before block j + 1 reuses the working copies
 
     def _head_forward(self, v: Views, params, _: int) -> None:
         cfg = self.config
@@ -405,6 +410,7 @@ class T5(StagedModel):
         names = self._dec[j]
         s0, off = S["dec"][j], (1 if j == 0 else 0)
         c = 5 + off
+        v.unpack(j, (*v.dec_own, "dy"))
         # FFN
         d = self._undrop(t, gd, B, s0 + 5)
         st(d)
@@ -465,6 +471,7 @@ class T5(StagedModel):
         t, gn, ge = v.tD[:Ne], v.g_n[:Ne], v.ge
         names = self._enc[i]
         s0, off = S["enc"][i], (1 if i == 0 else 0)
+        v.unpack(i, (*v.enc_own, "ex"))
         d = self._undrop(t, ge, B, s0 + 3)
         st(d)
         self._ffn_backward(v, params, g, names[5 + off : -1], gn, d, v.e_n2[i], v.e_h[i],
@@ -503,7 +510,7 @@ class T5(StagedModel):
             raise ValueError(f"batch of {B} samples, but allocate({self._batch}) was called")
         v = self._views.get(B)
         if v is None:
-            v = self._views[B] = Views(self._arena, cfg, B, self._offsets)
+            v = self._views[B] = Views(self._arena, cfg, B, self._offsets, self._store_of())
         for what, a in (("token ids", inputs[:, :Te]), ("labels", targets)):
             if a.size and (a.min() < 0 or a.max() >= V):  # the kernels index unchecked
                 raise ValueError(f"T5 {what} must lie in [0, {V})")

@@ -1,4 +1,5 @@
-"""T5's activation arena: every tensor of one micro-batch in one float32 buffer, named views."""
+"""T5's activation arena: every tensor of one micro-batch in one float32 buffer, named views;
+in mixed precision the blocks' saved tensors as 16-bit words beside it (``saved_words``)."""
 
 from __future__ import annotations
 
@@ -8,14 +9,63 @@ import numpy as np
 
 from simdist.kernels.relpos import bucket_args, relpos_buckets
 
+from .saved_words import SavedWords, aligned_layout
+
 F32 = np.float32
 EPS = F32(1e-6)  # T5's layer_norm_epsilon
 ARENA_ALIGN = 16  # elements (64 bytes): every tensor on its own cache line
 
 
-def activation_shapes(cfg, B: int) -> dict[str, tuple[tuple[int, ...], str]]:
+def activation_shapes(cfg, B: int, packed: bool = False) -> dict[str, tuple[tuple[int, ...], str]]:
     """(shape, dtype) of every arena tensor for micro-batch B, in arena order. int32 and
-    uint64 tensors are carved from the float32 arena (aligned, so the views are legal)."""
+    uint64 tensors are carved from the float32 arena (aligned, so the views are legal).
+    ``packed``: the ``packed_names`` tensors are float32 working copies of
+    ``working_copies`` blocks, not of every block (all blocks are in the uint16 store of
+    ``saved_shapes``)."""
+    shapes = _activation_shapes(cfg, B)
+    if packed:
+        for name in packed_names(cfg):
+            shape, dtype = shapes[name]
+            shapes[name] = ((working_copies(cfg, name), *shape[1:]), dtype)
+    return shapes
+
+
+def own_packed(cfg) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(encoder, decoder) block tensors that the block's backward reads, held as 16-bit
+    words in mixed precision once the block's forward ends."""
+    enc = ("e_n1", "e_q", "e_k", "e_v", "e_ctx", "e_xm", "e_n2", "e_h", "e_a")
+    dec = ("s_n", "s_q", "s_k", "s_v", "s_ctx", "s_xm", "c_n", "c_q", "c_k", "c_v", "c_ctx",
+           "c_xm", "f_n", "f_h", "f_a")  # fmt: skip
+    if cfg.gated:
+        enc, dec = (*enc, "e_h1", "e_g"), (*dec, "f_h1", "f_g")
+    return enc, dec
+
+
+def packed_names(cfg) -> tuple[str, ...]:
+    """Every tensor of the 16-bit store: the blocks' own and the residual streams entering
+    them (``ex``, ``dy``: block i packs its input; the last output, read by the final norm,
+    stays in its working copy)."""
+    enc, dec = own_packed(cfg)
+    return (*enc, *dec, "ex", "dy")
+
+
+def working_copies(cfg, name: str) -> int:
+    """Blocks of float32 working copies of a packed tensor: two of the residual streams
+    (block i reads its input while it writes its output), one of the rest."""
+    if name == "ex":
+        return min(cfg.num_layers + 1, 2)
+    if name == "dy":
+        return min(cfg.num_decoder_layers + 1, 2)
+    return 1
+
+
+def saved_shapes(cfg, B: int) -> dict[str, tuple[int, ...]]:
+    """The uint16 store of mixed precision: every block's packed tensors."""
+    shapes = _activation_shapes(cfg, B)
+    return {name: shapes[name][0] for name in packed_names(cfg)}
+
+
+def _activation_shapes(cfg, B: int) -> dict[str, tuple[tuple[int, ...], str]]:
     L, Ld, NH = cfg.num_layers, cfg.num_decoder_layers, cfg.num_heads
     D, C, F, V = cfg.d_model, cfg.inner, cfg.d_ff, cfg.vocab_size
     Te, Td = cfg.max_seq_length, cfg.target_length
@@ -102,23 +152,43 @@ def activation_shapes(cfg, B: int) -> dict[str, tuple[tuple[int, ...], str]]:
     }
 
 
-def arena_layout(cfg, B: int) -> tuple[dict[str, int], int]:
-    offsets, total = {}, 0
-    for name, (shape, dtype) in activation_shapes(cfg, B).items():
-        offsets[name] = total
-        n = math.prod(shape) * (2 if dtype == "u8" else 1)
-        total += -(-n // ARENA_ALIGN) * ARENA_ALIGN
-    return offsets, total
+def arena_layout(cfg, B: int, packed: bool = False) -> tuple[dict[str, int], int]:
+    """(offset of each tensor, total float32 elements) of the arena (``packed``: with
+    working copies of the packed tensors)."""
+    sizes = {
+        name: math.prod(shape) * (2 if dtype == "u8" else 1)
+        for name, (shape, dtype) in activation_shapes(cfg, B, packed).items()
+    }
+    return aligned_layout(sizes, ARENA_ALIGN)
+
+
+def store_layout(cfg, B: int) -> tuple[dict[str, int], int]:
+    """(offset of each tensor, total uint16 words) of mixed precision's 16-bit store."""
+    return aligned_layout({n: math.prod(s) for n, s in saved_shapes(cfg, B).items()}, ARENA_ALIGN)
 
 
 class Views:
     """Named views of the arena for one micro-batch size B (per-block tensors as lists)."""
 
-    def __init__(self, arena: np.ndarray, cfg, B: int, offsets: dict):
+    def __init__(
+        self,
+        arena: np.ndarray,
+        cfg,
+        B: int,
+        offsets: dict,
+        store: tuple[np.ndarray, dict[str, int], int] | None = None,
+    ):
+        """``store``: mixed precision's (uint16 store, its offsets, half format); the
+        arena then holds ``working_copies`` blocks of the packed tensors."""
         self.B = B
         Te, Td = cfg.max_seq_length, cfg.target_length
         self.Ne, self.Nd = B * Te, B * Td
-        for name, (shape, dtype) in activation_shapes(cfg, B).items():
+        self.enc_own, self.dec_own = own_packed(cfg)
+        self._words: SavedWords | None = None
+        if store is not None:
+            self._words = SavedWords(store[0], store[1], saved_shapes(cfg, B), store[2])
+        packed = packed_names(cfg) if store is not None else ()
+        for name, (shape, dtype) in activation_shapes(cfg, B, store is not None).items():
             lo = offsets[name]
             n = math.prod(shape) * (2 if dtype == "u8" else 1)
             flat = arena[lo : lo + n]
@@ -127,7 +197,11 @@ class Views:
             elif dtype == "u8":
                 flat = flat.view(np.uint64)
             arr = flat.reshape(shape)
-            setattr(self, name, list(arr) if name in _PER_BLOCK else arr)
+            if name in packed:  # block i: working copy i % w
+                arr = self._words.working(name, arr)
+            elif name in _PER_BLOCK:
+                arr = list(arr)
+            setattr(self, name, arr)
         if not cfg.gated:  # unused: point them at real tensors of the right type
             self.e_h1, self.e_g, self.f_h1, self.f_g = self.e_h, self.e_h, self.f_h, self.f_h
             self.g_h1 = self.g_h
@@ -139,6 +213,16 @@ class Views:
         relpos_buckets(self.e_buckets, True, nb, *bucket_args(nb, md, True))
         relpos_buckets(self.d_buckets, False, nb, *bucket_args(nb, md, False))
         self._te, self._td = Te, Td
+
+    def pack(self, i: int, names: tuple[str, ...]) -> None:
+        """Block i's tensors ``names`` into the 16-bit store (no-op unless packed)."""
+        if self._words is not None:
+            self._words.pack(i, names)
+
+    def unpack(self, i: int, names: tuple[str, ...]) -> None:
+        """Block i's tensors ``names`` back into their working copies (exact)."""
+        if self._words is not None:
+            self._words.unpack(i, names)
 
     def enc3(self, a: np.ndarray) -> np.ndarray:
         return a.reshape(self.B, self._te, -1)
