@@ -75,13 +75,19 @@ def test_packed_store_across_a_pipeline_boundary():
     """Blocks 0-1 on one model, blocks 2-4 and the head on another (a pipeline's two
     stages, their boundary tensors copied across): the gradients of one whole model."""
     whole, first, second = (_model("bf16", True) for _ in range(3))
-    layout, params, x, y = _params_and_batch(whole)
+    # embedding, h.0, h.1 | h.2 .. h.4, head
+    _assert_split_equals_whole(whole, first, second, 3, *_params_and_batch(whole))
+
+
+def _assert_split_equals_whole(whole, first, second, cut, layout, params, x, y):
+    """Stages 0..cut-1 on ``first``, the rest on ``second`` (a pipeline's two stages, their
+    boundary tensors copied across): the loss and gradients of ``whole``."""
     ref_flat, ref = _grads(layout)
     ref_loss = whole.forward(params, x, y)
     whole.backward(params, ref, 1.0 / B)
 
     flat, grads = _grads(layout)
-    n_stages, cut = len(whole.stages()), 3  # embedding, h.0, h.1 | h.2 .. h.4, head
+    n_stages = len(whole.stages())
     first.begin(x, y)
     second.begin(x, y)
     for k in range(cut):
@@ -162,29 +168,8 @@ def test_bert_packed_store_across_a_pipeline_boundary():
     """Embeddings and layers 0-1 on one model, layers 2-3 and the heads on another: the
     second stage packs the layer output it received, and its backward unpacks it."""
     whole, first, second = (_bert("bf16", True) for _ in range(3))
-    layout, params, x, y = _bert_params_and_batch(whole)
-    ref_flat, ref = _grads(layout)
-    ref_loss = whole.forward(params, x, y)
-    whole.backward(params, ref, 1.0 / B)
-
-    flat, grads = _grads(layout)
-    n_stages, cut = len(whole.stages()), 3  # embeddings, layer.0, layer.1 | layer.2, .3, heads
-    first.begin(x, y)
-    second.begin(x, y)
-    for k in range(cut):
-        first.forward_stage(k, params)
-    first.hold_for_backward()
-    for dst, src in zip(second.stage_input(cut), first.stage_input(cut), strict=True):
-        np.copyto(dst, src)
-    for k in range(cut, n_stages):
-        loss = second.forward_stage(k, params)
-    for k in range(n_stages - 1, cut - 1, -1):
-        second.backward_stage(k, params, grads, 1.0 / B)
-    np.copyto(first.stage_input_grad(cut), second.stage_input_grad(cut))
-    for k in range(cut - 1, -1, -1):
-        first.backward_stage(k, params, grads, 1.0 / B)
-    assert loss == ref_loss
-    assert np.array_equal(flat, ref_flat)
+    # embeddings, layer.0, layer.1 | layer.2, layer.3, heads
+    _assert_split_equals_whole(whole, first, second, 3, *_bert_params_and_batch(whole))
 
 
 def test_bert_with_two_layers_keeps_float32_words():

@@ -81,7 +81,7 @@ from .bert_shapes import (
     saved_shapes,
     store_layout,
 )
-from .saved_words import PacksSavedActivations, SavedWords
+from .saved_words import PacksSavedActivations, SavedWords, SavedWordsViews
 from .stages import Stage, StagedModel
 
 F32 = np.float32
@@ -94,7 +94,7 @@ def build_bert(config) -> Bert:
 
 
 # ------------------------------------------------------------------ the model
-class _Views:
+class _Views(SavedWordsViews):
     """Named views of the arena for one micro-batch size B, per layer where the tensor is
     per layer."""
 
@@ -136,16 +136,6 @@ class _Views:
         self.dres3 = self.dres.reshape(B, T, H)
         self.dctx3, self.dq3 = self.dctx.reshape(B, T, H), self.dq.reshape(B, T, H)
         self.dk3, self.dv3 = self.dk.reshape(B, T, H), self.dv.reshape(B, T, H)
-
-    def pack(self, i: int, names: tuple[str, ...]) -> None:
-        """Layer i's tensors ``names`` into the 16-bit store (no-op unless packed)."""
-        if self._words is not None:
-            self._words.pack(i, names)
-
-    def unpack(self, i: int, names: tuple[str, ...]) -> None:
-        """Layer i's tensors ``names`` back into their working copies (exact)."""
-        if self._words is not None:
-            self._words.unpack(i, names)
 
 
 _PER_LAYER = {

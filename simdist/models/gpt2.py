@@ -54,7 +54,7 @@ from simdist.precision import no_store
 
 from . import gpt2_costs
 from .base import GradientGroup, KernelCost, ParamSpec
-from .saved_words import PacksSavedActivations, SavedWords, aligned_layout
+from .saved_words import PacksSavedActivations, SavedWords, SavedWordsViews, aligned_layout
 from .stages import Stage, StagedModel
 
 F32 = np.float32
@@ -270,7 +270,7 @@ def flops_per_sample(cfg: GPT2Config) -> int:
 
 
 # ------------------------------------------------------------------ the model
-class _Views:
+class _Views(SavedWordsViews):
     """Named views of the arena for one (B, T), per layer where the tensor is per layer."""
 
     def __init__(
@@ -339,16 +339,6 @@ class _Views:
         self.dfch_gelu, self.dfch = v["dfch_gelu"], v["dfch"]
         self.dfch_gelu1, self.dfch1 = self.dfch_gelu.reshape(-1), self.dfch.reshape(-1)
         self.att_dscores = v["att_dscores"]
-
-    def pack(self, i: int, names: tuple[str, ...]) -> None:
-        """Block i's tensors ``names`` into the 16-bit store (no-op unless packed)."""
-        if self._words is not None:
-            self._words.pack(i, names)
-
-    def unpack(self, i: int, names: tuple[str, ...]) -> None:
-        """Block i's tensors ``names`` back into their working copies (exact)."""
-        if self._words is not None:
-            self._words.unpack(i, names)
 
 
 class GPT2(PacksSavedActivations, StagedModel):

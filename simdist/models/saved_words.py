@@ -127,3 +127,20 @@ class PacksSavedActivations:
         if self._words is None:
             return None
         return self._words, self._words_offsets, self._half_fmt
+
+
+class SavedWordsViews:
+    """Mixin of a model's arena views: ``pack`` / ``unpack`` through their ``SavedWords``
+    (``_words``; None: float32 words, and both are no-ops)."""
+
+    _words: SavedWords | None = None
+
+    def pack(self, i: int, names: tuple[str, ...]) -> None:
+        """Layer i's tensors ``names`` into the 16-bit store (no-op unless packed)."""
+        if self._words is not None:
+            self._words.pack(i, names)
+
+    def unpack(self, i: int, names: tuple[str, ...]) -> None:
+        """Layer i's tensors ``names`` back into their working copies (exact)."""
+        if self._words is not None:
+            self._words.unpack(i, names)

@@ -9,7 +9,7 @@ import numpy as np
 
 from simdist.kernels.relpos import bucket_args, relpos_buckets
 
-from .saved_words import SavedWords, aligned_layout
+from .saved_words import SavedWords, SavedWordsViews, aligned_layout
 
 F32 = np.float32
 EPS = F32(1e-6)  # T5's layer_norm_epsilon
@@ -167,7 +167,7 @@ def store_layout(cfg, B: int) -> tuple[dict[str, int], int]:
     return aligned_layout({n: math.prod(s) for n, s in saved_shapes(cfg, B).items()}, ARENA_ALIGN)
 
 
-class Views:
+class Views(SavedWordsViews):
     """Named views of the arena for one micro-batch size B (per-block tensors as lists)."""
 
     def __init__(
@@ -213,16 +213,6 @@ class Views:
         relpos_buckets(self.e_buckets, True, nb, *bucket_args(nb, md, True))
         relpos_buckets(self.d_buckets, False, nb, *bucket_args(nb, md, False))
         self._te, self._td = Te, Td
-
-    def pack(self, i: int, names: tuple[str, ...]) -> None:
-        """Block i's tensors ``names`` into the 16-bit store (no-op unless packed)."""
-        if self._words is not None:
-            self._words.pack(i, names)
-
-    def unpack(self, i: int, names: tuple[str, ...]) -> None:
-        """Block i's tensors ``names`` back into their working copies (exact)."""
-        if self._words is not None:
-            self._words.unpack(i, names)
 
     def enc3(self, a: np.ndarray) -> np.ndarray:
         return a.reshape(self.B, self._te, -1)
