@@ -25,7 +25,7 @@ with_simdist=${SIMDIST_OMPI_SIMDIST:-1}
 # training run can be compared bit for bit with an MPICH one, and both use one numba cache.
 pins=()
 if [ "$with_simdist" != 0 ]; then
-    dists="numpy numba llvmlite scipy h5py PyYAML tqdm tensorboardX safetensors"
+    dists="numpy numba llvmlite scipy h5py PyYAML tqdm safetensors"
     if [ -x "$repo/.venv/bin/python" ]; then
         # shellcheck disable=SC2207  # names and versions never contain spaces
         pins=($("$repo/.venv/bin/python" - $dists <<'EOF'

@@ -150,3 +150,15 @@ def test_tensorboard_reads_our_files(tmp_path):
     acc.Reload()
     assert set(acc.Tags()["scalars"]) == {"train/loss", "lr", "neg_step", "big_step", "ünïcode"}
     assert [(s.step, s.value) for s in acc.Scalars("train/loss")] == [(0, 2.5), (1, 1.25)]
+
+
+def test_float32_overflow_and_non_finite_values(tmp_path):
+    with EventWriter(tmp_path) as w:
+        w.scalar("big", 1e39, 0)
+        w.scalar("small", -1e39, 1)
+        w.scalar("nan", float("nan"), 2)
+        w.scalar("zero", 0.0, 3)
+    got = read_events(w.path)
+    assert got[:2] == [(0, "big", float("inf")), (1, "small", float("-inf"))]
+    assert got[2][:2] == (2, "nan") and np.isnan(got[2][2])
+    assert got[3] == (3, "zero", 0.0)

@@ -15,6 +15,7 @@ Run ``python tests/test_imports.py`` to print the whole graph (module: what it i
 from __future__ import annotations
 
 import ast
+import subprocess
 import sys
 from pathlib import Path
 
@@ -118,6 +119,18 @@ def test_no_import_cycles() -> None:
     assert "simdist.run" in g and "simdist.kernels.registry" in g
     cycle = find_cycle(g)
     assert cycle is None, "import cycle among simdist modules: " + " -> ".join(cycle)
+
+
+def test_a_run_imports_no_optional_heavyweights() -> None:
+    # Every rank of every run imports simdist.train: PyTorch (an optional reference, seconds
+    # to import) or transformers there would cost every run, on every rank.
+    code = (
+        "import sys, simdist.train, simdist.events;"
+        "print(*sorted({'torch', 'transformers', 'tensorboard'} & set(sys.modules)))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == [], f"simdist.train imported {out.stdout.strip()}"
 
 
 if __name__ == "__main__":

@@ -470,7 +470,7 @@ def _ompi_training_missing() -> str | None:
         "import sys; from importlib import metadata as m, util; s = util.find_spec('simdist');"
         "print(s.origin if s else None, *(m.version(d) for d in sys.argv[1:]))"
     )
-    dists = ("numpy", "numba", "scipy", "h5py", "tqdm", "tensorboardX", "safetensors")
+    dists = ("numpy", "numba", "scipy", "h5py", "tqdm", "safetensors")
     r = subprocess.run([str(OMPI_VENV / "bin" / "python"), "-c", code, *dists],
                        capture_output=True, text=True, timeout=60)  # fmt: skip
     fix = f"run scripts/setup_openmpi.sh {OMPI_VENV}"
