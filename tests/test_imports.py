@@ -121,6 +121,40 @@ def test_no_import_cycles() -> None:
     assert cycle is None, "import cycle among simdist modules: " + " -> ".join(cycle)
 
 
+MODELS = {
+    "simdist.models.fc_mnist": "FCMNIST",
+    "simdist.models.gpt2": "GPT2",
+    "simdist.models.gpt2_tp": "GPT2TP",
+    "simdist.models.bert": "Bert",
+    "simdist.models.t5": "T5",
+    "simdist.models.transformer": "Transformer",
+}
+
+
+def test_models_declare_every_kernel_module_they_call() -> None:
+    # A run warms (compiles or cache-loads) only its model's kernel_modules before training:
+    # one the model reaches through its imports but does not declare would load inside the
+    # first step and count in its time. Declared = the kernel modules its module reaches.
+    import importlib
+
+    from simdist.kernels import registry
+
+    g = graph()
+    for module, cls in MODELS.items():
+        reached, todo = set(), [module]
+        while todo:
+            for dep in g.get(todo.pop(), ()):
+                if dep not in reached:
+                    reached.add(dep)
+                    todo.append(dep)
+        kernels = {d.rsplit(".", 1)[1] for d in reached if d.startswith("simdist.kernels.")}
+        want = kernels & set(registry.MODULES) - set(registry.COMMON)
+        declared = getattr(importlib.import_module(module), cls).kernel_modules
+        assert want <= set(declared), f"{cls}.kernel_modules lacks {sorted(want - set(declared))}"
+        assert set(declared) <= set(registry.MODULES), cls
+    assert "layernorm" in want  # the check sees kernels reached through helper modules
+
+
 def test_a_run_imports_no_optional_heavyweights() -> None:
     # Every rank of every run imports simdist.train: PyTorch (an optional reference, seconds
     # to import) or transformers there would cost every run, on every rank.

@@ -152,6 +152,20 @@ class Bert(PacksSavedActivations, StagedModel):
     """The Model protocol (``simdist.models.base``) for BERT pretraining; in mixed
     precision (``set_precision``) it holds its layers' saved activations as 16-bit words."""
 
+    # simdist.kernels modules it calls (warmed before training; tests/test_imports.py)
+    kernel_modules = (
+        "attention",
+        "dropout",
+        "embedding_seg",
+        "gelu",
+        "layernorm",
+        "linear_hf",
+        "loss",
+        "residual",
+        "rowops",
+        "transformer_act",
+    )
+
     def __init__(self, config: BertConfig):
         self.config = config
         self.name = "bert"

@@ -38,6 +38,9 @@ class _Workspace:
 
 
 class FCMNIST:
+    # simdist.kernels modules it calls (warmed before training; tests/test_imports.py)
+    kernel_modules = ("linear", "loss", "rowops")
+
     def __init__(self, config: FCMNISTConfig):
         if not config.hidden_sizes or any(h < 1 for h in config.hidden_sizes):
             raise ValueError(

@@ -344,6 +344,19 @@ class _Views(SavedWordsViews):
 class GPT2(PacksSavedActivations, StagedModel):
     """The Model protocol (``simdist.models.base``) for GPT-2."""
 
+    # simdist.kernels modules it calls (warmed before training; tests/test_imports.py)
+    kernel_modules = (
+        "attention",
+        "dropout",
+        "embedding",
+        "gelu",
+        "layernorm",
+        "linear",
+        "loss",
+        "matmul",
+        "rowops",
+    )
+
     def __init__(self, config: GPT2Config):
         self.config = config
         self.name = "gpt2"

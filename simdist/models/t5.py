@@ -86,6 +86,20 @@ class T5(PacksSavedActivations, StagedModel):
     mixed precision (``set_precision``) it holds its blocks' saved activations as 16-bit
     words."""
 
+    # simdist.kernels modules it calls (warmed before training; tests/test_imports.py)
+    kernel_modules = (
+        "activation",
+        "attention",
+        "dropout",
+        "gelu",
+        "linear_nobias",
+        "loss",
+        "relpos",
+        "residual",
+        "rmsnorm",
+        "rowops",
+    )
+
     def __init__(self, config: T5Config):
         self.config = config
         self.name = "t5"

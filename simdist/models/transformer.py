@@ -127,6 +127,20 @@ def _qkv(w: np.ndarray, D: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 class Transformer:
     """The Model protocol (``simdist.models.base``) for the AIAYN encoder-decoder."""
 
+    # simdist.kernels modules it calls (warmed before training; tests/test_imports.py)
+    kernel_modules = (
+        "activation",
+        "attention",
+        "dropout",
+        "label_smoothing",
+        "layernorm",
+        "linear_hf",
+        "linear_nobias",
+        "positions",
+        "residual",
+        "rowops",
+    )
+
     def __init__(self, config: TransformerConfig):
         self.config = config
         self.name = "transformer"
