@@ -16,24 +16,14 @@ import simdist  # noqa: F401, I001  (first: pins one thread per process before n
 # isort: split
 import argparse
 import json
-import platform
 import time
+
+from bench_train import cpu_info  # scripts/ is on sys.path when a script runs
 
 from simdist.sim.search import SearchSpace, search
 
 SIZES = (64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288)
 TARGET_CPU_S = 10.0
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def main() -> None:
@@ -47,7 +37,7 @@ def main() -> None:
         considered, evaluated = considered + r.considered, evaluated + r.evaluated
     cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
     out = {
-        "cpu": cpu_model(),
+        "cpu": cpu_info(),
         "considered": considered,
         "evaluated": evaluated,
         "cpu_s": round(cpu, 3),
@@ -55,7 +45,11 @@ def main() -> None:
         "target_cpu_s": TARGET_CPU_S,
         "cpu_over_target": round(cpu / TARGET_CPU_S, 3),
     }
-    print(f"CPU: {out['cpu']}")
+    cpu_ = out["cpu"]
+    print(
+        f"CPU: {cpu_['model']} ({cpu_['vendor']}, family/model/stepping "
+        f"{cpu_['family_model_stepping']}; {' '.join(cpu_['isa'])})"
+    )
     print(
         f"{considered:,} configurations ({evaluated:,} fully evaluated) in {cpu:.2f} s of CPU "
         f"({wall:.2f} s wall): {cpu / TARGET_CPU_S:.2f}x the {TARGET_CPU_S:.0f} s target"
