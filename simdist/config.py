@@ -67,6 +67,9 @@ class RunConfig:
     # stop this invocation after this many steps (SambaFlow's --steps_this_run): max_steps
     # still sets the schedule's length, and a later run resumes from the checkpoint here
     steps_this_run: int | None = None
+    # score this many eval batches per replica (Cerebras' eval_steps); null: the whole
+    # held-out set
+    eval_steps: int | None = None
     save_summary_steps: int = 50
     save_checkpoints_steps: int = 250
     keep_checkpoint_max: int = 3
@@ -424,6 +427,7 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "optimizer.grad_accum_steps": (_at_least(1), ">= 1"),
     "runconfig.max_steps": (_at_least(0), ">= 0"),
     "runconfig.steps_this_run": (_at_least(1), ">= 1"),
+    "runconfig.eval_steps": (_at_least(1), ">= 1"),
     "runconfig.save_summary_steps": (_at_least(1), ">= 1"),
     "runconfig.save_checkpoints_steps": (_at_least(0), ">= 0"),
     "runconfig.keep_checkpoint_max": (_at_least(0), ">= 0"),
@@ -460,6 +464,7 @@ NOTES: dict[str, str] = {
     "train_input.global_batch_size": "divisible by replicas x grad_accum_steps",
     "runconfig.save_checkpoints_steps": "0: none (but on a stop signal or steps_this_run)",
     "runconfig.steps_this_run": "null: to max_steps; stops early, checkpointed, schedule kept",
+    "runconfig.eval_steps": "eval batches per replica; null: the whole held-out set",
     "runconfig.keep_checkpoint_max": "0: keep all",
     "runconfig.zero_opt_level": (
         "> 0 needs enable_data_parallel, pipelined only; 3: all but transformer"

@@ -302,6 +302,16 @@ def test_eval_mode_uses_latest_checkpoint(tmp_path):
     assert "resumed from" in out.stdout
     ev = json.loads((d / "eval.json").read_text())
     assert ev["global_step"] == 20 and 0 <= ev["accuracy"] <= 1
+    assert ev["eval_samples"] == 1000  # the whole held-out set (mnist5k: 1000)
+    # runconfig.eval_steps: 3 batches of 100 on each of 2 ranks score the first 600 samples,
+    # as one rank scoring 6 batches does
+    train(2, d, "--runconfig.mode=eval", "--runconfig.eval_steps=3")
+    part = json.loads((d / "eval.json").read_text())
+    train(1, d, "--runconfig.mode=eval", "--runconfig.eval_steps=6")
+    one = json.loads((d / "eval.json").read_text())
+    assert part["eval_samples"] == one["eval_samples"] == 600
+    assert part["loss"] != ev["loss"] and abs(part["loss"] - one["loss"]) <= 1e-6 * one["loss"]
+    assert part["accuracy"] == one["accuracy"]
 
 
 TINY_GPT2 = [

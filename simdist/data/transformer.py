@@ -111,10 +111,15 @@ class TransformerData:
         self.num_train, self.num_eval = len(self.x_train), len(self.x_val)
         # the run divides eval sums by eval samples x targets_per_sample: the mean number
         # of real (not padding) targets makes that the count of scored tokens
-        self.targets_per_sample = float(np.count_nonzero(self.y_val != PAD)) / self.num_eval
+        self.targets_per_sample = self.eval_targets_per_sample(self.num_eval)
         self.source = source
         self._x = np.zeros((micro_batch, Te + 2), np.int32)
         self._y = np.zeros((micro_batch, Td), np.int32)
+
+    def eval_targets_per_sample(self, n: int) -> float:
+        """The mean number of real targets among the first ``n`` held-out pairs (eval with
+        ``runconfig.eval_steps`` scores only those)."""
+        return float(np.count_nonzero(self.y_val[:n] != PAD)) / n
 
     def train_batch(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         x, y = self._x[: len(indices)], self._y[: len(indices)]

@@ -96,6 +96,20 @@ class Schedule:
         """Mode-specific TensorBoard scalars at a summary step."""
         return {}
 
+    def num_eval(self) -> int:
+        """Held-out samples eval scores: all of them, or the first ``runconfig.eval_steps``
+        batches of ``eval_input.batch_size`` per replica."""
+        n, steps = self.data.num_eval, self.params.runconfig.eval_steps
+        if steps is None:
+            return n
+        return min(n, steps * self.params.eval_input.batch_size * self.replicas)
+
+    def eval_meta(self, n: int) -> tuple[int, float]:
+        """(samples, targets per sample) of the first ``n`` held-out samples: the run
+        divides the eval sums by their product."""
+        per_sample = getattr(self.data, "eval_targets_per_sample", None)
+        return n, per_sample(n) if per_sample else self.data.targets_per_sample
+
     def __init__(self, comm, replicas: int, ranks: int):
         self.comm, self.replicas, self.ranks = comm, replicas, ranks
         self.coll: Any = None

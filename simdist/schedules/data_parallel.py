@@ -546,7 +546,7 @@ class DataParallel(Schedule):
 
     def eval_sums(self, run) -> np.ndarray:
         """Each rank scores a contiguous share of the held-out set."""
-        n = self.data.num_eval
+        n = self.num_eval()
         lo, hi = n * self.rank // self.world, n * (self.rank + 1) // self.world
         batch = self.params.eval_input.batch_size
         loss_sum, correct = 0.0, 0
@@ -561,7 +561,7 @@ class DataParallel(Schedule):
             self.partitioned.join()
         if windows is not None:
             windows.evaluating(False)
-        meta = (n, self.data.targets_per_sample) if self.rank == 0 else (0, 0)
+        meta = self.eval_meta(n) if self.rank == 0 else (0, 0)
         return np.array([loss_sum, correct, *meta], np.float64)
 
     def close(self) -> None:

@@ -972,7 +972,7 @@ class Pipeline(WholeTensorCheckpoint, Schedule):
         full = self._gather_full(self._range_values())
         if full is None:
             return np.zeros(4, np.float64)
-        n, D, d = self.data.num_eval, self.replicas, self.replica
+        n, D, d = self.num_eval(), self.replicas, self.replica
         lo, hi = n * d // D, n * (d + 1) // D
         batch = self.params.eval_input.batch_size
         params = self.layout.views(full)
@@ -983,7 +983,7 @@ class Pipeline(WholeTensorCheckpoint, Schedule):
             loss_sum, correct = loss_sum + l, correct + c
         if self.weight and self.shard:  # every shard scored the same: shard 0 counts
             loss_sum, correct = 0.0, 0
-        meta = (n, self.data.targets_per_sample) if self.rank == 0 else (0, 0)
+        meta = self.eval_meta(n) if self.rank == 0 else (0, 0)
         return np.array([loss_sum, correct, *meta], np.float64)
 
     def _simulate(self, run, steps: int, host_s: float) -> dict[str, Any]:

@@ -382,7 +382,7 @@ class WeightStreaming(Schedule):
         chunks: list[tuple[int, int, bool]] = []  # (lo, hi, last chunk of an eval batch)
         meta = (0, 0)
         if self.role == DEVICE:
-            n = self.data.num_eval
+            n = self.num_eval()
             d = self.groups.index
             lo, hi = n * d // R, n * (d + 1) // R
             batch = self.params.eval_input.batch_size
@@ -393,7 +393,7 @@ class WeightStreaming(Schedule):
                         (c, min(c + self.micro_batch, stop), c + self.micro_batch >= stop)
                     )
             if d == 0:
-                meta = (n, self.data.targets_per_sample)
+                meta = self.eval_meta(n)
         rounds = max(self.comm.allgather(len(chunks)))
         items = self.plan.forward_items * rounds
         loss_sum, correct = 0.0, 0
