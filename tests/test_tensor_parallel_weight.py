@@ -82,10 +82,16 @@ def runs(tmp_path_factory):
     ]
     out = {}
     for key, n, args, launch in (
-        ("one", 1, ["--train_input.batch_size=4"], train_and_eval),
+        # eval: the first 64 held-out sequences, 4 batches on one replica, 2 on each of two
+        ("one", 1, ["--train_input.batch_size=4", "--runconfig.eval_steps=4"], train_and_eval),
         ("tp2", 2, ["--train_input.batch_size=4", *tp(2)], train),
         ("tp4", 4, ["--train_input.batch_size=4", *tp(4)], train),
-        ("dp2tp2", 4, ["--train_input.batch_size=2", *tp(2)], train_and_eval),
+        (
+            "dp2tp2",
+            4,
+            ["--train_input.batch_size=2", "--runconfig.eval_steps=2", *tp(2)],
+            train_and_eval,
+        ),
         ("dp2tp2pp2", 8, [*PP2, *tp(2)], train),
     ):
         d = root / key
@@ -108,7 +114,7 @@ def test_eval_matches_one_rank(runs):
     """The vocab-parallel loss and argmax over the held-out set, split over the replicas."""
     one = json.loads((runs["one"][0] / "eval.json").read_text())
     tp = json.loads((runs["dp2tp2"][0] / "eval.json").read_text())
-    assert tp["eval_samples"] == one["eval_samples"]
+    assert tp["eval_samples"] == one["eval_samples"] == 64
     assert abs(tp["loss"] - one["loss"]) <= 1e-5 * one["loss"], (tp, one)
     assert abs(tp["accuracy"] - one["accuracy"]) <= 1e-4, (tp, one)  # argmax near-ties
 
