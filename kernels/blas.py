@@ -46,8 +46,11 @@ from __future__ import annotations
 
 import ctypes
 import glob
+import importlib.util
 import os
 import sys
+from importlib.machinery import EXTENSION_SUFFIXES
+from pathlib import Path
 
 import llvmlite.binding as ll
 import numpy as np
@@ -188,7 +191,7 @@ def _bind() -> tuple[str, str | None]:
     if sgemm_ is not None:
         ll.add_symbol(_SYMBOL, ctypes.cast(sgemm_, ctypes.c_void_p).value)
     else:  # OpenBLAS: the whole sgemm, or (oneDNN) the products on_onednn leaves to it
-        ll.add_symbol(_SYMBOL, get_cython_function_address("scipy.linalg.cython_blas", "sgemm"))
+        ll.add_symbol(_SYMBOL, _scipy_sgemm())
     ll.add_symbol(_DNNL_SGEMM_SYMBOL, _address(sgemm_dnnl) or ll.address_of_symbol(_SYMBOL))
     if sgemm_dnnl is not None:
         _BASE_MODE.value = SGEMM_DNNL
@@ -202,6 +205,36 @@ def _bind() -> tuple[str, str | None]:
     ll.add_symbol(_MODE_SYMBOL, ctypes.addressof(_MODE))
     backend = "mkl" if sgemm_ is not None else "onednn" if sgemm_dnnl is not None else "openblas"
     return backend, native
+
+
+_LOADED: list = []
+
+
+def _scipy_sgemm() -> int:
+    """The address of scipy's BLAS sgemm (the export of scipy.linalg.cython_blas, numba's
+    way to reach it). The extension is loaded by itself: importing it the usual way imports
+    scipy.linalg first, ~0.5 s on every rank of every run for one pointer. It is left out of
+    sys.modules: a later ``import scipy.linalg`` imports the package as usual."""
+    name = "scipy.linalg.cython_blas"
+    module = sys.modules.get(name)
+    if module is None:
+        scipy = importlib.util.find_spec("scipy")
+        folder = Path(scipy.origin).parent / "linalg" if scipy and scipy.origin else None
+        found = [folder / f"cython_blas{x}" for x in EXTENSION_SUFFIXES] if folder else []
+        found = [p for p in found if p.is_file()]
+        if not found:  # an unusual layout: the usual import
+            return get_cython_function_address(name, "sgemm")
+        spec = importlib.util.spec_from_file_location(name, found[0])
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        sys.modules.pop(name, None)  # the loader registered it without its package
+        _LOADED.append(module)  # (CPython never unloads an extension; kept all the same)
+    capsule = module.__pyx_capi__["sgemm"]
+    get_name = ctypes.pythonapi.PyCapsule_GetName
+    get_name.restype, get_name.argtypes = ctypes.c_char_p, [ctypes.py_object]
+    get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+    get_pointer.restype, get_pointer.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+    return get_pointer(capsule, get_name(capsule))
 
 
 def _address(fn) -> int | None:

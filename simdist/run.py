@@ -93,13 +93,20 @@ class Run:
             # Compile once: rank 0 compiles into numba's on-disk cache, the others then load it.
             if self.is_main:
                 self.timers.compile_time = self._compile()
-            wait(self.comm.Ibarrier())  # politely: spinning ranks would slow rank 0's compile
+            self.barrier()
             if not self.is_main:
                 self.timers.compile_time = self._compile()
+            self.barrier()  # or rank 0 would wait for them inside set-up's collectives, spinning
             self.log(f"kernels ready in {self.timers.compile_time:.2f} s (rank 0: compile or load)")
         s.allocate(self)
         self._resume()  # before model_dir is touched: a bad checkpoint must leave it as it was
         self._prepare_model_dir()
+
+    def barrier(self) -> None:
+        """A barrier that waits politely (simdist.comm.groups.wait): MPI's blocking one
+        busy-polls, and the ranks of a simulated job share a few cores, so ranks waiting for
+        one that compiles, loads or writes a checkpoint would take its CPU."""
+        wait(self.comm.Ibarrier())
 
     def _compile(self) -> float:
         # only the kernels this model calls (loading one costs ~25 ms on every rank); a model
@@ -196,7 +203,7 @@ class Run:
         if self.is_main:
             (self.model_dir / "params.yaml").write_text(dump_yaml(self.params))
             self.events = EventWriter(str(self.model_dir))
-        self.comm.Barrier()
+        self.barrier()
         now = time.perf_counter()
         self.timers.programming_time = now - self.timers.started
         self.timers.train_start = now
@@ -287,10 +294,10 @@ class Run:
                 shards,
             )
             self.log(f"saved checkpoint {path}")
-        self.comm.Barrier()
+        self.barrier()
 
     def finish_training(self) -> None:
-        self.comm.Barrier()
+        self.barrier()
         t = self.timers
         t.train_time = time.perf_counter() - t.train_start
         if self._bar:

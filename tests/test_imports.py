@@ -157,10 +157,12 @@ def test_models_declare_every_kernel_module_they_call() -> None:
 
 def test_a_run_imports_no_optional_heavyweights() -> None:
     # Every rank of every run imports simdist.train: PyTorch (an optional reference, seconds
-    # to import) or transformers there would cost every run, on every rank.
+    # to import) or transformers there would cost every run, on every rank; so would
+    # scipy.linalg (~0.5 s) for the one BLAS pointer kernels/blas.py takes from it.
     code = (
         "import sys, simdist.train, simdist.events;"
-        "print(*sorted({'torch', 'transformers', 'tensorboard'} & set(sys.modules)))"
+        "heavy = {'torch', 'transformers', 'tensorboard', 'scipy.linalg'};"
+        "print(*sorted(heavy & set(sys.modules)))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

@@ -259,6 +259,14 @@ def test_gemm_on_strided_and_transposed_views(ta, tb):
         gemm(a, b[:-1], c, F32(1.0), F32(0.0))
 
 
+def test_sgemm_pointer_is_the_one_numbas_route_finds():
+    """kernels/blas.py loads scipy.linalg.cython_blas by itself (not importing scipy.linalg)
+    for its sgemm pointer: the very function numba's usual route returns."""
+    from numba.extending import get_cython_function_address
+
+    assert blas._scipy_sgemm() == get_cython_function_address("scipy.linalg.cython_blas", "sgemm")
+
+
 ONEDNN_SGEMM_CHECK = r"""
 import numpy as np
 from scipy.linalg.blas import sgemm as openblas_sgemm
