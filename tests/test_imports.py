@@ -158,9 +158,10 @@ def test_models_declare_every_kernel_module_they_call() -> None:
 def test_a_run_imports_no_optional_heavyweights() -> None:
     # Every rank of every run imports simdist.train: PyTorch (an optional reference, seconds
     # to import) or transformers there would cost every run, on every rank; so would
-    # scipy.linalg (~0.5 s) for the one BLAS pointer kernels/blas.py takes from it.
+    # scipy.linalg (~0.4 s) for the one BLAS pointer kernels/blas.py and numba take from it.
     code = (
         "import sys, simdist.train, simdist.events;"
+        "from simdist.kernels import registry; registry.warm_all(['linear']);"
         "heavy = {'torch', 'transformers', 'tensorboard', 'scipy.linalg'};"
         "print(*sorted(heavy & set(sys.modules)))"
     )

@@ -375,12 +375,17 @@ def _dtype_table(raw: Mapping[str, Any] | None, where: str, unknown: list[str]) 
     return out
 
 
+# libyaml's safe loader where PyYAML has it: every rank of every run loads a profile (the
+# host's calibration tables), ~0.1 s in the pure-Python loader
+_SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
 def load_profile(name_or_path: str | Path) -> DeviceProfile:
     """Load a shipped profile by name (``"a100-80gb"``) or any profile YAML by path."""
     path = profile_path(name_or_path)
     blob = path.read_bytes()
     try:
-        doc = yaml.safe_load(blob)
+        doc = yaml.load(blob, Loader=_SAFE_LOADER)
     except yaml.YAMLError as exc:
         raise ProfileError(f"{path}: not valid YAML: {exc}") from exc
     if not isinstance(doc, dict):
