@@ -380,12 +380,21 @@ def _dtype_table(raw: Mapping[str, Any] | None, where: str, unknown: list[str]) 
 _SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
+def _safe_load(blob: bytes):
+    """yaml.safe_load with _SAFE_LOADER (safe either way: plain YAML types only)."""
+    loader = _SAFE_LOADER(blob)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
+
+
 def load_profile(name_or_path: str | Path) -> DeviceProfile:
     """Load a shipped profile by name (``"a100-80gb"``) or any profile YAML by path."""
     path = profile_path(name_or_path)
     blob = path.read_bytes()
     try:
-        doc = yaml.load(blob, Loader=_SAFE_LOADER)
+        doc = _safe_load(blob)
     except yaml.YAMLError as exc:
         raise ProfileError(f"{path}: not valid YAML: {exc}") from exc
     if not isinstance(doc, dict):
