@@ -261,6 +261,6 @@ def read_events(path: str | os.PathLike[str]) -> list[tuple[int, str, float]]:
     for payload in _records(Path(path).read_bytes(), str(path)):
         try:
             out.extend(_scalars(payload))
-        except (ValueError, UnicodeDecodeError) as e:
+        except ValueError as e:  # (UnicodeDecodeError too)
             raise EventFileError(f"{path}: undecodable event: {e}") from None
     return out

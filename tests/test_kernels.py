@@ -261,10 +261,22 @@ def test_gemm_on_strided_and_transposed_views(ta, tb):
 
 def test_sgemm_pointer_is_the_one_numbas_route_finds():
     """kernels/blas.py loads scipy.linalg.cython_blas by itself (not importing scipy.linalg)
-    for its sgemm pointer: the very function numba's usual route returns."""
-    from numba.extending import get_cython_function_address
-
-    assert blas._scipy_sgemm() == get_cython_function_address("scipy.linalg.cython_blas", "sgemm")
+    for its sgemm pointer: in a fresh process, the very function the usual import of the
+    module (scipy.linalg first, then numba's route) returns."""
+    code = (
+        "import sys\n"
+        "from simdist.kernels import blas\n"
+        "assert 'scipy.linalg' not in sys.modules\n"
+        "mine = blas._scipy_sgemm()\n"
+        "del sys.modules['scipy.linalg.cython_blas']\n"
+        "import scipy.linalg.cython_blas\n"
+        "from numba.extending import get_cython_function_address as address\n"
+        "assert 'scipy.linalg' in sys.modules\n"
+        "print(mine == address('scipy.linalg.cython_blas', 'sgemm'))\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "True"
 
 
 ONEDNN_SGEMM_CHECK = r"""
