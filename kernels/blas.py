@@ -15,14 +15,18 @@ faster than OpenBLAS at this project's GEMM shapes on a Sapphire Rapids Xeon, me
 tests' shapes in ``scripts/bench_kernels.py``); on other CPUs with AVX-512 (AMD's Zen 4 and
 5, where oneMKL takes slower generic code paths) oneDNN's ``dnnl_sgemm`` where the
 ``onednn`` extra is installed, for the products ``on_onednn`` picks by shape (inner
-dimension and columns >= 64, k * n >= 8192: 1.1-1.6x OpenBLAS's there on Zen 4); SciPy's
-OpenBLAS (the one numba's ``np.dot`` uses) for everything else. ``SIMDIST_BLAS=openblas``,
-``mkl`` or ``onednn`` forces one. oneMKL runs with strict conditional numerical
-reproducibility and oneDNN's sgemm gives the same bits at any operand address (tested), so
-results do not depend on alignment (the DP, ZeRO and resume bitwise guarantees compare runs
-whose buffers sit at different addresses). The choice is fixed for the life of a process
-(``BACKEND`` says which); every rank of a job must make the same one for the ranks to
-compute the same bits.
+dimension and columns >= 64, k * n >= 8192: 1.1-1.6x OpenBLAS's there on Zen 4); OpenBLAS
+for everything else: the one numpy's wheel bundles (an ILP64 build, 64-bit integers) where
+there is one, else SciPy's (the one numba's ``np.dot`` uses). In this project's venvs
+numpy's is the newer (0.3.31 against 0.3.30): the same kernels and bits here, 1.04-1.12x
+as fast on FC-MNIST's products and 1.00-1.13x on gpt2-mini's on AMD Zen 3
+(``bench_kernels.py --openblas-pair``). ``SIMDIST_BLAS=openblas``, ``scipy-openblas``,
+``mkl`` or ``onednn`` forces one; ``library()`` names what runs. oneMKL runs with strict
+conditional numerical reproducibility and oneDNN's sgemm gives the same bits at any
+operand address (tested), so results do not depend on alignment (the DP, ZeRO and resume
+bitwise guarantees compare runs whose buffers sit at different addresses). The choice is
+fixed for the life of a process (``BACKEND`` says which); every rank of a job must make the
+same one for the ranks to compute the same bits.
 
 Mixed precision (``half_operands``): while a bf16 or fp16 run is training, every ``gemm``
 multiplies half-precision operands and accumulates in float32, as a tensor core does. The
@@ -66,11 +70,13 @@ _SYMBOL = "simdist_sgemm"
 _BF16_SYMBOL = "simdist_gemm_bf16"  # Fortran gemm_bf16bf16f32 (oneMKL): uint16 a and b
 _DNNL_SYMBOL = "simdist_dnnl_bf16"  # C dnnl_gemm_bf16bf16f32 (oneDNN): row-major, by value
 _DNNL_SGEMM_SYMBOL = "simdist_dnnl_sgemm"  # C dnnl_sgemm (oneDNN): row-major, by value
+_SGEMM64_SYMBOL = "simdist_sgemm64"  # Fortran sgemm, 64-bit integers (numpy's OpenBLAS)
 _MODE_SYMBOL = "simdist_gemm_half"  # int32: what gemm does with its operands (below)
 # The mode word: the operands' format in its low bits (0: float32, BF16, F16), which native
-# product runs bf16 (packed into 16-bit words for oneMKL or oneDNN), and whether to verify
-# that both operands hold half values.
-PLAIN, FORMAT_BITS, NATIVE_MKL, NATIVE_DNNL, CHECK, SGEMM_DNNL = 0, 3, 4, 8, 16, 32
+# product runs bf16 (packed into 16-bit words for oneMKL or oneDNN), whether to verify
+# that both operands hold half values, and the float32 library (oneDNN's sgemm for the
+# products on_onednn gives it; numpy's ILP64 OpenBLAS instead of the int32 symbol).
+PLAIN, FORMAT_BITS, NATIVE_MKL, NATIVE_DNNL, CHECK, SGEMM_DNNL, SGEMM_ILP64 = 0, 3, 4, 8, 16, 32, 64
 # The native bf16 kernels block C in wide panels: with fewer than about 96 rows or columns
 # of C (attention's per-head products at head size 64 or less, a classifier's 10 columns)
 # they ran slower than sgemm on the same halves on Zen 4 with oneDNN 3.2, and faster above
@@ -150,8 +156,10 @@ def _bind() -> tuple[str, str | None]:
     """Register the kernels' external symbols with LLVM's symbol table; returns the sgemm
     backend's name and the library running bf16 products natively (None: none here)."""
     choice = os.environ.get("SIMDIST_BLAS", "auto").lower()
-    if choice not in ("openblas", "mkl", "onednn", "auto"):
-        raise ValueError(f"SIMDIST_BLAS must be openblas, mkl, onednn or auto, got {choice!r}")
+    if choice not in ("openblas", "scipy-openblas", "mkl", "onednn", "auto"):
+        raise ValueError(
+            f"SIMDIST_BLAS must be openblas, scipy-openblas, mkl, onednn or auto, got {choice!r}"
+        )
     half = os.environ.get("SIMDIST_HALF_GEMM", "auto").lower()
     if half not in ("fp32", "mkl", "onednn", "auto"):
         raise ValueError(f"SIMDIST_HALF_GEMM must be fp32, mkl, onednn or auto, got {half!r}")
@@ -192,9 +200,16 @@ def _bind() -> tuple[str, str | None]:
         ll.add_symbol(_SYMBOL, ctypes.cast(sgemm_, ctypes.c_void_p).value)
     else:  # OpenBLAS: the whole sgemm, or (oneDNN) the products on_onednn leaves to it
         ll.add_symbol(_SYMBOL, _scipy_sgemm())
+    # numpy's own OpenBLAS (64-bit integers) in place of SciPy's where numpy ships one
+    sgemm64 = None
+    if sgemm_ is None and choice != "scipy-openblas":
+        sgemm64 = _numpy_openblas_sgemm()
+    ll.add_symbol(_SGEMM64_SYMBOL, sgemm64 or ll.address_of_symbol(_SYMBOL))
     ll.add_symbol(_DNNL_SGEMM_SYMBOL, _address(sgemm_dnnl) or ll.address_of_symbol(_SYMBOL))
     if sgemm_dnnl is not None:
-        _BASE_MODE.value = SGEMM_DNNL
+        _BASE_MODE.value |= SGEMM_DNNL
+    if sgemm64 is not None:
+        _BASE_MODE.value |= SGEMM_ILP64
     native = "mkl" if lib is not None and mkl_bf16 else "onednn" if dnnl is not None else None
     # every symbol needs an address for the cached code to link, used or not: half_operands
     # never selects a native path this process lacks
@@ -234,6 +249,57 @@ def _scipy_sgemm() -> int:
     get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
     get_pointer.restype, get_pointer.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
     return get_pointer(capsule, get_name(capsule))
+
+
+def _bundled_openblas(package: str, suffix: str) -> ctypes.CDLL | None:
+    """The OpenBLAS a wheel of ``package`` bundles (``<package>.libs/libscipy_openblas*``,
+    already loaded by the package itself), if it exports the Fortran sgemm under the
+    wheel's name (``scipy_sgemm`` + ``suffix``); else None."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.origin:
+        return None
+    libs = Path(spec.origin).parent.parent / f"{package}.libs"
+    for path in sorted(libs.glob(f"libscipy_openblas{'64_' if '64' in suffix else ''}-*.so")):
+        try:
+            lib = ctypes.CDLL(str(path))
+        except OSError:
+            continue
+        if hasattr(lib, f"scipy_sgemm{suffix}"):
+            return lib
+    return None
+
+
+def _numpy_openblas_sgemm() -> int | None:
+    """numpy's OpenBLAS (ILP64: 64-bit integers): the kernels' OpenBLAS wherever numpy's
+    wheel ships one (see the module's docstring for why)."""
+    lib = _bundled_openblas("numpy", "_64_")
+    return _address(lib.scipy_sgemm_64_) if lib is not None else None
+
+
+def library() -> str:
+    """What runs the float32 products, with the version and kernel set OpenBLAS reports
+    (for benchmark records), e.g. "openblas 0.3.31.188.0 (numpy's, ILP64; Haswell)";
+    with oneDNN, "onednn + " the OpenBLAS of the products it leaves."""
+    if BACKEND == "mkl":
+        return BACKEND
+    if BACKEND == "onednn":
+        return "onednn + " + _openblas_library()
+    return _openblas_library()
+
+
+def _openblas_library() -> str:
+    ilp64 = bool(_BASE_MODE.value & SGEMM_ILP64)
+    suffix = "64_" if ilp64 else ""
+    lib = _bundled_openblas("numpy", "_64_") if ilp64 else _bundled_openblas("scipy", "_")
+    where = "numpy's, ILP64" if ilp64 else "SciPy's"
+    config = getattr(lib, f"scipy_openblas_get_config{suffix}", None) if lib else None
+    core = getattr(lib, f"scipy_openblas_get_corename{suffix}", None) if lib else None
+    if config is None or core is None:
+        return f"openblas ({where})"
+    config.restype = core.restype = ctypes.c_char_p
+    words = config().decode().split()  # "OpenBLAS 0.3.31 DYNAMIC_ARCH NO_AFFINITY ..."
+    version = words[1] if len(words) > 1 else "?"
+    return f"openblas {version} ({where}; {core().decode()})"
 
 
 def _address(fn) -> int | None:
@@ -277,23 +343,25 @@ def operand_format() -> int:
     return _MODE.value & FORMAT_BITS
 
 
-def _fortran_gemm(symbol: str):
+def _fortran_gemm(symbol: str, int_bits: int = 32):
     """An intrinsic calling Fortran ``?gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c,
     ldc)`` at ``symbol`` on the data pointers of arrays a, b, c (column-major view of their
-    memory; a and b of one element type, float32 or uint16 words); ints are int32."""
+    memory; a and b of one element type, float32 or uint16 words); ints are int32, or int64
+    for an ILP64 library (``int_bits=64``; the caller passes int64 then)."""
+    nb_int = types.int64 if int_bits == 64 else types.int32
 
     @intrinsic
     def call(typingctx, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):
         sig = types.void(
-            types.uint8, types.uint8, types.int32, types.int32, types.int32, types.float32,
-            a, types.int32, b, types.int32, types.float32, c, types.int32,
+            types.uint8, types.uint8, nb_int, nb_int, nb_int, types.float32,
+            a, nb_int, b, nb_int, types.float32, c, nb_int,
         )  # fmt: skip
 
         def codegen(context, builder, signature, args):
-            i8, i32, f32 = ir.IntType(8), ir.IntType(32), ir.FloatType()
+            i8, ii, f32 = ir.IntType(8), ir.IntType(int_bits), ir.FloatType()
             ab = context.get_data_type(signature.args[6].dtype)
             # Fortran passes everything by reference: scalars go through stack slots
-            scalar = [i8, i8, i32, i32, i32, f32, ab, i32, ab, i32, f32, f32, i32]
+            scalar = [i8, i8, ii, ii, ii, f32, ab, ii, ab, ii, f32, f32, ii]
             arrays = (6, 8, 11)
             fnty = ir.FunctionType(ir.VoidType(), [t.as_pointer() for t in scalar])
             fn = cgutils.get_or_insert_function(builder.module, fnty, symbol)
@@ -353,6 +421,7 @@ _dnnl_sgemm = _dnnl_gemm(_DNNL_SGEMM_SYMBOL)
 
 
 _sgemm = _fortran_gemm(_SYMBOL)
+_sgemm64 = _fortran_gemm(_SGEMM64_SYMBOL, 64)
 _gemm_bf16 = _fortran_gemm(_BF16_SYMBOL)
 
 
@@ -480,6 +549,11 @@ def gemm(a, b, c, alpha, beta):
             np.int64(ldb), beta, c, np.int64(ldc),
         ) != 0:  # fmt: skip
             raise RuntimeError("gemm: oneDNN dnnl_sgemm failed")
+    elif mode & SGEMM_ILP64:  # numpy's OpenBLAS (64-bit integers)
+        _sgemm64(
+            opb, opa, np.int64(n), np.int64(m), np.int64(k), alpha, b, np.int64(ldb), a,
+            np.int64(lda), beta, c, np.int64(ldc),
+        )  # fmt: skip
     else:  # float32, or operands holding half values: their products are exact in float32
         _sgemm(opb, opa, n32, m32, k32, alpha, b, ldb, a, lda, beta, c, ldc)
 

@@ -212,14 +212,14 @@ def main() -> None:
     np_rate, nb_rate = gemm_rates()
 
     from bench_train import cpu_info
-    from simdist.kernels.blas import BACKEND
+    from simdist.kernels.blas import library
 
     cpu = cpu_info()
     print(f"# {platform.processor() or platform.machine()}, python {platform.python_version()}")
     print(
         f"# cpu: {cpu['model']} ({cpu['vendor']}, family/model/stepping "
         f"{cpu['family_model_stepping']}); ISA: {' '.join(cpu['isa']) or '-'}; "
-        f"kernels' BLAS: {BACKEND}; load {os.getloadavg()[0]:.2f}"
+        f"kernels' BLAS: {library()}; load {os.getloadavg()[0]:.2f}"
     )
     env = {k: os.environ.get(k, "(unset)") for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")}
     print(f"# {env}")
@@ -229,13 +229,13 @@ def main() -> None:
     )
     print(f"  tokens/s        {B * T / step_s:10.0f}   (best step {B * T / best_s:.0f})")
     print(f"  GFLOP/s (step)  {flops / step_s / 1e9:10.1f}   ({flops / 1e9:.2f} GFLOP per step)")
-    print(f"  GEMM GFLOP/s    {np_rate:10.1f} numpy, {nb_rate:.1f} kernels' gemm ({BACKEND})")
+    print(f"  GEMM GFLOP/s    {np_rate:10.1f} numpy, {nb_rate:.1f} kernels' gemm ({library()})")
     print(
         f"  step / GEMM     {flops / step_s / 1e9 / max(np_rate, nb_rate):10.3f}   (of the faster)"
     )
     result = {
         "cpu": cpu,
-        "kernels_blas": BACKEND,
+        "kernels_blas": library(),
         "loadavg": os.getloadavg(),
         "preset": args.preset,
         "batch": B,

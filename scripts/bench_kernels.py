@@ -3,15 +3,18 @@ own matmul and (where installed) torch.mm (printed, never asserted).
 
     python scripts/bench_kernels.py [--reps 50] [--gemm-only]
     python scripts/bench_kernels.py --blas-grid     # OpenBLAS against oneDNN's sgemm
+    python scripts/bench_kernels.py --openblas-pair # numpy's OpenBLAS against SciPy's
 
 One thread (simdist pins it). Forward is 2*B*C*OC FLOP; backward twice that (dinp and
 dweight). NumPy's reference runs the same three products with ``out=`` so neither side
 allocates. The kernels call ``kernels.blas.gemm`` (oneMKL on Intel where installed, oneDNN
-on AMD's AVX-512 kind where installed, else SciPy's OpenBLAS; ``SIMDIST_BLAS`` forces
-one), NumPy its own OpenBLAS, torch its oneMKL, so differences are BLAS builds as much as
-call overhead. The GEMM table times each product by the CPU time of this thread (best of
-``--reps``), which a shared machine's load disturbs less than wall time; run it once per
-``SIMDIST_BLAS`` value to compare the libraries.
+on AMD's AVX-512 kind where installed, else numpy's OpenBLAS or, where numpy has none,
+SciPy's; ``SIMDIST_BLAS`` forces one), NumPy its own OpenBLAS, torch its oneMKL, so
+differences are BLAS builds as much as call overhead. The GEMM table times each product by
+the CPU time of this thread (best of ``--reps``), which a shared machine's load disturbs
+less than wall time; run it once per ``SIMDIST_BLAS`` value to compare the libraries.
+``--openblas-pair`` times the kernels' gemm on numpy's OpenBLAS and on SciPy's, alternating
+call by call in one process (the measurement behind the default).
 
 ``--blas-grid`` times OpenBLAS's sgemm (the kernels' gemm with ``SIMDIST_BLAS=openblas``)
 and oneDNN's ``dnnl_sgemm`` (called through ctypes, about a microsecond more per call) on
@@ -31,7 +34,7 @@ from collections.abc import Callable
 import numba
 import numpy as np
 import scipy
-from simdist.kernels.blas import BACKEND, gemm
+from simdist.kernels.blas import BACKEND, gemm, library
 from simdist.kernels.linear import linear_backward, linear_forward
 
 F32 = np.float32
@@ -136,6 +139,37 @@ def bench_gemm_shapes(reps: int) -> None:
         print(f"{name:>17} {f'{m}x{k}x{n} {layout}':>16} {cells}")
 
 
+def bench_openblas_pair(reps: int) -> None:
+    """The kernels' gemm on numpy's OpenBLAS (ILP64) against SciPy's, the models' shapes,
+    alternating the two (one process: the mode word picks the library per call)."""
+    from simdist.kernels import blas
+
+    if not blas._BASE_MODE.value & blas.SGEMM_ILP64:
+        raise SystemExit("--openblas-pair needs SIMDIST_BLAS=openblas and numpy's own OpenBLAS")
+    rng = np.random.default_rng(0)
+    one, zero = F32(1.0), F32(0.0)
+    base = blas._MODE.value
+    print(f"\n{'GEMM m x k x n':>34} {'numpy':>7} {'SciPy':>7} {'ratio':>6}  GFLOP/s (CPU time)")
+    for name, m, k, n, layout in GEMM_SHAPES:
+        a = rng.standard_normal((m, k) if layout[0] == "n" else (k, m), dtype=F32)
+        b = rng.standard_normal((k, n) if layout[1] == "n" else (n, k), dtype=F32)
+        a = a if layout[0] == "n" else a.T
+        b = b if layout[1] == "n" else b.T
+        out = np.empty((m, n), F32)
+        best = [float("inf")] * 2
+        for _ in range(reps):
+            for i, mode in enumerate((base, base & ~blas.SGEMM_ILP64)):
+                blas._MODE.value = mode
+                call = lambda a=a, b=b, out=out: gemm(a, b, out, one, zero)  # noqa: E731
+                best[i] = min(best[i], cpu_seconds(call, 1))
+        blas._MODE.value = base
+        rates = [2.0 * m * k * n / t / 1e9 for t in best]
+        print(
+            f"{name:>17} {f'{m}x{k}x{n} {layout}':>16} {rates[0]:7.1f} {rates[1]:7.1f} "
+            f"{rates[0] / rates[1]:6.2f}"
+        )
+
+
 BLAS_GRID = [  # (m, k, n): attention heads, the models' layers, FC-MNIST's, the classifiers
     (64, 64, 64), (128, 64, 128), (128, 128, 64), (64, 128, 128), (16, 256, 256),
     (32, 784, 512), (128, 784, 512), (128, 512, 512), (128, 512, 10), (10, 128, 512),
@@ -190,6 +224,9 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=50)
     parser.add_argument("--gemm-only", action="store_true")
     parser.add_argument("--blas-grid", action="store_true", help="OpenBLAS against oneDNN")
+    parser.add_argument(
+        "--openblas-pair", action="store_true", help="numpy's OpenBLAS against SciPy's"
+    )
     args = parser.parse_args()
     reps = args.reps
     from bench_train import cpu_info
@@ -202,10 +239,13 @@ def main() -> None:
     )
     print(
         f"cpu: {cpu['model']} ({cpu['vendor']}); ISA: {' '.join(cpu['isa'])}; "
-        f"kernels' BLAS: {BACKEND}"
+        f"kernels' BLAS: {library()}"
     )
     if args.blas_grid:
         bench_blas_grid(max(3, reps // 10))
+        return
+    if args.openblas_pair:
+        bench_openblas_pair(reps)
         return
     if not args.gemm_only:
         print(f"{'B x C x OC':>16} {'op':>9} {'kernel GF/s':>12} {'numpy GF/s':>11}")

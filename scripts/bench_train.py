@@ -136,7 +136,7 @@ def cpu_info() -> dict:
 
 
 def machine_info() -> dict:
-    from simdist.kernels.blas import BACKEND
+    from simdist.kernels.blas import library
     from threadpoolctl import threadpool_info
 
     blas = [
@@ -151,7 +151,7 @@ def machine_info() -> dict:
         "loadavg": os.getloadavg(),
         "cpu": cpu_info(),
         "blas": blas,
-        "kernels_blas": BACKEND,
+        "kernels_blas": library(),
         "OPENBLAS_CORETYPE": os.environ.get("OPENBLAS_CORETYPE", "(unset)"),
     }
 

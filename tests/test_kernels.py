@@ -259,6 +259,35 @@ def test_gemm_on_strided_and_transposed_views(ta, tb):
         gemm(a, b[:-1], c, F32(1.0), F32(0.0))
 
 
+@pytest.mark.skipif(
+    not blas._BASE_MODE.value & blas.SGEMM_ILP64, reason="numpy ships no OpenBLAS of its own"
+)
+def test_openblas_is_numpys_own_with_64_bit_integers():
+    """SIMDIST_BLAS=openblas (the tests' choice) binds the OpenBLAS numpy's wheel ships
+    (ILP64) where there is one: gemm then gives np.matmul's bits (the same library) on
+    every layout, at sizes whose products overflow nothing; SciPy's, the bit off, is
+    correct as well (against float64)."""
+    rng = np.random.default_rng(5)
+    assert blas.library().startswith("openblas") and "numpy's" in blas.library()
+    for m, k, n in [(128, 784, 512), (37, 300, 129), (7, 5, 3)]:
+        for ta in (0, 1):
+            for tb in (0, 1):
+                a0 = randn(rng, k, m) if ta else randn(rng, m, k)
+                b0 = randn(rng, n, k) if tb else randn(rng, k, n)
+                a, b = (a0.T if ta else a0), (b0.T if tb else b0)
+                c = np.empty((m, n), F32)
+                gemm(a, b, c, F32(1.0), F32(0.0))
+                assert np.array_equal(c, a @ b), (m, k, n, ta, tb)
+                mode = blas._MODE.value
+                blas._MODE.value = mode & ~blas.SGEMM_ILP64
+                try:
+                    gemm(a, b, c, F32(1.0), F32(0.0))
+                finally:
+                    blas._MODE.value = mode
+                ref = a.astype(np.float64) @ b.astype(np.float64)
+                np.testing.assert_allclose(c, ref, rtol=1e-4, atol=1e-4 * np.sqrt(k))
+
+
 def test_sgemm_pointer_is_the_one_numbas_route_finds():
     """kernels/blas.py loads scipy.linalg.cython_blas by itself (not importing scipy.linalg)
     for its sgemm pointer: in a fresh process, the very function the usual import of the
@@ -281,7 +310,6 @@ def test_sgemm_pointer_is_the_one_numbas_route_finds():
 
 ONEDNN_SGEMM_CHECK = r"""
 import numpy as np
-from scipy.linalg.blas import sgemm as openblas_sgemm
 from simdist.kernels import blas
 from simdist.kernels.blas import gemm
 
@@ -316,19 +344,23 @@ for m, k, n in [(130, 200, 140), (7, 300, 129), (64, 63, 256), (96, 128, 64), (4
                 gemm(a1.T if ta else a1, b1.T if tb else b1, c1, F32(0.5), F32(2.0))
                 assert np.array_equal(c1, c), ("address", m, k, n, ta, tb, off)
 # another library ran where the rule says so (OpenBLAS sums FC-MNIST's first products in
-# another order), and OpenBLAS where it does not (gemm's OpenBLAS call is scipy's sgemm)
+# another order), and OpenBLAS where it does not: the bits of gemm with oneDNN's bit off
+onednn_mode = blas._MODE.value
 for ta in (0, 1):
     for tb in (0, 1):
         a0 = rng.standard_normal((784, 128) if ta else (128, 784), dtype=F32)
         b0 = rng.standard_normal((512, 784) if tb else (784, 512), dtype=F32)
         a, b = (a0.T if ta else a0), (b0.T if tb else b0)
-        c = np.empty((128, 512), F32)
+        c, c_openblas = np.empty((128, 512), F32), np.empty((128, 512), F32)
         gemm(a, b, c, F32(1.0), F32(0.0))
-        same = np.array_equal(c, openblas_sgemm(1.0, a0, b0, trans_a=ta, trans_b=tb))
+        blas._MODE.value = onednn_mode & ~blas.SGEMM_DNNL
+        gemm(a, b, c_openblas, F32(1.0), F32(0.0))
+        blas._MODE.value = onednn_mode
+        same = np.array_equal(c, c_openblas)
         assert same != blas.on_onednn(784, 512, bool(ta), bool(tb)), ("library", ta, tb)
 # half operands (fp16 on float32 BLAS) keep the library; plain float32 after
 assert "onednn sgemm on fp16" in blas.half_operands(blas.F16, native=False)
-assert blas.half_operands(None) == "fp32 onednn sgemm" and blas._MODE.value == blas.SGEMM_DNNL
+assert blas.half_operands(None) == "fp32 onednn sgemm" and blas._MODE.value == onednn_mode
 print("ok")
 """
 
