@@ -20,7 +20,9 @@ float64 arithmetic (see its docstring).
 """
 
 import numpy as np
+from llvmlite import ir
 from numba import types
+from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ._jit import kernel
@@ -201,6 +203,41 @@ def sgd_update(
     _sgd_kernel(param, grad, momentum_buf, F32(-lr), F32(momentum), F32(weight_decay), step == 1)
 
 
+@intrinsic
+def sum_of_squares_lanes(typingctx, x, a0, a1, a2, a3):
+    """(a0, a1, a2, a3) with float64(x[4i + j])**2 added to lane j, in order of i, for
+    i < x.size // 4 (x: 1-D contiguous float32): four interleaved float64 sums held in one
+    4-wide vector register. LLVM does not vectorise the scalar form of these four chains
+    (fastmath off, it keeps them as scalar adds), so the vector is written out here: the
+    same multiplies and adds per lane, so the same bits, at 1.7x the speed on AMD Zen 3."""
+    f64 = types.float64
+    if not (
+        isinstance(x, types.Array) and x.dtype == types.float32 and x.ndim == 1
+        and x.layout == "C" and a0 == a1 == a2 == a3 == f64
+    ):  # fmt: skip
+        return None
+    sig = types.UniTuple(f64, 4)(x, f64, f64, f64, f64)
+
+    def codegen(context, builder, signature, args):
+        arr = context.make_array(signature.args[0])(context, builder, args[0])
+        i32, i64 = ir.IntType(32), ir.IntType(64)
+        v4f, v4d = ir.VectorType(ir.FloatType(), 4), ir.VectorType(ir.DoubleType(), 4)
+        start = ir.Constant(v4d, ir.Undefined)
+        for j, lane in enumerate(args[1:]):
+            start = builder.insert_element(start, lane, ir.Constant(i32, j))
+        acc = cgutils.alloca_once_value(builder, start)
+        blocks = builder.sdiv(builder.extract_value(arr.shape, 0), ir.Constant(i64, 4))
+        with cgutils.for_range(builder, blocks) as loop:
+            ptr = builder.gep(arr.data, [builder.mul(loop.index, ir.Constant(i64, 4))])
+            wide = builder.fpext(builder.load(builder.bitcast(ptr, v4f.as_pointer()), align=4), v4d)
+            builder.store(builder.fadd(builder.load(acc), builder.fmul(wide, wide)), acc)
+        total = builder.load(acc)
+        lanes = [builder.extract_element(total, ir.Constant(i32, j)) for j in range(4)]
+        return context.make_tuple(builder, signature.return_type, lanes)
+
+    return sig, codegen
+
+
 @kernel
 def sum_of_squares(x):
     """sum(x[N]**2) as a float (float64): the one reduction that returns a value.
@@ -208,23 +245,14 @@ def sum_of_squares(x):
     float64 on purpose: the square of a float32 is exact in float64 and the sum's relative
     error stays ~1e-16 * N, so the global gradient norm used for clipping does not depend on
     how the flat buffer is sliced (up to that tiny error). Four interleaved accumulators in a
-    fixed order (twice as fast as one; same result on every call for the same input).
+    fixed order, one vector register (``sum_of_squares_lanes``; same result on every call
+    for the same input).
     That order is a contract: weight streaming rebuilds this exact sum from pieces
     (``streaming.lane_sum_of_squares``), so a faster, wider order must change both at once.
     """
     n = x.size
-    a0 = a1 = a2 = a3 = 0.0
-    n4 = n - n % 4
-    for i in range(0, n4, 4):
-        v0 = np.float64(x[i])
-        v1 = np.float64(x[i + 1])
-        v2 = np.float64(x[i + 2])
-        v3 = np.float64(x[i + 3])
-        a0 += v0 * v0
-        a1 += v1 * v1
-        a2 += v2 * v2
-        a3 += v3 * v3
-    for i in range(n4, n):
+    a0, a1, a2, a3 = sum_of_squares_lanes(x, 0.0, 0.0, 0.0, 0.0)  # elements < n - n % 4
+    for i in range(n - n % 4, n):
         v = np.float64(x[i])
         a0 += v * v
     return (a0 + a1) + (a2 + a3)

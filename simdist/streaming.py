@@ -64,6 +64,7 @@ from simdist.arena import Layout
 from simdist.config import ConfigError, Params
 from simdist.device import format_bytes
 from simdist.kernels._jit import kernel
+from simdist.kernels.optim import sum_of_squares_lanes
 from simdist.models.base import GradientGroup
 from simdist.models.stages import Stage
 from simdist.sim.streaming_step import device_footprint, finishing_stage
@@ -310,26 +311,18 @@ def weight_streaming_tip(model, params: Params, micro_batch: int, replicas: int,
 def lane_sum_of_squares(x, first_lane, acc):
     """acc[(first_lane + j) % 4] += float64(x[j])**2 in order: continues the four lanes of
     ``sum_of_squares`` across pieces of one slice, so the servers rebuild its exact sum.
-    Each lane's additions keep their order (so its bits); the aligned middle runs in four
-    register accumulators, as ``sum_of_squares`` does (a store to ``acc`` per element ran
-    at a sixth of its rate)."""
+    Each lane's additions keep their order (so its bits); the aligned middle runs in
+    ``sum_of_squares``'s own vector of four accumulators (a store to ``acc`` per element
+    ran at a sixth of its rate)."""
     n = x.size
     head = min((4 - first_lane % 4) % 4, n)  # elements before the first one in lane 0
     for j in range(head):
         v = np.float64(x[j])
         acc[(first_lane + j) % 4] += v * v
-    a0, a1, a2, a3 = acc[0], acc[1], acc[2], acc[3]
     end = head + (n - head) // 4 * 4
-    for i in range(head, end, 4):
-        v0 = np.float64(x[i])
-        v1 = np.float64(x[i + 1])
-        v2 = np.float64(x[i + 2])
-        v3 = np.float64(x[i + 3])
-        a0 += v0 * v0
-        a1 += v1 * v1
-        a2 += v2 * v2
-        a3 += v3 * v3
-    acc[0], acc[1], acc[2], acc[3] = a0, a1, a2, a3
+    acc[0], acc[1], acc[2], acc[3] = sum_of_squares_lanes(
+        x[head:end], acc[0], acc[1], acc[2], acc[3]
+    )
     for i in range(end, n):  # lanes 0, 1, 2 in order
         v = np.float64(x[i])
         acc[i - end] += v * v

@@ -684,11 +684,32 @@ def test_segment_updates_are_bitwise_the_per_segment_calls(wd):
         np.testing.assert_array_equal(m, rm)
 
 
+@njit
+def _four_lane_sum_of_squares(x):
+    """sum_of_squares's order written as scalars: lane j sums x[4i + j]**2, the tail goes
+    to lane 0, then (a0 + a1) + (a2 + a3)."""
+    n = x.size
+    a = np.zeros(4)
+    for i in range(n - n % 4):
+        v = np.float64(x[i])
+        a[i % 4] += v * v
+    for i in range(n - n % 4, n):
+        v = np.float64(x[i])
+        a[0] += v * v
+    return (a[0] + a[1]) + (a[2] + a[3])
+
+
 @pytest.mark.parametrize("n", [0, 1, 3, 4, 7, 669_706])
 def test_sum_of_squares_is_float64_accurate(n):
+    """Accurate to float64 rounding, and in its fixed four-lane order (held in one vector
+    register) to the bit, at any alignment of the slice (weight streaming rebuilds it)."""
     rng = np.random.default_rng(n)
-    x = randn(rng, n, scale=1e-3) + F32(1)  # large |x| with small spread: float32 sums drift
+    x = randn(rng, n + 3, scale=1e-3) + F32(1)  # large |x|, small spread: float32 sums drift
+    for off in (1, 2, 3):
+        assert sum_of_squares(x[off : off + n]) == _four_lane_sum_of_squares(x[off : off + n])
+    x = x[:n]
     got = sum_of_squares(x)
+    assert got == _four_lane_sum_of_squares(x)
     x64 = x.astype(np.float64)
     exact = math.fsum(x64 * x64)  # squares of float32 are exact in float64; fsum rounds once
     assert isinstance(got, float)
