@@ -5,6 +5,8 @@
 - ``float64_ops(dispatcher)``: float64 arithmetic/conversions in a kernel's compiled code.
 - ``nrt_allocations(fn, *args)``: heap allocations numba's runtime makes during one call.
 - ``max_ulp(a, b)``: largest distance in units in the last place between float32 arrays.
+- ``fresh_python(code, **env)``: stdout of ``code`` run in a new interpreter (what binds
+  or imports once per process), failing the test with its stderr if it fails.
 """
 
 import re
@@ -143,3 +145,18 @@ def onednn_sgemm_installed() -> bool:
         except OSError:
             continue
     return False
+
+
+def fresh_python(code: str, **env: str) -> str:
+    """Run ``code`` in a new interpreter (this environment plus ``env``); its stdout,
+    stripped. A non-zero exit fails the calling test with the process's output."""
+    import os
+    import subprocess
+    import sys
+
+    res = subprocess.run(
+        [sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True,
+        text=True, timeout=300,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout + res.stderr
+    return res.stdout.strip()

@@ -15,9 +15,10 @@ Run ``python tests/test_imports.py`` to print the whole graph (module: what it i
 from __future__ import annotations
 
 import ast
-import subprocess
 import sys
 from pathlib import Path
+
+from kernel_checks import fresh_python
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = {"simdist": ROOT / "simdist", "simdist.kernels": ROOT / "kernels"}
@@ -165,9 +166,8 @@ def test_a_run_imports_no_optional_heavyweights() -> None:
         "heavy = {'torch', 'transformers', 'tensorboard', 'scipy.linalg'};"
         "print(*sorted(heavy & set(sys.modules)))"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == [], f"simdist.train imported {out.stdout.strip()}"
+    imported = fresh_python(code)
+    assert imported == "", f"simdist.train imported {imported}"
 
 
 if __name__ == "__main__":

@@ -10,9 +10,6 @@ import simdist  # noqa: F401  (pins one thread per rank before numpy/numba load)
 
 # isort: split
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +18,7 @@ from kernel_checks import (
     central_fd,
     directional_fd,
     float64_ops,
+    fresh_python,
     max_ulp,
     nrt_allocations,
     onednn_sgemm_installed,
@@ -303,9 +301,7 @@ def test_sgemm_pointer_is_the_one_numbas_route_finds():
         "assert 'scipy.linalg' in sys.modules\n"
         "print(mine == address('scipy.linalg.cython_blas', 'sgemm'))\n"
     )
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert res.returncode == 0, res.stderr
-    assert res.stdout.strip() == "True"
+    assert fresh_python(code) == "True"
 
 
 ONEDNN_SGEMM_CHECK = r"""
@@ -374,11 +370,7 @@ def test_onednn_sgemm_is_exact_to_the_address():
     values at other addresses give the same bits (what DP = ZeRO and resume rely on); the
     rule's products give other bits than OpenBLAS's, the others OpenBLAS's own.
     A fresh process: the library is bound once, at import."""
-    env = {**os.environ, "SIMDIST_BLAS": "onednn"}
-    out = subprocess.run(
-        [sys.executable, "-c", ONEDNN_SGEMM_CHECK], env=env, capture_output=True, text=True
-    )
-    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stdout + out.stderr
+    assert fresh_python(ONEDNN_SGEMM_CHECK, SIMDIST_BLAS="onednn") == "ok"
 
 
 HALF_GEMM_MODES = [("bf16", BF16, False), ("fp16", F16, False)] + (
@@ -865,9 +857,7 @@ def test_warm_all_compiles_every_kernel_in_a_fresh_process():
         "assert t > 0 and not missing, missing\n"
         "print(len(registry.dispatchers()))\n"
     )
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert res.returncode == 0, res.stderr
-    assert int(res.stdout) == 15
+    assert int(fresh_python(code)) == 15
 
 
 def test_registry_skips_only_missing_modules(monkeypatch):
