@@ -2,14 +2,14 @@
 
 In bf16 / fp16 the weights are the optimizer's fp32 master rounded to the half format
 (``simdist.precision``). At ZeRO levels 0-2 every rank holds every weight; for a model with
-stages (``simdist.models.stages``: all but the Transformer) the run keeps them here as
+stages (``simdist.models.stages``: every model simdist ships) the run keeps them here as
 16-bit words, 2Ψ bytes on the host as on the device, and each stage computes from a float32
 window its groups are unpacked into just before it runs: ZeRO-3's windows (``simdist.parallel``),
 loaded by unpacking instead of by an all-gather, so one window and no prefetch. Unpacking
 is exact, so a stage reads the float32 values the float32 words held before and the run's
 bits do not change. The host holds 2Ψ + 4W bytes (W: the largest stage's parameters)
-instead of 4Ψ, less wherever W < Ψ / 2 (``chosen``: GPT-2, BERT and T5, whose blocks are
-small next to the model; not fc_mnist, whose first layer is 60 % of it).
+instead of 4Ψ, less wherever W < Ψ / 2 (``chosen``: GPT-2, BERT, T5 and the Transformer,
+whose blocks are small next to the model; not fc_mnist, whose first layer is 60 % of it).
 
 Who writes the words: initialisation (one tensor at a time, ``fill_tensors``), the
 optimizer (its range of the master, rounded, ``store``), ZeRO-1/2's all-gather (the words

@@ -270,7 +270,6 @@ def test_zero3_checkpoints_reshard(tmp_path, old, old_level, new, new_level):
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        (["--params=transformer_mini"], "model 'transformer' has no stages"),
         (["--runconfig.enable_data_parallel=false"], "needs runconfig.enable_data_parallel"),
         (["--execution_mode=weight_streaming"], "applies to pipelined"),
     ],

@@ -61,6 +61,7 @@ from simdist.precision import no_store, precision_store
 
 from . import transformer_costs
 from .base import GradientGroup, KernelCost, ParamSpec
+from .stages import Stage, StagedModel
 from .transformer_shapes import (  # noqa: F401  (re-exported: tests and plan mode import them)
     EMBED,
     FIELDS,
@@ -124,8 +125,10 @@ def _qkv(w: np.ndarray, D: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return w[:D], w[D : 2 * D], w[2 * D :]
 
 
-class Transformer:
-    """The Model protocol (``simdist.models.base``) for the AIAYN encoder-decoder."""
+class Transformer(StagedModel):
+    """The Model protocol (``simdist.models.base``) for the AIAYN encoder-decoder, as a
+    model of stages (``simdist.models.stages``): ZeRO-3, weight streaming and mixed
+    precision's 16-bit weights run it as they run T5."""
 
     # simdist.kernels modules it calls (warmed before training; tests/test_imports.py)
     kernel_modules = (
@@ -146,6 +149,19 @@ class Transformer:
         self.name = "transformer"
         self._enc = [layer_names("encoder", i) for i in range(config.num_encoder_layers)]
         self._dec = [layer_names("decoder", j) for j in range(config.num_decoder_layers)]
+        shared, enc_norm = (EMBED,), final_norm_names("encoder")
+        head = (*final_norm_names("decoder"), EMBED)
+        # (stage, which forward / backward method runs it, with which layer index)
+        plan = [(Stage("encoder.embed", shared, ()), ("encoder_embed", 0))]
+        plan += [(Stage(f"encoder.{i}", n, n), ("encoder", i)) for i, n in enumerate(self._enc)]
+        plan.append((Stage("encoder.norm", enc_norm, enc_norm), ("encoder_norm", 0)))
+        plan.append((Stage("decoder.embed", shared, ()), ("decoder_embed", 0)))
+        plan += [(Stage(f"decoder.{j}", n, n), ("decoder", j)) for j, n in enumerate(self._dec)]
+        plan.append((Stage("head", head, head), ("head", 0)))
+        self._stages = [s for s, _ in plan]
+        self._kinds = [k for _, k in plan]
+        self._current: Views | None = None
+        self._encoded = False  # greedy decoding: the encoder's output is already computed
         self._arena: np.ndarray | None = None
         self._batch = 0
         self._offsets: dict[str, int] = {}
@@ -168,8 +184,7 @@ class Transformer:
 
     def set_precision(self, precision) -> None:
         """Train in ``precision`` (``simdist.precision.Precision``): every activation and
-        activation gradient the kernels write is stored in its half format (greedy
-        decoding's per-position buffers excepted: its products still take half operands)."""
+        activation gradient the kernels write is stored in its half format."""
         self._store = precision_store(precision)
 
     def bind_step(self, seed: int, step: Callable[[], int]) -> None:
@@ -229,48 +244,140 @@ class Transformer:
         self._offsets, total = arena_layout(self.config, batch_size)
         self._arena = np.zeros(total, dtype=np.float32)
         self._batch = batch_size
-        self._views, self._saved = {}, None
+        self._views, self._saved, self._current = {}, None, None
 
-    # -------------------------------------------------------------- protocol: compute
-    def forward(self, params, inputs: np.ndarray, targets: np.ndarray) -> float:
+    # -------------------------------------------------------------- stages (forward, backward
+    # and evaluate: StagedModel's loops over them)
+    # kernel costs (``transformer_costs``) whose names do not start with their stage's name
+    kernel_stages = {
+        "encoder.dropout": "encoder.embed",
+        "decoder.dropout": "decoder.embed",
+        "decoder.norm": "head",
+    }
+
+    def stages(self) -> list[Stage]:
+        """The encoder's embedding, layers and final norm, then the decoder's embedding,
+        layers and head (final norm, output projection, loss): forward in order, backward
+        in reverse. The shared table is read by both embeddings and the output projection;
+        the embeddings' backward reads no weights. A decoder layer reads the encoder's output
+        (its cross-attention keys and values) and adds to its gradient, which the encoder's
+        final norm takes back through."""
+        return list(self._stages)
+
+    def begin(self, inputs: np.ndarray, targets: np.ndarray, training: bool = True) -> None:
+        """Load a micro-batch for ``forward_stage``; ``training``: apply dropout (when the
+        config has it), whose masks hash the step ``bind_step`` gives."""
         v = self._load_batch(inputs, targets)
-        self._p = F32(self.config.dropout)
+        self._p = F32(self.config.dropout) if training else F32(0.0)
         if self._p > 0:
             sample_keys(self._seed, self._step(), inputs[:, -2], v.keys)
-        self._encode(v, params)
-        self._decode(v, params)
-        self._saved = v
-        return float(self._sample_losses(v).mean(dtype=np.float64))
+        self._scratch = v.scratch
+        self._current = v
+        self._saved = None  # the arena is being overwritten: no backward until the head ran
+
+    def forward_stage(self, k: int, params) -> float | None:
+        """Run stage ``k``'s forward; the head (last stage) returns the mean sample loss."""
+        v = self._current
+        if v is None:
+            raise RuntimeError("forward_stage without begin(inputs, targets)")
+        kind, i = self._kinds[k]
+        if self._encoded and kind.startswith("encoder"):
+            return None  # greedy decoding: this source's encoder output is in the arena
+        getattr(self, f"_{kind}_forward")(v, params, i)
+        if kind == "head":
+            self._saved = v
+            return float(self._sample_losses(v).mean(dtype=np.float64))
+        return None
+
+    def eval_stats(self) -> tuple[float, int]:
+        """(sum of the per-token losses, correctly predicted tokens) over the real targets
+        of the last forward; ``extra_eval``'s token metrics accumulate the same per token."""
+        v = self._current
+        if v is None:
+            raise RuntimeError("eval_stats without a forward")
+        real = v.labels != self.config.pad_token_id
+        ok = int(np.count_nonzero((v.logits.argmax(axis=1) == v.labels) & real))
+        loss_sum = float(v.losses.sum(dtype=np.float64))
+        n = int(np.count_nonzero(real))
+        for key, num in (("token_accuracy", ok), ("token_loss", loss_sum)):
+            self.extra_eval[key][0] += num
+            self.extra_eval[key][1] += n
+        return loss_sum, ok
+
+    def backward_stage(self, k: int, params, grads, dloss: float) -> None:
+        """Stage ``k``'s backward (from the last stage down to 0 after the forward); a stage
+        that finishes a gradient group hands it over with ``grads.done``."""
+        v = self._saved
+        if v is None:
+            raise RuntimeError("backward without a preceding forward")
+        kind, i = self._kinds[k]
+        getattr(self, f"_{kind}_backward")(v, params, grads, i, dloss)
 
     def evaluate(self, params, inputs: np.ndarray, targets: np.ndarray) -> tuple[float, int]:
-        """(sum of the per-token losses, correctly predicted tokens) over the real targets,
-        teacher-forced; ``extra_eval`` accumulates the same per token and, for the samples
-        flagged in ``inputs[:, -1]``, whether greedy decoding reproduces the target
-        exactly ({metric: [sum, count]}, zeroed and reduced over the ranks by the run)."""
-        if self._arena is None:
-            self.allocate(inputs.shape[0])
-        loss_sum, correct = 0.0, 0
-        self._p = F32(0.0)
-        for lo in range(0, inputs.shape[0], self._batch):
-            hi = min(lo + self._batch, inputs.shape[0])
-            v = self._load_batch(inputs[lo:hi], targets[lo:hi])
-            self._encode(v, params)
-            self._decode(v, params)
-            real = v.labels != self.config.pad_token_id
-            ok = int(np.count_nonzero((v.logits.argmax(axis=1) == v.labels) & real))
-            ls = float(v.losses.sum(dtype=np.float64))
-            loss_sum, correct = loss_sum + ls, correct + ok
-            n = int(np.count_nonzero(real))
-            for key, num in (("token_accuracy", ok), ("token_loss", ls)):
-                self.extra_eval[key][0] += num
-                self.extra_eval[key][1] += n
-        for b in np.flatnonzero(inputs[:, -1]):
-            decoded = self.greedy_decode(params, inputs[b, : self.config.max_seq_length])
-            self.extra_eval["exact_match"][0] += float(np.array_equal(decoded, targets[b]))
-            self.extra_eval["exact_match"][1] += 1
+        """Teacher-forced sums over the real targets (``eval_stats``, chunk by chunk); then,
+        for the samples flagged in ``inputs[:, -1]``, whether greedy decoding reproduces the
+        target exactly (``extra_eval``'s {metric: [sum, count]}, zeroed and reduced over the
+        ranks by the run)."""
+        loss_sum, correct = super().evaluate(params, inputs, targets)
+        flagged = np.flatnonzero(inputs[:, -1])
+        for lo in range(0, flagged.size, self._batch):
+            rows = flagged[lo : lo + self._batch]
+            decoded = self._greedy(params, inputs[rows])
+            matches = np.all(decoded == targets[rows], axis=1)
+            self.extra_eval["exact_match"][0] += float(np.count_nonzero(matches))
+            self.extra_eval["exact_match"][1] += rows.size
         self._saved = None
         return loss_sum, correct
 
+    # -------------------------------------------------------------- greedy decoding
+    def greedy_decode(
+        self, params, source: np.ndarray, forced: np.ndarray | None = None
+    ) -> np.ndarray:
+        """The target_length tokens greedy decoding emits for one source (Te ids), PAD
+        after the first EOS; ``forced`` (Td ids): feed these as the previous tokens instead
+        (every position's argmax is returned). See ``_greedy``."""
+        Te = self.config.max_seq_length
+        if self._arena is None:
+            self.allocate(1)
+        row = np.zeros((1, Te + 2), np.int32)
+        row[0, :Te] = source
+        return self._greedy(params, row, None if forced is None else forced[None])[0]
+
+    def _greedy(self, params, inputs: np.ndarray, forced: np.ndarray | None = None) -> np.ndarray:
+        """Greedy decoding of a chunk of sources (``inputs`` rows as the data gives them):
+        position by position, a forward pass over the stages with the tokens emitted so far
+        as the decoder's input; the causal mask keeps the later (padding) positions out of
+        the one read. Every pass is a whole evaluation forward through ``forward_stage``,
+        so ZeRO-3's gathers and 16-bit weights' windows serve it as they serve evaluation;
+        the encoder runs once per chunk (its output stays in the arena)."""
+        cfg = self.config
+        B, Td, pad = inputs.shape[0], cfg.target_length, cfg.pad_token_id
+        out = np.full((B, Td), pad, np.int32)
+        previous = np.full((B, Td), pad, np.int32)  # the decoder reads BOS + previous[:, :-1]
+        live = np.ones(B, bool)
+        try:
+            for pos in range(Td):
+                self.begin(inputs, previous, training=False)
+                for k in range(len(self._stages)):
+                    self.forward_stage(k, params)
+                self._encoded = True
+                logits = self._current.logits.reshape(B, Td, -1)[:, pos]
+                tokens = logits.argmax(axis=1).astype(np.int32)
+                if forced is not None:
+                    out[:, pos] = tokens
+                    previous[:, pos] = forced[:, pos]
+                    continue
+                out[live, pos] = tokens[live]
+                live &= tokens != cfg.eos_token_id
+                previous[:, pos] = tokens
+                if not live.any():
+                    break
+        finally:
+            self._encoded = False
+        self._saved = None
+        return out
+
+    # -------------------------------------------------------------- internals
     def _sample_losses(self, v: Views) -> np.ndarray:
         return v.losses.reshape(v.B, -1).sum(axis=1, dtype=np.float64) / self._counts
 
@@ -337,113 +444,113 @@ class Transformer:
         st(a)
         linear_hf_forward(out, a, w2, b2)
 
-    def _encode(self, v: Views, params) -> None:
-        cfg = self.config
-        B, D, S = v.B, cfg.d_model, sites(cfg)
-        self._scratch = v.scratch
-        st = self._store  # mixed precision: what a kernel writes is stored half (else no-op)
+    # -------------------------------------------------------------- stage forwards
+    def _encoder_embed_forward(self, v: Views, params, _: int) -> None:
+        B = v.B
         scaled_embedding_forward(v.enc3(v.ex[0]), v.enc_ids.reshape(B, -1), params[EMBED],
                                  self._emb_scale, v.pe)  # fmt: skip
-        self._drop(v.ex[0], B, S["enc_emb"])
-        st(v.ex[0])
+        self._drop(v.ex[0], B, sites(self.config)["enc_emb"])
+        self._store(v.ex[0])  # mixed precision: what a kernel writes is stored half
+
+    def _encoder_forward(self, v: Views, params, i: int) -> None:
+        B, D = v.B, self.config.d_model
+        st = self._store
         t = v.tD[: v.Ne]
-        for i, names in enumerate(self._enc):
-            s0, x = S["enc"][i], v.ex[i]
-            w, b = params[names[0]], params[names[1]]
-            for out, wi, bi in zip((v.e_q[i], v.e_k[i], v.e_v[i]), _qkv(w, D), _qkv(b, D),
-                                   strict=True):  # fmt: skip
-                linear_hf_forward(out, x, wi, bi)
-            st(v.e_q[i], v.e_k[i], v.e_v[i])
-            self._attend(v.enc3(v.e_ctx[i]), v.e_att[i], v.enc3(v.e_q[i]), v.enc3(v.e_k[i]),
-                         v.enc3(v.e_v[i]), v.enc_keep, v.ds_ee, False, s0)  # fmt: skip
-            st(v.e_ctx[i])  # the probabilities stay float32, as a fused attention keeps them
-            linear_hf_forward(t, v.e_ctx[i], params[names[2]], params[names[3]])
-            self._drop(t, B, s0 + 1)
-            st(t)
-            n1w, n1b, n2w, n2b = (params[n] for n in names[-4:])
-            residual_layernorm_forward(v.e_r1[i], v.e_x1[i], v.e_m1[i], v.e_s1[i], x, t, n1w,
-                                       n1b)  # fmt: skip
-            st(v.e_r1[i], v.e_x1[i])  # statistics from the float32 sum, as GPT-2's
-            self._ffn(params, names, v.e_x1[i], v.e_h[i], v.e_a[i], t, B, s0 + 2)
-            self._drop(t, B, s0 + 3)
-            st(t)
-            residual_layernorm_forward(v.e_r2[i], v.ex[i + 1], v.e_m2[i], v.e_s2[i], v.e_x1[i],
-                                       t, n2w, n2b)  # fmt: skip
-            st(v.e_r2[i], v.ex[i + 1])
+        names, s0, x = self._enc[i], sites(self.config)["enc"][i], v.ex[i]
+        w, b = params[names[0]], params[names[1]]
+        for out, wi, bi in zip((v.e_q[i], v.e_k[i], v.e_v[i]), _qkv(w, D), _qkv(b, D),
+                               strict=True):  # fmt: skip
+            linear_hf_forward(out, x, wi, bi)
+        st(v.e_q[i], v.e_k[i], v.e_v[i])
+        self._attend(v.enc3(v.e_ctx[i]), v.e_att[i], v.enc3(v.e_q[i]), v.enc3(v.e_k[i]),
+                     v.enc3(v.e_v[i]), v.enc_keep, v.ds_ee, False, s0)  # fmt: skip
+        st(v.e_ctx[i])  # the probabilities stay float32, as a fused attention keeps them
+        linear_hf_forward(t, v.e_ctx[i], params[names[2]], params[names[3]])
+        self._drop(t, B, s0 + 1)
+        st(t)
+        n1w, n1b, n2w, n2b = (params[n] for n in names[-4:])
+        residual_layernorm_forward(v.e_r1[i], v.e_x1[i], v.e_m1[i], v.e_s1[i], x, t, n1w, n1b)
+        st(v.e_r1[i], v.e_x1[i])  # statistics from the float32 sum, as GPT-2's
+        self._ffn(params, names, v.e_x1[i], v.e_h[i], v.e_a[i], t, B, s0 + 2)
+        self._drop(t, B, s0 + 3)
+        st(t)
+        residual_layernorm_forward(v.e_r2[i], v.ex[i + 1], v.e_m2[i], v.e_s2[i], v.e_x1[i], t,
+                                   n2w, n2b)  # fmt: skip
+        st(v.e_r2[i], v.ex[i + 1])
+
+    def _encoder_norm_forward(self, v: Views, params, _: int) -> None:
         nw, nb = (params[n] for n in final_norm_names("encoder"))
         layernorm_forward(v.enc_out, v.e_mf, v.e_sf, v.ex[-1], nw, nb)
-        st(v.enc_out)
+        self._store(v.enc_out)
 
-    def _decode(self, v: Views, params) -> None:
-        cfg = self.config
-        B, D, S = v.B, cfg.d_model, sites(cfg)
-        self._scratch = v.scratch
-        st = self._store
-        shared = params[EMBED]
-        scaled_embedding_forward(v.dec3(v.dy[0]), v.dec_ids.reshape(B, -1), shared,
+    def _decoder_embed_forward(self, v: Views, params, _: int) -> None:
+        B = v.B
+        scaled_embedding_forward(v.dec3(v.dy[0]), v.dec_ids.reshape(B, -1), params[EMBED],
                                  self._emb_scale, v.pe)  # fmt: skip
-        self._drop(v.dy[0], B, S["dec_emb"])
-        st(v.dy[0])
+        self._drop(v.dy[0], B, sites(self.config)["dec_emb"])
+        self._store(v.dy[0])
+
+    def _decoder_forward(self, v: Views, params, j: int) -> None:
+        B, D = v.B, self.config.d_model
+        st = self._store
         t = v.tD[: v.Nd]
-        for j, names in enumerate(self._dec):
-            s0, y = S["dec"][j], v.dy[j]
-            w, b = params[names[0]], params[names[1]]
-            for out, wi, bi in zip((v.s_q[j], v.s_k[j], v.s_v[j]), _qkv(w, D), _qkv(b, D),
-                                   strict=True):  # fmt: skip
-                linear_hf_forward(out, y, wi, bi)
-            st(v.s_q[j], v.s_k[j], v.s_v[j])
-            self._attend(v.dec3(v.s_ctx[j]), v.s_att[j], v.dec3(v.s_q[j]), v.dec3(v.s_k[j]),
-                         v.dec3(v.s_v[j]), v.dec_keep, v.ds_dd, True, s0)  # fmt: skip
-            st(v.s_ctx[j])
-            linear_hf_forward(t, v.s_ctx[j], params[names[2]], params[names[3]])
-            self._drop(t, B, s0 + 1)
-            st(t)
-            n1w, n1b, n2w, n2b, n3w, n3b = (params[n] for n in names[-6:])
-            residual_layernorm_forward(v.s_r[j], v.s_x[j], v.s_m[j], v.s_s[j], y, t, n1w, n1b)
-            st(v.s_r[j], v.s_x[j])
-            wq, wk, wv = _qkv(params[names[4]], D)
-            bq, bk, bv = _qkv(params[names[5]], D)
-            linear_hf_forward(v.c_q[j], v.s_x[j], wq, bq)
-            linear_hf_forward(v.c_k[j], v.enc_out, wk, bk)
-            linear_hf_forward(v.c_v[j], v.enc_out, wv, bv)
-            st(v.c_q[j], v.c_k[j], v.c_v[j])
-            self._attend(v.dec3(v.c_ctx[j]), v.c_att[j], v.dec3(v.c_q[j]), v.enc3(v.c_k[j]),
-                         v.enc3(v.c_v[j]), v.enc_keep, v.ds_de, False, s0 + 2)  # fmt: skip
-            st(v.c_ctx[j])
-            linear_hf_forward(t, v.c_ctx[j], params[names[6]], params[names[7]])
-            self._drop(t, B, s0 + 3)
-            st(t)
-            residual_layernorm_forward(v.c_r[j], v.c_x[j], v.c_m[j], v.c_s[j], v.s_x[j], t, n2w,
-                                       n2b)  # fmt: skip
-            st(v.c_r[j], v.c_x[j])
-            self._ffn(params, names[:-2], v.c_x[j], v.f_h[j], v.f_a[j], t, B, s0 + 4)
-            self._drop(t, B, s0 + 5)
-            st(t)
-            residual_layernorm_forward(v.f_r[j], v.dy[j + 1], v.f_m[j], v.f_s[j], v.c_x[j], t,
-                                       n3w, n3b)  # fmt: skip
-            st(v.f_r[j], v.dy[j + 1])
+        names, s0, y = self._dec[j], sites(self.config)["dec"][j], v.dy[j]
+        w, b = params[names[0]], params[names[1]]
+        for out, wi, bi in zip((v.s_q[j], v.s_k[j], v.s_v[j]), _qkv(w, D), _qkv(b, D),
+                               strict=True):  # fmt: skip
+            linear_hf_forward(out, y, wi, bi)
+        st(v.s_q[j], v.s_k[j], v.s_v[j])
+        self._attend(v.dec3(v.s_ctx[j]), v.s_att[j], v.dec3(v.s_q[j]), v.dec3(v.s_k[j]),
+                     v.dec3(v.s_v[j]), v.dec_keep, v.ds_dd, True, s0)  # fmt: skip
+        st(v.s_ctx[j])
+        linear_hf_forward(t, v.s_ctx[j], params[names[2]], params[names[3]])
+        self._drop(t, B, s0 + 1)
+        st(t)
+        n1w, n1b, n2w, n2b, n3w, n3b = (params[n] for n in names[-6:])
+        residual_layernorm_forward(v.s_r[j], v.s_x[j], v.s_m[j], v.s_s[j], y, t, n1w, n1b)
+        st(v.s_r[j], v.s_x[j])
+        # cross-attention: keys and values from the encoder's output
+        wq, wk, wv = _qkv(params[names[4]], D)
+        bq, bk, bv = _qkv(params[names[5]], D)
+        linear_hf_forward(v.c_q[j], v.s_x[j], wq, bq)
+        linear_hf_forward(v.c_k[j], v.enc_out, wk, bk)
+        linear_hf_forward(v.c_v[j], v.enc_out, wv, bv)
+        st(v.c_q[j], v.c_k[j], v.c_v[j])
+        self._attend(v.dec3(v.c_ctx[j]), v.c_att[j], v.dec3(v.c_q[j]), v.enc3(v.c_k[j]),
+                     v.enc3(v.c_v[j]), v.enc_keep, v.ds_de, False, s0 + 2)  # fmt: skip
+        st(v.c_ctx[j])
+        linear_hf_forward(t, v.c_ctx[j], params[names[6]], params[names[7]])
+        self._drop(t, B, s0 + 3)
+        st(t)
+        residual_layernorm_forward(v.c_r[j], v.c_x[j], v.c_m[j], v.c_s[j], v.s_x[j], t, n2w, n2b)
+        st(v.c_r[j], v.c_x[j])
+        self._ffn(params, names[:-2], v.c_x[j], v.f_h[j], v.f_a[j], t, B, s0 + 4)
+        self._drop(t, B, s0 + 5)
+        st(t)
+        residual_layernorm_forward(v.f_r[j], v.dy[j + 1], v.f_m[j], v.f_s[j], v.c_x[j], t, n3w,
+                                   n3b)  # fmt: skip
+        st(v.f_r[j], v.dy[j + 1])
+
+    def _head_forward(self, v: Views, params, _: int) -> None:
+        cfg = self.config
         nw, nb = (params[n] for n in final_norm_names("decoder"))
         layernorm_forward(v.dec_out, v.d_mf, v.d_sf, v.dy[-1], nw, nb)
-        st(v.dec_out)
-        linear_nobias_forward(v.logits, v.dec_out, shared)
-        st(v.logits)  # the loss reads them in float32
+        self._store(v.dec_out)
+        linear_nobias_forward(v.logits, v.dec_out, params[EMBED])
+        self._store(v.logits)  # the loss reads them in float32
         smoothed_cross_entropy_forward(v.losses, v.probs, v.logits, v.labels,
                                        F32(cfg.label_smoothing), cfg.pad_token_id)  # fmt: skip
 
-    # -------------------------------------------------------------- backward
-    def backward(self, params, grads, dloss: float) -> None:
-        v = self._saved
-        if v is None:
-            raise RuntimeError("backward without a preceding forward")
+    # -------------------------------------------------------------- stage backwards
+    def _head_backward(self, v: Views, params, g, _: int, dloss: float) -> None:
+        """Leaves d(last decoder layer's output) in ``gd`` and zeroes d(encoder output),
+        which every decoder layer's cross-attention adds to."""
         cfg = self.config
-        B, S, g = v.B, sites(cfg), grads
-        Ne, Nd = v.Ne, v.Nd
-        self._scratch = v.scratch
         st = self._store
         smoothed_cross_entropy_backward(v.probs, v.probs, v.labels, v.row_weight, F32(dloss),
                                         F32(cfg.label_smoothing))  # fmt: skip
         st(v.probs)  # d logits
-        t = v.tD[:Nd]
+        t = v.tD[: v.Nd]
         linear_nobias_backward(t, g[EMBED], v.probs, v.dec_out, params[EMBED])
         st(t)
         nw, nb = final_norm_names("decoder")
@@ -451,67 +558,81 @@ class Transformer:
         st(v.gd)
         g.done((nw, nb))
         v.g_enc.fill(0.0)
-        for j in range(cfg.num_decoder_layers - 1, -1, -1):
-            names, s0 = self._dec[j], S["dec"][j]
-            n = names[-6:]  # norm1, norm2, norm3 (weight, bias)
-            # FFN sublayer: gd holds d(its output)
-            self._ffn_backward(v, params, g, names[:-2], v.gd, v.f_r[j], n[4:], v.f_m[j],
-                               v.f_s[j], v.c_x[j], v.f_h[j], v.f_a[j], Nd, s0 + 4)  # fmt: skip
-            # cross-attention sublayer: keys and values from the encoder output
-            gr = self._norm_backward(v, params, g, v.gd, v.c_r[j], n[2:4], v.c_m[j], v.c_s[j])
-            d = self._undrop(t, gr, B, s0 + 3)
-            st(d)
-            gc = v.g_ctx[:Nd]
-            linear_hf_backward(gc, g[names[6]], g[names[7]], d, v.c_ctx[j], params[names[6]])
-            st(gc)
-            gk, gv = v.g_k[:Ne], v.g_v[:Ne]
-            self._attend_back(v.dec3(v.g_q[:Nd]), v.enc3(gk), v.enc3(gv), v.dec3(gc),
-                              v.dec3(v.c_q[j]), v.enc3(v.c_k[j]), v.enc3(v.c_v[j]), v.c_att[j],
-                              v.ds_de, False, s0 + 2)  # fmt: skip
-            st(v.g_q[:Nd], gk, gv)
-            W, gW, gb = params[names[4]], g[names[4]], g[names[5]]
-            (wq, wk, wv), (dwq, dwk, dwv), (dbq, dbk, dbv) = (_qkv(a, cfg.d_model)
-                                                              for a in (W, gW, gb))  # fmt: skip
-            gx = v.g_x[:Nd]
-            linear_hf_backward(gx, dwq, dbq, v.g_q[:Nd], v.s_x[j], wq)
-            st(gx)
-            linear_hf_backward_accumulate(v.g_enc, dwk, dbk, gk, v.enc_out, wk)
-            linear_hf_backward_accumulate(v.g_enc, dwv, dbv, gv, v.enc_out, wv)
-            st(v.g_enc)
-            residual_forward(v.gd.reshape(-1), gr.reshape(-1), gx.reshape(-1))
-            st(v.gd)
-            # causal self-attention sublayer
-            self._attention_backward(v, params, g, names, v.gd, v.s_r[j], n[:2], v.s_m[j],
-                                     v.s_s[j], v.dy[j],
-                                     (v.s_q[j], v.s_k[j], v.s_v[j], v.s_ctx[j], v.s_att[j]),
-                                     v.dec3, v.ds_dd, True, s0)  # fmt: skip
-            g.done(names)
-        d = self._undrop(t, v.gd, B, S["dec_emb"])
+
+    def _decoder_backward(self, v: Views, params, g, j: int, dloss: float) -> None:
+        """``gd`` holds d(layer j's output); leaves d(its input) there."""
+        cfg = self.config
+        B, Ne, Nd = v.B, v.Ne, v.Nd
+        st = self._store
+        t = v.tD[:Nd]
+        names, s0 = self._dec[j], sites(cfg)["dec"][j]
+        n = names[-6:]  # norm1, norm2, norm3 (weight, bias)
+        # FFN sublayer: gd holds d(its output)
+        self._ffn_backward(v, params, g, names[:-2], v.gd, v.f_r[j], n[4:], v.f_m[j], v.f_s[j],
+                           v.c_x[j], v.f_h[j], v.f_a[j], Nd, s0 + 4)  # fmt: skip
+        # cross-attention sublayer: keys and values from the encoder output
+        gr = self._norm_backward(v, params, g, v.gd, v.c_r[j], n[2:4], v.c_m[j], v.c_s[j])
+        d = self._undrop(t, gr, B, s0 + 3)
         st(d)
-        scaled_embedding_backward_accumulate(g[EMBED], v.dec3(d), v.dec_ids.reshape(B, -1),
+        gc = v.g_ctx[:Nd]
+        linear_hf_backward(gc, g[names[6]], g[names[7]], d, v.c_ctx[j], params[names[6]])
+        st(gc)
+        gk, gv = v.g_k[:Ne], v.g_v[:Ne]
+        self._attend_back(v.dec3(v.g_q[:Nd]), v.enc3(gk), v.enc3(gv), v.dec3(gc),
+                          v.dec3(v.c_q[j]), v.enc3(v.c_k[j]), v.enc3(v.c_v[j]), v.c_att[j],
+                          v.ds_de, False, s0 + 2)  # fmt: skip
+        st(v.g_q[:Nd], gk, gv)
+        W, gW, gb = params[names[4]], g[names[4]], g[names[5]]
+        (wq, wk, wv), (dwq, dwk, dwv), (dbq, dbk, dbv) = (_qkv(a, cfg.d_model)
+                                                          for a in (W, gW, gb))  # fmt: skip
+        gx = v.g_x[:Nd]
+        linear_hf_backward(gx, dwq, dbq, v.g_q[:Nd], v.s_x[j], wq)
+        st(gx)
+        linear_hf_backward_accumulate(v.g_enc, dwk, dbk, gk, v.enc_out, wk)
+        linear_hf_backward_accumulate(v.g_enc, dwv, dbv, gv, v.enc_out, wv)
+        st(v.g_enc)
+        residual_forward(v.gd.reshape(-1), gr.reshape(-1), gx.reshape(-1))
+        st(v.gd)
+        # causal self-attention sublayer
+        self._attention_backward(v, params, g, names, v.gd, v.s_r[j], n[:2], v.s_m[j], v.s_s[j],
+                                 v.dy[j], (v.s_q[j], v.s_k[j], v.s_v[j], v.s_ctx[j], v.s_att[j]),
+                                 v.dec3, v.ds_dd, True, s0)  # fmt: skip
+        g.done(names)
+
+    def _decoder_embed_backward(self, v: Views, params, g, _: int, dloss: float) -> None:
+        """The shared table (the output projection wrote its gradient first)."""
+        d = self._undrop(v.tD[: v.Nd], v.gd, v.B, sites(self.config)["dec_emb"])
+        self._store(d)
+        scaled_embedding_backward_accumulate(g[EMBED], v.dec3(d), v.dec_ids.reshape(v.B, -1),
                                              self._emb_scale)  # fmt: skip
-        # ---- encoder: d(encoder output) gathered from every cross-attention
+
+    def _encoder_norm_backward(self, v: Views, params, g, _: int, dloss: float) -> None:
+        """d(encoder output), gathered from every cross-attention, through the final norm."""
         nw, nb = final_norm_names("encoder")
         layernorm_backward(v.ge, g[nw], g[nb], v.g_enc, v.ex[-1], params[nw], v.e_mf, v.e_sf)
-        st(v.ge)
+        self._store(v.ge)
         g.done((nw, nb))
-        t = v.tD[:Ne]
-        for i in range(cfg.num_encoder_layers - 1, -1, -1):
-            names, s0 = self._enc[i], S["enc"][i]
-            n = names[-4:]
-            self._ffn_backward(v, params, g, names, v.ge, v.e_r2[i], n[2:], v.e_m2[i],
-                               v.e_s2[i], v.e_x1[i], v.e_h[i], v.e_a[i], Ne, s0 + 2)  # fmt: skip
-            self._attention_backward(v, params, g, names, v.ge, v.e_r1[i], n[:2], v.e_m1[i],
-                                     v.e_s1[i], v.ex[i],
-                                     (v.e_q[i], v.e_k[i], v.e_v[i], v.e_ctx[i], v.e_att[i]),
-                                     v.enc3, v.ds_ee, False, s0)  # fmt: skip
-            g.done(names)
-        d = self._undrop(t, v.ge, B, S["enc_emb"])
-        st(d)
-        scaled_embedding_backward_accumulate(g[EMBED], v.enc3(d), v.enc_ids.reshape(B, -1),
+
+    def _encoder_backward(self, v: Views, params, g, i: int, dloss: float) -> None:
+        """``ge`` holds d(layer i's output); leaves d(its input) there."""
+        names, s0 = self._enc[i], sites(self.config)["enc"][i]
+        n = names[-4:]
+        self._ffn_backward(v, params, g, names, v.ge, v.e_r2[i], n[2:], v.e_m2[i], v.e_s2[i],
+                           v.e_x1[i], v.e_h[i], v.e_a[i], v.Ne, s0 + 2)  # fmt: skip
+        self._attention_backward(v, params, g, names, v.ge, v.e_r1[i], n[:2], v.e_m1[i],
+                                 v.e_s1[i], v.ex[i],
+                                 (v.e_q[i], v.e_k[i], v.e_v[i], v.e_ctx[i], v.e_att[i]),
+                                 v.enc3, v.ds_ee, False, s0)  # fmt: skip
+        g.done(names)
+
+    def _encoder_embed_backward(self, v: Views, params, g, _: int, dloss: float) -> None:
+        d = self._undrop(v.tD[: v.Ne], v.ge, v.B, sites(self.config)["enc_emb"])
+        self._store(d)
+        scaled_embedding_backward_accumulate(g[EMBED], v.enc3(d), v.enc_ids.reshape(v.B, -1),
                                              self._emb_scale)  # fmt: skip
         g.done((EMBED,))
 
+    # -------------------------------------------------------------- backward helpers
     def _norm_backward(self, v, params, g, gres, res, norm, mean, rstd) -> np.ndarray:
         """d(a post-LN sublayer's sum x + branch) from d(its output) gres: into g_r."""
         gr = v.g_r[: res.shape[0]]
@@ -563,98 +684,3 @@ class Transformer:
         st(gx)
         residual_forward(gres.reshape(-1), gr.reshape(-1), gx.reshape(-1))
         st(gres)
-
-    # -------------------------------------------------------------- greedy decoding
-    def greedy_decode(
-        self, params, source: np.ndarray, forced: np.ndarray | None = None
-    ) -> np.ndarray:
-        """The target_length tokens greedy decoding emits for one source (Te ids), PAD
-        after the first EOS. The encoder runs once; then one decoder position at a time
-        through the same kernels, the self-attention keys and values of earlier positions
-        kept (rows of the batch-of-one views), so a step costs one token, not a prefix.
-        ``forced`` (Td ids): feed these as the previous tokens instead (teacher forcing
-        through the incremental path; every position's argmax is returned)."""
-        cfg = self.config
-        Te, Td, D, NH = cfg.max_seq_length, cfg.target_length, cfg.d_model, cfg.nhead
-        if self._arena is None:
-            self.allocate(1)
-        v = self._views.get(1)
-        if v is None:
-            v = self._views[1] = Views(self._arena, cfg, 1, self._offsets)
-        self._p = F32(0.0)
-        np.copyto(v.enc_ids, source, casting="same_kind")
-        np.not_equal(v.enc_ids.reshape(1, Te), cfg.pad_token_id, out=v.enc_keep,
-                     casting="unsafe")  # fmt: skip
-        self._encode(v, params)
-        st = self._store  # mixed precision: stored as the training forward stores them
-        shared = params[EMBED]
-        out = np.full(Td, cfg.pad_token_id, np.int32)
-        ids = np.zeros((1, 1), np.int32)
-        ids[0, 0] = cfg.bos_token_id
-        keep = v.dec_keep.reshape(-1)
-        y = v.dy[0][:1].reshape(1, 1, D)
-        logits = v.logits[:1]
-        for pos in range(Td):
-            scaled_embedding_forward(y, ids, shared, self._emb_scale, v.pe[pos : pos + 1])
-            st(y)
-            x = y.reshape(1, D)
-            for j, names in enumerate(self._dec):
-                r = slice(pos, pos + 1)
-                w, b = _qkv(params[names[0]], D), _qkv(params[names[1]], D)
-                q, k, vv = v.s_q[j][r], v.s_k[j][r], v.s_v[j][r]
-                for o, wi, bi in zip((q, k, vv), w, b, strict=True):
-                    linear_hf_forward(o, x, wi, bi)
-                st(q, k, vv)
-                n = pos + 1
-                att = v.s_att[j].reshape(-1)[: NH * n].reshape(1, NH, 1, n)
-                ctx = v.s_ctx[j][r]
-                self._attend(ctx.reshape(1, 1, D), att, q.reshape(1, 1, D),
-                             v.s_k[j][:n].reshape(1, n, D), v.s_v[j][:n].reshape(1, n, D),
-                             keep[:n].reshape(1, n), v.att_ds[:n].reshape(1, n), False,
-                             0)  # fmt: skip
-                st(ctx)
-                t = v.tD[:1]
-                n1w, n1b, n2w, n2b, n3w, n3b = (params[nm] for nm in names[-6:])
-                linear_hf_forward(t, ctx, params[names[2]], params[names[3]])
-                st(t)
-                residual_layernorm_forward(v.s_r[j][r], v.s_x[j][r], v.s_m[j][r], v.s_s[j][r],
-                                           x, t, n1w, n1b)  # fmt: skip
-                st(v.s_r[j][r], v.s_x[j][r])
-                if pos == 0:  # the cross-attention's keys and values: once per source
-                    wc, bc = _qkv(params[names[4]], D), _qkv(params[names[5]], D)
-                    linear_hf_forward(v.c_k[j], v.enc_out, wc[1], bc[1])
-                    linear_hf_forward(v.c_v[j], v.enc_out, wc[2], bc[2])
-                    st(v.c_k[j], v.c_v[j])
-                wc, bc = _qkv(params[names[4]], D), _qkv(params[names[5]], D)
-                cq = v.c_q[j][r]
-                linear_hf_forward(cq, v.s_x[j][r], wc[0], bc[0])
-                st(cq)
-                catt = v.c_att[j].reshape(-1)[: NH * Te].reshape(1, NH, 1, Te)
-                cctx = v.c_ctx[j][r]
-                self._attend(cctx.reshape(1, 1, D), catt, cq.reshape(1, 1, D),
-                             v.enc3(v.c_k[j]), v.enc3(v.c_v[j]), v.enc_keep,
-                             v.att_ds[:Te].reshape(1, Te), False, 0)  # fmt: skip
-                st(cctx)
-                linear_hf_forward(t, cctx, params[names[6]], params[names[7]])
-                st(t)
-                residual_layernorm_forward(v.c_r[j][r], v.c_x[j][r], v.c_m[j][r], v.c_s[j][r],
-                                           v.s_x[j][r], t, n2w, n2b)  # fmt: skip
-                st(v.c_r[j][r], v.c_x[j][r])
-                self._ffn(params, names[:-2], v.c_x[j][r], v.f_h[j][r], v.f_a[j][r], t, 1, 0)
-                st(t)
-                x = v.dy[j + 1][r]
-                residual_layernorm_forward(v.f_r[j][r], x, v.f_m[j][r], v.f_s[j][r],
-                                           v.c_x[j][r], t, n3w, n3b)  # fmt: skip
-                st(v.f_r[j][r], x)
-            nw, nb = (params[nm] for nm in final_norm_names("decoder"))
-            layernorm_forward(v.dec_out[:1], v.d_mf[:1], v.d_sf[:1], x, nw, nb)
-            st(v.dec_out[:1])
-            linear_nobias_forward(logits, v.dec_out[:1], shared)
-            token = int(np.argmax(logits[0]))
-            out[pos] = token
-            if forced is not None:
-                token = int(forced[pos])
-            elif token == cfg.eos_token_id:
-                break
-            ids[0, 0] = token
-        return out

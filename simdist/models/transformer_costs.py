@@ -1,7 +1,7 @@
 """The kernel calls of one AIAYN Transformer training micro-batch, FLOPs and bytes.
 
-``kernel_costs(cfg, B, groups)`` mirrors ``Transformer._encode``, ``_decode`` and
-``backward`` call by call (same order and shapes), with ``gpt2_costs``' counting rules
+``kernel_costs(cfg, B, groups)`` mirrors the ``Transformer``'s stage forwards and
+backwards call by call (same order and shapes), with ``gpt2_costs``' counting rules
 (``base.KernelCost``). The pieces are BERT's (``nn.Linear`` with bias, LayerNorm with the
 residual add fused in) and T5's (attention with separate query and key lengths, dropout
 as a hash per element); the embedding is a scaled lookup plus the sinusoid row, the head
