@@ -1,7 +1,8 @@
-"""GPT-2, BERT and T5 in mixed precision hold their blocks' saved activations as 16-bit
-words (``gpt2.PACKED``, ``bert_shapes.PACKED``, ``t5_arena.packed_names``; ``saved_words``):
-the same bits as float32 words holding the half values, less host memory, and the same
-across a pipeline boundary."""
+"""GPT-2, BERT, T5 and the Transformer in mixed precision hold their blocks' saved
+activations as 16-bit words (``gpt2.PACKED``, ``bert_shapes.PACKED``,
+``t5_arena.packed_names``, ``transformer_shapes.packed_names``; ``saved_words``): the same
+bits as float32 words holding the half values, less host memory, and the same across a
+pipeline boundary."""
 
 from __future__ import annotations
 
@@ -219,3 +220,56 @@ def test_t5_packed_store_gives_the_bits_of_float32_words_in_less_memory(precisio
     held = packed._arena.nbytes + packed._words.nbytes
     assert held == packed.host_activation_bytes(B) < 0.9 * plain._arena.nbytes
     assert packed.activation_bytes(B) == plain.activation_bytes(B) == plain._arena.nbytes
+
+
+# ---------------------------------------------------------------- the Transformer
+def _transformer(precision: str, packs: bool, layers: int = 3):
+    from test_transformer import _tiny
+
+    from simdist.models.transformer import Transformer
+
+    cfg = _tiny(num_encoder_layers=layers, num_decoder_layers=layers + 1, dropout=0.1)
+    model = Transformer(cfg)
+    model.packs_saved_activations = packs
+    model.set_precision(Precision(precision))
+    model.allocate(B)
+    model.bind_step(3, lambda: 7)  # dropout on
+    return model
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_transformer_packed_store_gives_the_bits_of_float32_words_in_less_memory(precision):
+    """Loss, every gradient (the shared table's from three places, the encoder's output
+    gradient gathered from every cross-attention) and evaluation, greedy exact match
+    included, equal to float32 words."""
+    from test_transformer import _batch
+
+    packed, plain = _transformer(precision, True), _transformer(precision, False)
+    layout = Layout(packed.parameter_specs(), world=1)
+    params = layout.views(np.zeros(layout.padded, np.float32))
+    packed.init_parameters(params, np.random.default_rng(0))
+    for p in params.values():
+        Precision(precision).store(p)
+    x, y = _batch(packed.config, B, np.random.default_rng(5))
+    x[:, -1] = 1  # evaluation decodes both samples greedily
+    runs = []
+    for model in (packed, plain):
+        flat, grads = _grads(layout)
+        loss = model.forward(params, x, y)
+        model.backward(params, grads, 1.0 / B)
+        scores = model.evaluate(params, x, y)
+        runs.append((loss, flat, scores, {k: list(v) for k, v in model.extra_eval.items()}))
+    assert runs[0][0] == runs[1][0] and runs[0][2] == runs[1][2] and runs[0][3] == runs[1][3]
+    assert runs[0][3]["exact_match"][1] == B
+    assert np.array_equal(runs[0][1], runs[1][1])
+    assert np.count_nonzero(runs[0][1]) > 0.9 * layout.numel
+    assert packed._words is not None and plain._words is None
+    held = packed._arena.nbytes + packed._words.nbytes
+    assert held == packed.host_activation_bytes(B) < 0.9 * plain._arena.nbytes
+    assert packed.activation_bytes(B) == plain.activation_bytes(B) == plain._arena.nbytes
+
+
+def test_transformer_with_two_layers_keeps_float32_words():
+    model = _transformer("bf16", True, layers=1)
+    assert model._words is None
+    assert model.host_activation_bytes(B) == model.activation_bytes(B)

@@ -57,10 +57,11 @@ from simdist.kernels.positions import (
     sinusoid_table,
 )
 from simdist.kernels.residual import residual_forward
-from simdist.precision import no_store, precision_store
+from simdist.precision import no_store
 
 from . import transformer_costs
 from .base import GradientGroup, KernelCost, ParamSpec
+from .saved_words import PacksSavedActivations, SavedWords, SavedWordsViews
 from .stages import Stage, StagedModel
 from .transformer_shapes import (  # noqa: F401  (re-exported: tests and plan mode import them)
     EMBED,
@@ -74,11 +75,15 @@ from .transformer_shapes import (  # noqa: F401  (re-exported: tests and plan mo
     flops_per_sample,
     layer_names,
     num_parameters,
+    own_packed,
+    packed_names,
     parameter_specs,
     plan_models,
     plan_shape,
     resolve_config,
+    saved_shapes,
     sites,
+    store_layout,
 )
 
 F32 = np.float32
@@ -89,14 +94,28 @@ def build_transformer(config) -> Transformer:
     return Transformer(resolve_config(config.preset, **{k: getattr(config, k) for k in FIELDS}))
 
 
-class Views:
+class Views(SavedWordsViews):
     """Named views of the arena for one micro-batch size B (per-layer tensors as lists)."""
 
-    def __init__(self, arena: np.ndarray, cfg: TransformerConfig, B: int, offsets: dict):
+    def __init__(
+        self,
+        arena: np.ndarray,
+        cfg: TransformerConfig,
+        B: int,
+        offsets: dict,
+        store: tuple[np.ndarray, dict[str, int], int] | None = None,
+    ):
+        """``store``: mixed precision's (uint16 store, its offsets, half format); the
+        arena then holds ``working_copies`` layers of the packed tensors."""
         self.B = B
         Te, Td = cfg.max_seq_length, cfg.target_length
         self.Ne, self.Nd = B * Te, B * Td
-        for name, (shape, dtype) in activation_shapes(cfg, B).items():
+        self.enc_own, self.dec_own = own_packed()
+        self._words: SavedWords | None = None
+        if store is not None:
+            self._words = SavedWords(store[0], store[1], saved_shapes(cfg, B), store[2])
+        packed = packed_names() if store is not None else ()
+        for name, (shape, dtype) in activation_shapes(cfg, B, store is not None).items():
             lo = offsets[name]
             n = int(np.prod(shape)) * (2 if dtype == "u8" else 1)
             flat = arena[lo : lo + n]
@@ -105,7 +124,11 @@ class Views:
             elif dtype == "u8":
                 flat = flat.view(np.uint64)
             arr = flat.reshape(shape)
-            setattr(self, name, list(arr) if name in PER_LAYER else arr)
+            if name in packed:  # layer i: working copy i % w
+                arr = self._words.working(name, arr)
+            elif name in PER_LAYER:
+                arr = list(arr)
+            setattr(self, name, arr)
         self.ds_ee = self.att_ds[: Te * Te].reshape(Te, Te)
         self.ds_dd = self.att_ds[: Td * Td].reshape(Td, Td)
         self.ds_de = self.att_ds[: Td * Te].reshape(Td, Te)
@@ -125,10 +148,11 @@ def _qkv(w: np.ndarray, D: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return w[:D], w[D : 2 * D], w[2 * D :]
 
 
-class Transformer(StagedModel):
+class Transformer(PacksSavedActivations, StagedModel):
     """The Model protocol (``simdist.models.base``) for the AIAYN encoder-decoder, as a
     model of stages (``simdist.models.stages``): ZeRO-3, weight streaming and mixed
-    precision's 16-bit weights run it as they run T5."""
+    precision's 16-bit weights run it as they run T5; in mixed precision it holds its
+    layers' saved activations as 16-bit words."""
 
     # simdist.kernels modules it calls (warmed before training; tests/test_imports.py)
     kernel_modules = (
@@ -182,11 +206,6 @@ class Transformer(StagedModel):
             "exact_match": [0.0, 0.0],
         }
 
-    def set_precision(self, precision) -> None:
-        """Train in ``precision`` (``simdist.precision.Precision``): every activation and
-        activation gradient the kernels write is stored in its half format."""
-        self._store = precision_store(precision)
-
     def bind_step(self, seed: int, step: Callable[[], int]) -> None:
         """Dropout masks hash (seed, step(), sample index)."""
         self._seed, self._step = int(seed), step
@@ -199,7 +218,14 @@ class Transformer(StagedModel):
         return num_parameters(self.config)
 
     def activation_bytes(self, batch_size: int) -> int:
+        """The arena in float32 words, every layer's tensors (the device's layout)."""
         return activation_bytes(self.config, batch_size)
+
+    def _arena_layout(self, batch_size: int, packed: bool) -> tuple[dict[str, int], int]:
+        return arena_layout(self.config, batch_size, packed)
+
+    def _store_layout(self, batch_size: int) -> tuple[dict[str, int], int]:
+        return store_layout(self.config, batch_size)
 
     def flops_per_sample(self) -> int:
         return flops_per_sample(self.config)
@@ -239,11 +265,7 @@ class Transformer(StagedModel):
                 p.fill(0.0)
 
     def allocate(self, batch_size: int) -> None:
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be positive, got {batch_size}")
-        self._offsets, total = arena_layout(self.config, batch_size)
-        self._arena = np.zeros(total, dtype=np.float32)
-        self._batch = batch_size
+        self._allocate_arena(batch_size)
         self._views, self._saved, self._current = {}, None, None
 
     # -------------------------------------------------------------- stages (forward, backward
@@ -395,7 +417,7 @@ class Transformer(StagedModel):
             raise ValueError(f"batch of {B} samples, but allocate({self._batch}) was called")
         v = self._views.get(B)
         if v is None:
-            v = self._views[B] = Views(self._arena, cfg, B, self._offsets)
+            v = self._views[B] = Views(self._arena, cfg, B, self._offsets, self._store_of())
         for what, a in (("token ids", inputs[:, :Te]), ("targets", targets)):
             if a.size and (a.min() < 0 or a.max() >= V):  # the kernels index unchecked
                 raise ValueError(f"Transformer {what} must lie in [0, {V})")
@@ -457,6 +479,7 @@ class Transformer(StagedModel):
         st = self._store
         t = v.tD[: v.Ne]
         names, s0, x = self._enc[i], sites(self.config)["enc"][i], v.ex[i]
+        v.pack(i, ("ex",))  # layer i's input, final
         w, b = params[names[0]], params[names[1]]
         for out, wi, bi in zip((v.e_q[i], v.e_k[i], v.e_v[i]), _qkv(w, D), _qkv(b, D),
                                strict=True):  # fmt: skip
@@ -477,6 +500,7 @@ class Transformer(StagedModel):
         residual_layernorm_forward(v.e_r2[i], v.ex[i + 1], v.e_m2[i], v.e_s2[i], v.e_x1[i], t,
                                    n2w, n2b)  # fmt: skip
         st(v.e_r2[i], v.ex[i + 1])
+        v.pack(i, v.enc_own)  # before layer i + 1 reuses the working copies
 
     def _encoder_norm_forward(self, v: Views, params, _: int) -> None:
         nw, nb = (params[n] for n in final_norm_names("encoder"))
@@ -495,6 +519,7 @@ class Transformer(StagedModel):
         st = self._store
         t = v.tD[: v.Nd]
         names, s0, y = self._dec[j], sites(self.config)["dec"][j], v.dy[j]
+        v.pack(j, ("dy",))  # layer j's input, final
         w, b = params[names[0]], params[names[1]]
         for out, wi, bi in zip((v.s_q[j], v.s_k[j], v.s_v[j]), _qkv(w, D), _qkv(b, D),
                                strict=True):  # fmt: skip
@@ -530,6 +555,7 @@ class Transformer(StagedModel):
         residual_layernorm_forward(v.f_r[j], v.dy[j + 1], v.f_m[j], v.f_s[j], v.c_x[j], t, n3w,
                                    n3b)  # fmt: skip
         st(v.f_r[j], v.dy[j + 1])
+        v.pack(j, v.dec_own)  # before layer j + 1 reuses the working copies
 
     def _head_forward(self, v: Views, params, _: int) -> None:
         cfg = self.config
@@ -567,6 +593,7 @@ class Transformer(StagedModel):
         t = v.tD[:Nd]
         names, s0 = self._dec[j], sites(cfg)["dec"][j]
         n = names[-6:]  # norm1, norm2, norm3 (weight, bias)
+        v.unpack(j, (*v.dec_own, "dy"))
         # FFN sublayer: gd holds d(its output)
         self._ffn_backward(v, params, g, names[:-2], v.gd, v.f_r[j], n[4:], v.f_m[j], v.f_s[j],
                            v.c_x[j], v.f_h[j], v.f_a[j], Nd, s0 + 4)  # fmt: skip
@@ -617,6 +644,7 @@ class Transformer(StagedModel):
         """``ge`` holds d(layer i's output); leaves d(its input) there."""
         names, s0 = self._enc[i], sites(self.config)["enc"][i]
         n = names[-4:]
+        v.unpack(i, (*v.enc_own, "ex"))
         self._ffn_backward(v, params, g, names, v.ge, v.e_r2[i], n[2:], v.e_m2[i], v.e_s2[i],
                            v.e_x1[i], v.e_h[i], v.e_a[i], v.Ne, s0 + 2)  # fmt: skip
         self._attention_backward(v, params, g, names, v.ge, v.e_r1[i], n[:2], v.e_m1[i],

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from simdist.config import ConfigError
 
 from .base import ParamSpec
+from .saved_words import aligned_layout
 
 INT_FIELDS = (
     "num_encoder_layers",
@@ -188,11 +189,59 @@ def sites(cfg: TransformerConfig) -> dict:
 ARENA_ALIGN = 16  # elements (64 bytes): every tensor on its own cache line
 
 
-def activation_shapes(cfg: TransformerConfig, B: int) -> dict[str, tuple[tuple[int, ...], str]]:
+def activation_shapes(
+    cfg: TransformerConfig, B: int, packed: bool = False
+) -> dict[str, tuple[tuple[int, ...], str]]:
     """(shape, dtype) of every arena tensor for micro-batch B, in arena order. int32 and
     uint64 tensors are carved from the float32 arena (aligned, so the views are legal).
     A post-LN sublayer keeps its residual sum (the norm's input), the norm's mean and
-    rstd, and the norm's output (the next sublayer's input)."""
+    rstd, and the norm's output (the next sublayer's input). ``packed``: the
+    ``packed_names`` tensors are float32 working copies of ``working_copies`` layers, not
+    of every layer (all layers are in the uint16 store of ``saved_shapes``)."""
+    shapes = _activation_shapes(cfg, B)
+    if packed:
+        for name in packed_names():
+            shape, dtype = shapes[name]
+            shapes[name] = ((working_copies(cfg, name), *shape[1:]), dtype)
+    return shapes
+
+
+def own_packed() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(encoder, decoder) layer tensors that the layer's backward reads, held as 16-bit
+    words in mixed precision once the layer's forward ends (not the attention
+    probabilities, which stay float32 as a fused kernel keeps them, nor the norms'
+    statistics)."""
+    enc = ("e_q", "e_k", "e_v", "e_ctx", "e_r1", "e_x1", "e_h", "e_a", "e_r2")
+    dec = ("s_q", "s_k", "s_v", "s_ctx", "s_r", "s_x", "c_q", "c_k", "c_v", "c_ctx", "c_r",
+           "c_x", "f_h", "f_a", "f_r")  # fmt: skip
+    return enc, dec
+
+
+def packed_names() -> tuple[str, ...]:
+    """Every tensor of the 16-bit store: the layers' own and the residual streams entering
+    them (``ex``, ``dy``: layer i packs its input; the last output, read by the final norm,
+    stays in its working copy)."""
+    enc, dec = own_packed()
+    return (*enc, *dec, "ex", "dy")
+
+
+def working_copies(cfg: TransformerConfig, name: str) -> int:
+    """Layers of float32 working copies of a packed tensor: two of the residual streams
+    (layer i reads its input while it writes its output), one of the rest."""
+    if name == "ex":
+        return min(cfg.num_encoder_layers + 1, 2)
+    if name == "dy":
+        return min(cfg.num_decoder_layers + 1, 2)
+    return 1
+
+
+def saved_shapes(cfg: TransformerConfig, B: int) -> dict[str, tuple[int, ...]]:
+    """The uint16 store of mixed precision: every layer's packed tensors."""
+    shapes = _activation_shapes(cfg, B)
+    return {name: shapes[name][0] for name in packed_names()}
+
+
+def _activation_shapes(cfg: TransformerConfig, B: int) -> dict[str, tuple[tuple[int, ...], str]]:
     L, Ld, NH = cfg.num_encoder_layers, cfg.num_decoder_layers, cfg.nhead
     D, F, V = cfg.d_model, cfg.dim_feedforward, cfg.vocab_size
     Te, Td = cfg.max_seq_length, cfg.target_length
@@ -287,12 +336,19 @@ def _elements(shape: tuple[int, ...], dtype: str) -> int:
     return math.prod(shape) * (2 if dtype == "u8" else 1)
 
 
-def arena_layout(cfg: TransformerConfig, B: int) -> tuple[dict[str, int], int]:
-    offsets, total = {}, 0
-    for name, (shape, dtype) in activation_shapes(cfg, B).items():
-        offsets[name] = total
-        total += -(-_elements(shape, dtype) // ARENA_ALIGN) * ARENA_ALIGN
-    return offsets, total
+def arena_layout(
+    cfg: TransformerConfig, B: int, packed: bool = False
+) -> tuple[dict[str, int], int]:
+    """(offset of each tensor, total float32 elements) of the arena (``packed``: with
+    working copies of the packed tensors)."""
+    sizes = {n: _elements(s, d) for n, (s, d) in activation_shapes(cfg, B, packed).items()}
+    return aligned_layout(sizes, ARENA_ALIGN)
+
+
+def store_layout(cfg: TransformerConfig, B: int) -> tuple[dict[str, int], int]:
+    """(offset of each tensor, total uint16 words) of mixed precision's 16-bit store."""
+    sizes = {n: math.prod(s) for n, s in saved_shapes(cfg, B).items()}
+    return aligned_layout(sizes, ARENA_ALIGN)
 
 
 def activation_bytes(cfg: TransformerConfig, B: int) -> int:
