@@ -107,13 +107,26 @@ def _assert_split_equals_whole(whole, first, second, cut, layout, params, x, y):
     assert np.array_equal(flat, ref_flat)
 
 
-def test_few_blocks_keep_float32_words():
-    """With fewer than three blocks the working copies cost more than the store saves."""
+def test_few_blocks_keep_float32_words(monkeypatch):
+    """With fewer than three blocks the working copies cost more than the store saves;
+    SIMDIST_PACK_ACTIVATIONS=1 packs them anyway, 0 never packs, anything else is refused."""
+    from simdist.config import ConfigError
+
     model = GPT2(resolve_config("gpt2-mini", n_layer=2))
     model.set_precision(Precision("bf16"))
     model.allocate(B)
     assert model._words is None
     assert model.host_activation_bytes(B) == model.activation_bytes(B)
+    monkeypatch.setenv("SIMDIST_PACK_ACTIVATIONS", "1")
+    model.set_precision(Precision("bf16"))
+    assert model._words is not None and model._words.dtype == np.uint16
+    assert model.host_activation_bytes(B) > model.activation_bytes(B)
+    monkeypatch.setenv("SIMDIST_PACK_ACTIVATIONS", "0")
+    more = _model("bf16", True)  # five blocks: auto would pack
+    assert more._words is None
+    monkeypatch.setenv("SIMDIST_PACK_ACTIVATIONS", "yes")
+    with pytest.raises(ConfigError, match="SIMDIST_PACK_ACTIVATIONS='yes'"):
+        model.set_precision(Precision("bf16"))
 
 
 # ---------------------------------------------------------------- BERT

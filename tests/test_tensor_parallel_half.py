@@ -188,3 +188,28 @@ def test_bad_loss_scale_in_weight_mode_exits_2_names_the_key(tmp_path):
     assert out.returncode == 2, out.stdout
     assert "runconfig.min_loss_scale=8.0 must be at most" in out.stdout
     assert not d.exists()
+
+
+def test_saved_activations_as_16_bit_words_give_the_bits_of_float32_words(tmp_path, monkeypatch):
+    """TP 2 in bf16: each shard holds its blocks' saved activations as 16-bit words (auto,
+    gpt2-mini's four blocks) and ends 4 steps with the state of float32 words
+    (``SIMDIST_PACK_ACTIVATIONS=0``), in fewer host bytes; the device accounts the same."""
+    args = (
+        "--runconfig.max_steps=4",
+        "--runconfig.save_checkpoints_steps=4",
+        "--train_input.batch_size=4",
+        *BF16,
+        *tp(2),
+    )
+    monkeypatch.setenv("SIMDIST_PACK_ACTIVATIONS", "0")
+    train(2, tmp_path / "float", *args)
+    monkeypatch.delenv("SIMDIST_PACK_ACTIVATIONS")
+    train(2, tmp_path / "words", *args)
+    assert_same_state(final_state(tmp_path / "float"), final_state(tmp_path / "words"), "words")
+    words, floats = (
+        json.loads((tmp_path / d / "performance.json").read_text()) for d in ("words", "float")
+    )
+    assert words["memory_bytes"] == floats["memory_bytes"]
+    # 0.86 here: with four blocks two of them are working copies, and the attention
+    # probabilities and the vocabulary shard's logits stay float32
+    assert words["host_activation_bytes"] < 0.9 * floats["host_activation_bytes"]

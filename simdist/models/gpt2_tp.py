@@ -68,7 +68,14 @@ from simdist.kernels.rowops import exp_f32, row_sum
 
 from . import gpt2_costs
 from .base import KernelCost, ParamSpec, gemm, vector
-from .gpt2 import ARENA_ALIGN, GPT2, GPT2Config, activation_shapes, parameter_specs
+from .gpt2 import (
+    ARENA_ALIGN,
+    GPT2,
+    OWN_PACKED,
+    GPT2Config,
+    activation_shapes,
+    parameter_specs,
+)
 
 F32 = np.float32
 
@@ -421,14 +428,14 @@ class GPT2TP(GPT2):
     ``sequence_parallel``: the residual stream and LayerNorms on this rank's N / tp token
     rows (module docstring)."""
 
-    # a shard's saved activations stay float32 words holding half values (its views and the
-    # sequence-parallel arena are laid out per block; the device accounts them at 2 bytes)
-    packs_saved_activations = False
-
     def __init__(self, config: GPT2Config, tp: int, rank: int, sequence_parallel: bool = False):
         check_split(config, tp, sequence_parallel=sequence_parallel)
         super().__init__(config)
         self.tp, self.rank = tp, rank
+        # mixed precision: the shard's saved activations as 16-bit words, packed and
+        # unpacked where the one-rank GPT-2 does it (GPT2's layout at the shard's width);
+        # the sequence-parallel arena keeps float32 words holding half values
+        self.packs_saved_activations = not sequence_parallel
         self.sequence_parallel = sequence_parallel
         self.index = shard_index(config, tp, rank)
         Vs = config.vocab_size // tp
@@ -585,6 +592,7 @@ class GPT2TP(GPT2):
                 params["ln_f.bias"],
             )
             st(v.res3[L - 1], v.lnf)
+            v.pack(L - 1, ("res3",))  # the last block's output, now final
             lm_head_forward(v.logits, v.lnf, params["wte.weight"])  # this vocabulary's
             st(v.logits)
             self._cross_entropy(v)
@@ -610,6 +618,7 @@ class GPT2TP(GPT2):
                 params[ln1b],
             )
             st(v.res3[i - 1], v.ln1[i])
+            v.pack(i - 1, ("res3",))  # block i - 1's output, now final (block i's input)
         linear_forward(v.qkv2[i], v.ln1[i], params[attnw], params[attnb])  # column-parallel
         st(v.qkv2[i])
         attention_forward(v.atty[i], v.att[i], v.qkv[i], cfg.n_head // self.tp)
@@ -635,6 +644,7 @@ class GPT2TP(GPT2):
         linear_forward(v.res3[i], v.fch_gelu[i], params[mprojw], self._row_bias(params[mprojb]))
         st(v.res3[i])
         self._allreduce(v.res3[i])
+        v.pack(i, OWN_PACKED)  # before block i + 2 reuses the working copies
 
     def _forward_stage_sequence(self, v: _SequenceViews, k: int, params) -> None:
         """``_forward_stage`` with sequence parallelism: the residual stream, the residual
@@ -765,6 +775,7 @@ class GPT2TP(GPT2):
         L = cfg.n_layer
         st = self._store
         if k == L + 1:  # head: this vocabulary's logits; lnf's gradient summed (f)
+            v.unpack(L - 1, ("res3",))
             dlogits = self._head_logit_gradient(v, dloss)
             st(dlogits)
             lm_head_backward(v.dln, grads["wte.weight"], dlogits, v.lnf, params["wte.weight"])
@@ -795,6 +806,9 @@ class GPT2TP(GPT2):
         ln1w, ln1b, attnw, attnb, aprojw, aprojb, ln2w, ln2b, fcw, fcb, mprojw, mprojb = (
             self._layer_names[i]
         )
+        v.unpack(i, OWN_PACKED)
+        if i > 0:
+            v.unpack(i - 1, ("res3",))  # block i's input (layer_in)
         # MLP: the row-parallel c_proj takes the whole dres; c_fc's input gradient is summed
         linear_backward(
             v.dfch_gelu, grads[mprojw], grads[mprojb], v.dres, v.fch_gelu[i], params[mprojw]

@@ -13,9 +13,11 @@ what the host holds.
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 
+from simdist.config import ConfigError
 from simdist.kernels.half import pack_half, unpack_half
 from simdist.precision import precision_store
 
@@ -69,6 +71,9 @@ def aligned_layout(sizes: dict[str, int], align: int) -> tuple[dict[str, int], i
     return offsets, total
 
 
+PACK_MODES = ("auto", "1", "0")
+
+
 class PacksSavedActivations:
     """Mixin of a model whose arena has a packed variant (GPT-2, BERT, T5): in mixed
     precision, where it takes less host memory, the arena holds working copies and a uint16
@@ -88,10 +93,17 @@ class PacksSavedActivations:
         """Train in ``precision`` (``simdist.precision.Precision``): every activation and
         activation gradient the kernels write is stored in its half format, and the saved
         ones are held as 16-bit words (``packs_saved_activations``) where that takes less
-        host memory (with few layers the working copies cost more than the store saves)."""
+        host memory (with few layers the working copies cost more than the store saves).
+        ``SIMDIST_PACK_ACTIVATIONS``: auto (that rule, the default), 1 (16-bit words
+        wherever the model can hold them) or 0 (float32 words); the bits are the same."""
         self._store = precision_store(precision)
+        mode = os.environ.get("SIMDIST_PACK_ACTIVATIONS", "auto")
+        if mode not in PACK_MODES:
+            raise ConfigError(f"SIMDIST_PACK_ACTIVATIONS={mode!r}: use auto, 1 or 0")
         fmt = precision.fmt if precision.half and self.packs_saved_activations else 0
-        if fmt and self._packed_bytes(1) >= 4 * self._arena_layout(1, False)[1]:
+        if mode == "0" or (
+            fmt and mode == "auto" and self._packed_bytes(1) >= 4 * self._arena_layout(1, False)[1]
+        ):
             fmt = 0
         if fmt != self._half_fmt:
             self._half_fmt = fmt
