@@ -190,26 +190,38 @@ def test_bad_loss_scale_in_weight_mode_exits_2_names_the_key(tmp_path):
     assert not d.exists()
 
 
-def test_saved_activations_as_16_bit_words_give_the_bits_of_float32_words(tmp_path, monkeypatch):
-    """TP 2 in bf16: each shard holds its blocks' saved activations as 16-bit words (auto,
-    gpt2-mini's four blocks) and ends 4 steps with the state of float32 words
-    (``SIMDIST_PACK_ACTIVATIONS=0``), in fewer host bytes; the device accounts the same."""
+@pytest.mark.parametrize("extra", [[], SP], ids=["tp2", "tp2-sp"])
+def test_16_bit_words_give_the_bits_of_float32_words(tmp_path, monkeypatch, extra):
+    """TP 2 in bf16, with and without sequence parallelism: each shard holds its weights
+    (auto: gpt2-mini's blocks are small next to the shard) and its blocks' saved activations
+    (auto: four blocks) as 16-bit words, and ends 4 steps, resumed from step 2, with the
+    state of float32 words (``SIMDIST_PACK_WEIGHTS=0``, ``SIMDIST_PACK_ACTIVATIONS=0``) in
+    fewer host bytes; the device accounts the same."""
     args = (
-        "--runconfig.max_steps=4",
-        "--runconfig.save_checkpoints_steps=4",
+        "--runconfig.save_checkpoints_steps=2",
         "--train_input.batch_size=4",
+        "--runconfig.mode=train",
         *BF16,
         *tp(2),
+        *extra,
     )
+    monkeypatch.setenv("SIMDIST_PACK_WEIGHTS", "0")
     monkeypatch.setenv("SIMDIST_PACK_ACTIVATIONS", "0")
-    train(2, tmp_path / "float", *args)
+    train(2, tmp_path / "float", *args, "--runconfig.max_steps=4")
+    monkeypatch.delenv("SIMDIST_PACK_WEIGHTS")
     monkeypatch.delenv("SIMDIST_PACK_ACTIVATIONS")
-    train(2, tmp_path / "words", *args)
+    train(2, tmp_path / "words", *args, "--runconfig.max_steps=2")
+    out = train(2, tmp_path / "words", *args, "--runconfig.max_steps=4")
+    assert "resumed from" in out.stdout and "as 16-bit words" in out.stdout
     assert_same_state(final_state(tmp_path / "float"), final_state(tmp_path / "words"), "words")
     words, floats = (
         json.loads((tmp_path / d / "performance.json").read_text()) for d in ("words", "float")
     )
     assert words["memory_bytes"] == floats["memory_bytes"]
-    # 0.86 here: with four blocks two of them are working copies, and the attention
-    # probabilities and the vocabulary shard's logits stay float32
-    assert words["host_activation_bytes"] < 0.9 * floats["host_activation_bytes"]
+    # 0.86 without sequence parallelism here: with four blocks two of them are working
+    # copies, and the attention probabilities and the vocabulary shard's logits stay float32
+    ratio = words["host_activation_bytes"] / floats["host_activation_bytes"]
+    print(f"host activations: 16-bit words / float32 words = {ratio:.3f}")
+    assert ratio < 0.9
+    assert floats["host_parameter_bytes"] == 4 * words["parameters_padded_per_rank"]
+    assert words["host_parameter_bytes"] < 0.8 * floats["host_parameter_bytes"]

@@ -72,10 +72,13 @@ from .gpt2 import (
     ARENA_ALIGN,
     GPT2,
     OWN_PACKED,
+    PACKED,
     GPT2Config,
     activation_shapes,
     parameter_specs,
+    working_copies,
 )
+from .saved_words import SavedWords, SavedWordsViews, aligned_layout
 
 F32 = np.float32
 
@@ -206,12 +209,30 @@ _SEQUENCE_ROWS = (
 )  # fmt: skip
 
 
-def sequence_shapes(cfg: GPT2Config, B: int, T: int, tp: int) -> dict[str, tuple[int, ...]]:
+def sequence_shapes(
+    cfg: GPT2Config, B: int, T: int, tp: int, packed: bool = False
+) -> dict[str, tuple[int, ...]]:
     """``gpt2.activation_shapes`` of a shard with sequence parallelism: the residual stream,
     the LayerNorms' outputs and statistics and the residual gradient hold N / tp rows;
     ``lnf`` stays whole (ln_f's output gathered for the LM head and its backward), ``dln``
     too (a split layer's partial sums before the reduce-scatter), and one (N, C) buffer,
-    ``gathered``, receives each all-gather in turn."""
+    ``gathered``, receives each all-gather in turn. ``packed``: the ``PACKED`` tensors are
+    float32 working copies of ``working_copies`` blocks (all blocks are in the uint16 store
+    of ``sequence_saved_shapes``)."""
+    shapes = _sequence_shapes(cfg, B, T, tp)
+    if packed:
+        shapes.update({n: (working_copies(cfg, n), *shapes[n][1:]) for n in PACKED})
+    return shapes
+
+
+def sequence_saved_shapes(cfg: GPT2Config, B: int, T: int, tp: int) -> dict[str, tuple[int, ...]]:
+    """The uint16 store of mixed precision with sequence parallelism: every block's
+    ``PACKED`` tensors, the residual stream's on this rank's rows."""
+    shapes = _sequence_shapes(cfg, B, T, tp)
+    return {name: shapes[name] for name in PACKED}
+
+
+def _sequence_shapes(cfg: GPT2Config, B: int, T: int, tp: int) -> dict[str, tuple[int, ...]]:
     shapes = activation_shapes(cfg, B, T, tp)
     rows = B * T // tp
     for name in _SEQUENCE_ROWS:
@@ -226,13 +247,18 @@ def sequence_shapes(cfg: GPT2Config, B: int, T: int, tp: int) -> dict[str, tuple
     return shapes
 
 
-def sequence_layout(cfg: GPT2Config, batch_size: int, tp: int) -> tuple[dict[str, int], int]:
+def sequence_layout(
+    cfg: GPT2Config, batch_size: int, tp: int, packed: bool = False
+) -> tuple[dict[str, int], int]:
     """(offset of each tensor, total elements), as ``gpt2.arena_layout``."""
-    offsets, total = {}, 0
-    for name, shape in sequence_shapes(cfg, batch_size, cfg.block_size, tp).items():
-        offsets[name] = total
-        total += -(-math.prod(shape) // ARENA_ALIGN) * ARENA_ALIGN
-    return offsets, total
+    shapes = sequence_shapes(cfg, batch_size, cfg.block_size, tp, packed)
+    return aligned_layout({n: math.prod(s) for n, s in shapes.items()}, ARENA_ALIGN)
+
+
+def sequence_store_layout(cfg: GPT2Config, batch_size: int, tp: int) -> tuple[dict[str, int], int]:
+    """(offset of each tensor, total uint16 words) of the sequence-parallel 16-bit store."""
+    shapes = sequence_saved_shapes(cfg, batch_size, cfg.block_size, tp)
+    return aligned_layout({n: math.prod(s) for n, s in shapes.items()}, ARENA_ALIGN)
 
 
 def position_runs(first: int, rows: int, T: int) -> list[tuple[int, int, int]]:
@@ -247,21 +273,40 @@ def position_runs(first: int, rows: int, T: int) -> list[tuple[int, int, int]]:
     return runs
 
 
-class _SequenceViews:
+class _SequenceViews(SavedWordsViews):
     """``gpt2._Views`` of a sequence-parallel shard: the same names, the residual-stream
     tensors ``rows`` tall (this rank's block ``self.rows`` of the N token rows)."""
 
-    def __init__(self, arena: np.ndarray, cfg: GPT2Config, B: int, T: int, offsets, tp, rank):
+    def __init__(
+        self,
+        arena: np.ndarray,
+        cfg: GPT2Config,
+        B: int,
+        T: int,
+        offsets,
+        tp,
+        rank,
+        store: tuple[np.ndarray, dict[str, int], int] | None = None,
+    ):
+        """``store``: mixed precision's (uint16 store, its offsets, half format); the
+        arena then holds ``working_copies`` blocks of the ``PACKED`` tensors."""
         self.B, self.T = B, T
         N, C, Cs, L = B * T, cfg.n_embd, cfg.n_embd // tp, cfg.n_layer
         rows = N // tp
-        shapes = sequence_shapes(cfg, B, T, tp)
+        shapes = sequence_shapes(cfg, B, T, tp, packed=store is not None)
         v = {}
         for name, shape in shapes.items():
             flat = arena[offsets[name] : offsets[name] + math.prod(shape)]
             v[name] = (flat.view(np.int32) if name in ("tokens", "targets") else flat).reshape(
                 shape
             )
+        self._words: SavedWords | None = None
+        if store is not None:
+            words, store_offsets, fmt = store
+            saved = sequence_saved_shapes(cfg, B, T, tp)
+            self._words = SavedWords(words, store_offsets, saved, fmt)
+            for name in PACKED:  # block i: working copy i % working_copies
+                v[name] = self._words.working(name, v[name])
         self.tokens, self.targets = v["tokens"], v["targets"]
         self.targets_flat = self.targets.reshape(N)
         self.encoded = v["encoded"]
@@ -432,10 +477,6 @@ class GPT2TP(GPT2):
         check_split(config, tp, sequence_parallel=sequence_parallel)
         super().__init__(config)
         self.tp, self.rank = tp, rank
-        # mixed precision: the shard's saved activations as 16-bit words, packed and
-        # unpacked where the one-rank GPT-2 does it (GPT2's layout at the shard's width);
-        # the sequence-parallel arena keeps float32 words holding half values
-        self.packs_saved_activations = not sequence_parallel
         self.sequence_parallel = sequence_parallel
         self.index = shard_index(config, tp, rank)
         Vs = config.vocab_size // tp
@@ -479,6 +520,19 @@ class GPT2TP(GPT2):
             return super().activation_bytes(batch_size)
         return 4 * sequence_layout(self.config, batch_size, self.tp)[1]
 
+    # mixed precision: the shard's saved activations as 16-bit words (``PacksSavedActivations``),
+    # packed and unpacked where the one-rank GPT-2 does it, in GPT-2's layout at the shard's
+    # width or, with sequence parallelism, in its own
+    def _arena_layout(self, batch_size: int, packed: bool) -> tuple[dict[str, int], int]:
+        if not self.sequence_parallel:
+            return super()._arena_layout(batch_size, packed)
+        return sequence_layout(self.config, batch_size, self.tp, packed)
+
+    def _store_layout(self, batch_size: int) -> tuple[dict[str, int], int]:
+        if not self.sequence_parallel:
+            return super()._store_layout(batch_size)
+        return sequence_store_layout(self.config, batch_size, self.tp)
+
     def sequence_parallel_names(self) -> list[str]:
         """The replicated parameters whose gradients each rank computes from its rows only
         (LayerNorms, ``wpe``): the schedule sums them over the group once per step. Empty
@@ -497,14 +551,7 @@ class GPT2TP(GPT2):
             params[name][...] = extract(full[name], split)
 
     def allocate(self, batch_size: int) -> None:
-        if self.sequence_parallel:  # the arena of ``sequence_shapes``
-            if batch_size < 1:
-                raise ValueError(f"batch_size must be positive, got {batch_size}")
-            self._offsets, total = sequence_layout(self.config, batch_size, self.tp)
-            self._arena = np.zeros(total, dtype=np.float32)
-            self._batch, self._views, self._saved, self._current = batch_size, {}, None, None
-        else:
-            super().allocate(batch_size)
+        super().allocate(batch_size)  # the arena of ``_arena_layout``
         N, C = batch_size * self.config.block_size, self.config.n_embd
         self._scratch = {
             "max": np.zeros(self.tp * N, F32),  # every rank's row maxima
@@ -527,7 +574,7 @@ class GPT2TP(GPT2):
             )
         if (B, T) not in self._views:
             self._views[(B, T)] = _SequenceViews(
-                self._arena, self.config, B, T, self._offsets, self.tp, self.rank
+                self._arena, self.config, B, T, self._offsets, self.tp, self.rank, self._store_of()
             )
         return self._views[(B, T)]
 
@@ -674,6 +721,7 @@ class GPT2TP(GPT2):
                 params["ln_f.bias"],
             )
             st(v.res3[L - 1], v.lnf[v.rows])
+            v.pack(L - 1, ("res3",))  # the last block's output, now final
             with self.coll.half_wire(self._wire):
                 self.coll.allgather(v.lnf.reshape(-1), bounds=v.bounds)
             lm_head_forward(v.logits, v.lnf, params["wte.weight"])
@@ -701,6 +749,7 @@ class GPT2TP(GPT2):
                 params[ln1b],
             )
             st(v.res3[i - 1], v.ln1[i])
+            v.pack(i - 1, ("res3",))  # block i - 1's output, now final (block i's input)
         full = self._all_gather(v, v.ln1[i])  # f
         linear_forward(v.qkv2[i], full, params[attnw], params[attnb])
         st(v.qkv2[i])
@@ -727,6 +776,7 @@ class GPT2TP(GPT2):
         linear_forward(v.dln, v.fch_gelu[i], params[mprojw], self._row_bias(params[mprojb]))
         st(v.dln)
         np.copyto(v.res3[i], self._reduce_scatter(v))  # g; the next stage adds the residual
+        v.pack(i, OWN_PACKED)  # before block i + 2 reuses the working copies
 
     def _cross_entropy(self, v) -> None:
         """Vocab-parallel softmax cross-entropy: per row the maximum over every rank's
@@ -870,6 +920,7 @@ class GPT2TP(GPT2):
         L = self.config.n_layer
         st = self._store
         if k == L + 1:
+            v.unpack(L - 1, ("res3",))
             dlogits = self._head_logit_gradient(v, dloss)
             st(dlogits)
             lm_head_backward(v.dln, grads["wte.weight"], dlogits, v.lnf, params["wte.weight"])
@@ -902,6 +953,9 @@ class GPT2TP(GPT2):
             self._layer_names[i]
         )
         nh = self.config.n_head // self.tp
+        v.unpack(i, OWN_PACKED)
+        if i > 0:
+            v.unpack(i - 1, ("res3",))  # block i's input (layer_in)
         full = self._all_gather(v, v.dres)  # g's backward
         linear_backward(v.dfch_gelu, grads[mprojw], grads[mprojb], full, v.fch_gelu[i],
                         params[mprojw])  # fmt: skip

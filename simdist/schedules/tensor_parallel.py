@@ -39,10 +39,14 @@ Mixed precision (``runconfig.precision`` bf16 / fp16) is data parallelism's
 the weights its half rounding, the gradients stored half and reduced in half unless
 ``fp32_allreduce`` (the sequence-parallel row shares' sum over the group too); the model
 stores its activations half and runs the group's activation collectives on a half wire
-(``GPT2TP.set_precision``). fp16 scales the loss: an Inf or NaN in any shard's gradients
-reaches the whole group through the norm's sum over it, and every replica through the
-per-step agreement, so every rank skips the same steps. Checkpoints record the precision
-and the scaler; the master is saved whole like the other optimizer state.
+(``GPT2TP.set_precision``). Where that takes less host memory the shard's weights are
+16-bit words read through a float32 stage window, as data parallelism holds them
+(``simdist.packed_params``), and its saved activations too (``saved_words``): the same
+bits as float32 words. fp16 scales the loss: an Inf or
+NaN in any shard's gradients reaches the whole group through the norm's sum over it, and
+every replica through the per-step agreement, so every rank skips the same steps.
+Checkpoints record the precision and the scaler; the master is saved whole like the other
+optimizer state.
 
 The simulated device: each rank's memory holds its shard (parameters, gradients,
 optimizer state) and its shard's activation arena; its kernels are the shard's
@@ -214,7 +218,6 @@ class WholeTensorCheckpoint:
 
 class TensorParallelWeight(WholeTensorCheckpoint, DataParallel):
     name = "pipelined"
-    packs_weights = False  # the shards' weights stay float32 words (read outside stages)
 
     def __init__(self, comm, tp: int):
         world = comm.Get_size()
@@ -367,7 +370,11 @@ class TensorParallelWeight(WholeTensorCheckpoint, DataParallel):
         then ``DataParallel.restore``: the loss scaler, and the master of a checkpoint
         written in fp32 taken from its parameters."""
         own, full, index = self.state_shard, self.checkpoint_layout, self.model.index
-        self.params_flat[...] = shard_of_whole(index, full, own.params, self.layout)
+        shard = shard_of_whole(index, full, own.params, self.layout)
+        if self.packed is not None:  # 16-bit words, and the master of the update range
+            self._write_packed(0, shard)
+        else:
+            self.params_flat[...] = shard
         lo, hi = self.sync.update_range
         for key in loaded:
             self.optimizer.state[key][...] = shard_of_whole(index, full, own.state[key],
@@ -426,11 +433,19 @@ class TensorParallelWeight(WholeTensorCheckpoint, DataParallel):
         digest = zlib.crc32(self.params_flat.view(np.uint8))
         if len(set(self.dp_comm.allgather(digest))) != 1:
             raise RuntimeError(f"replicas of shard {self.tp_rank} diverged at global_step {step}")
-        if not shards_agree(self.tp_comm, self.pviews, self._replicated):
+        if not shards_agree(self.tp_comm, self._replicated_views(), self._replicated):
             raise RuntimeError(
                 f"the replicated parameters of replica {self.dp_rank}'s shards diverged at "
                 f"global_step {step}"
             )
+
+    def _replicated_views(self) -> dict[str, np.ndarray]:
+        """The replicated parameters as this rank holds them (16-bit words: their words)."""
+        if self.packed is None:
+            return self.pviews
+        words, offsets = self.packed.words, self.layout.offsets
+        specs = {s.name: s for s in self.layout.specs}
+        return {n: words[offsets[n] : offsets[n] + specs[n].numel] for n in self._replicated}
 
     # ----------------------------------------------------------------- around the steps
     def checkpoint_attrs(self) -> dict[str, Any]:
@@ -451,10 +466,13 @@ class TensorParallelWeight(WholeTensorCheckpoint, DataParallel):
         the staging buffers ``Run`` writes."""
         lo, hi = self.sync.update_range
         first = self.dp_rank == 0
+        params = self.params_flat
+        if first and self.packed is not None:  # the shard's words as float32, for the gather
+            params = self.packed.unpack(0, self.layout.padded)
         mine = (
             self.tp_rank,
             0,
-            self.params_flat if first else None,
+            params if first else None,
             lo,
             hi,
             {k: v for k, v in self.optimizer.state.items()} if first or self.zero_level else {},
