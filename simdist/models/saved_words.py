@@ -5,9 +5,9 @@ each. On the host the kernels compute in float32 words holding half values (exac
 model keeps a few layers' float32 *working copies* of each saved per-layer tensor and, once
 layer i's tensor is final, packs it into a uint16 store; backward unpacks it into the
 working copy again before it reads it. Packing is exact (the kernels stored half values),
-so the results are bit for bit those of float32 words (GPT-2, BERT, T5). The device's
-accounting (``activation_bytes``) stays the float32 layout; ``host_activation_bytes`` is
-what the host holds.
+so the results are bit for bit those of float32 words (GPT-2, BERT, T5, the Transformer).
+The device's accounting (``activation_bytes``) stays the float32 layout;
+``host_activation_bytes`` is what the host holds.
 """
 
 from __future__ import annotations
@@ -75,9 +75,10 @@ PACK_MODES = ("auto", "1", "0")
 
 
 class PacksSavedActivations:
-    """Mixin of a model whose arena has a packed variant (GPT-2, BERT, T5): in mixed
-    precision, where it takes less host memory, the arena holds working copies and a uint16
-    store beside it holds every layer's saved tensors. The model provides
+    """Mixin of a model whose arena has a packed variant (GPT-2 and its tensor-parallel
+    shards, BERT, T5, the Transformer): in mixed precision, where it takes less host
+    memory, the arena holds working copies and a uint16 store beside it holds every
+    layer's saved tensors. The model provides
     ``_arena_layout(batch_size, packed)`` and ``_store_layout(batch_size)``, each
     (offsets, total elements), and ``activation_bytes`` (the device's layout)."""
 

@@ -42,11 +42,10 @@ stores its activations half and runs the group's activation collectives on a hal
 (``GPT2TP.set_precision``). Where that takes less host memory the shard's weights are
 16-bit words read through a float32 stage window, as data parallelism holds them
 (``simdist.packed_params``), and its saved activations too (``saved_words``): the same
-bits as float32 words. fp16 scales the loss: an Inf or
-NaN in any shard's gradients reaches the whole group through the norm's sum over it, and
-every replica through the per-step agreement, so every rank skips the same steps.
-Checkpoints record the precision and the scaler; the master is saved whole like the other
-optimizer state.
+bits as float32 words. fp16 scales the loss: an Inf or NaN in any shard's gradients
+reaches the whole group through the norm's sum over it, and every replica through the
+per-step agreement, so every rank skips the same steps. Checkpoints record the precision
+and the scaler; the master is saved whole like the other optimizer state.
 
 The simulated device: each rank's memory holds its shard (parameters, gradients,
 optimizer state) and its shard's activation arena; its kernels are the shard's
