@@ -32,6 +32,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 
 @dataclass(frozen=True)
 class Stage:
@@ -81,3 +83,43 @@ class StagedModel:
             loss_sum, correct = loss_sum + batch_loss, correct + batch_correct
         self._saved = None  # the arena no longer holds a training forward
         return loss_sum, correct
+
+
+class StagesByKind(StagedModel):
+    """``forward_stage`` / ``backward_stage`` for a model whose stage k is the pair
+    ``self._kinds[k] = (kind, i)``: its methods ``_{kind}_forward(views, params, i)`` and
+    ``_{kind}_backward(views, params, grads, i, dloss)`` run it (T5 and the Transformer:
+    embeddings, blocks i of each stack, final norms, head). The stage of kind "head" ends
+    the forward; it returns the mean of ``_sample_losses``. ``begin`` sets ``_current``."""
+
+    _kinds: list[tuple[str, int]]
+    _current = None
+    _saved = None
+
+    def forward_stage(self, k: int, params) -> float | None:
+        """Run stage ``k``'s forward; the head (last stage) returns the mean sample loss."""
+        v = self._current
+        if v is None:
+            raise RuntimeError("forward_stage without begin(inputs, targets)")
+        kind, i = self._kinds[k]
+        if self._skips(kind):
+            return None
+        getattr(self, f"_{kind}_forward")(v, params, i)
+        if kind == "head":
+            self._saved = v
+            return float(self._sample_losses(v).mean(dtype=np.float64))
+        return None
+
+    def backward_stage(self, k: int, params, grads, dloss: float) -> None:
+        """Stage ``k``'s backward (from the last stage down to 0 after the forward); a stage
+        that finishes a gradient group hands it over with ``grads.done``."""
+        v = self._saved
+        if v is None:
+            raise RuntimeError("backward without a preceding forward")
+        kind, i = self._kinds[k]
+        getattr(self, f"_{kind}_backward")(v, params, grads, i, dloss)
+
+    def _skips(self, kind: str) -> bool:
+        """Whether this forward leaves stages of ``kind`` out (their outputs already in the
+        arena); none by default."""
+        return False

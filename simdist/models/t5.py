@@ -53,7 +53,7 @@ from simdist.precision import no_store
 from . import t5_costs
 from .base import GradientGroup, KernelCost, ParamSpec
 from .saved_words import PacksSavedActivations
-from .stages import Stage, StagedModel
+from .stages import Stage, StagesByKind
 from .t5_arena import EPS, F32, Views, arena_layout, store_layout
 from .t5_shapes import (  # noqa: F401  (re-exported: tests and plan mode import them here)
     FIELDS,
@@ -81,7 +81,7 @@ def activation_bytes(cfg: T5Config, batch_size: int) -> int:
 
 
 # ------------------------------------------------------------------ the model
-class T5(PacksSavedActivations, StagedModel):
+class T5(PacksSavedActivations, StagesByKind):
     """The Model protocol (``simdist.models.base``) for T5 span-corruption denoising; in
     mixed precision (``set_precision``) it holds its blocks' saved activations as 16-bit
     words."""
@@ -192,7 +192,7 @@ class T5(PacksSavedActivations, StagedModel):
         self._views, self._saved, self._current = {}, None, None
 
     # -------------------------------------------------------------- stages (forward, backward
-    # and evaluate: StagedModel's loops over them)
+    # and evaluate: StagedModel's loops over them, StagesByKind's dispatch)
     # kernel costs (``t5_costs``) whose names do not start with their stage's name
     kernel_stages = {
         "encoder.relpos": "encoder.0",
@@ -222,18 +222,6 @@ class T5(PacksSavedActivations, StagedModel):
         self._current = v
         self._saved = None  # the arena is being overwritten: no backward until the head ran
 
-    def forward_stage(self, k: int, params) -> float | None:
-        """Run stage ``k``'s forward; the head (last stage) returns the mean sample loss."""
-        v = self._current
-        if v is None:
-            raise RuntimeError("forward_stage without begin(inputs, targets)")
-        kind, i = self._kinds[k]
-        getattr(self, f"_{kind}_forward")(v, params, i)
-        if kind == "head":
-            self._saved = v
-            return float(self._sample_losses(v).mean(dtype=np.float64))
-        return None
-
     def eval_stats(self) -> tuple[float, int]:
         """(sum of the target-token losses, correct argmax predictions) of the last forward."""
         v = self._current
@@ -241,15 +229,6 @@ class T5(PacksSavedActivations, StagedModel):
             raise RuntimeError("eval_stats without a forward")
         loss_sum = float(v.losses.sum(dtype=np.float64))
         return loss_sum, int(np.count_nonzero(v.logits.argmax(axis=1) == v.labels))
-
-    def backward_stage(self, k: int, params, grads, dloss: float) -> None:
-        """Stage ``k``'s backward (from the last stage down to 0 after the forward); a stage
-        that finishes a gradient group hands it over with ``grads.done``."""
-        v = self._saved
-        if v is None:
-            raise RuntimeError("backward without a preceding forward")
-        kind, i = self._kinds[k]
-        getattr(self, f"_{kind}_backward")(v, params, grads, i, dloss)
 
     # -------------------------------------------------------------- stage forwards
     def _encoder_embed_forward(self, v: Views, params, _: int) -> None:

@@ -62,7 +62,7 @@ from simdist.precision import no_store
 from . import transformer_costs
 from .base import GradientGroup, KernelCost, ParamSpec
 from .saved_words import PacksSavedActivations, SavedWords, SavedWordsViews
-from .stages import Stage, StagedModel
+from .stages import Stage, StagesByKind
 from .transformer_shapes import (  # noqa: F401  (re-exported: tests and plan mode import them)
     EMBED,
     FIELDS,
@@ -148,7 +148,7 @@ def _qkv(w: np.ndarray, D: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return w[:D], w[D : 2 * D], w[2 * D :]
 
 
-class Transformer(PacksSavedActivations, StagedModel):
+class Transformer(PacksSavedActivations, StagesByKind):
     """The Model protocol (``simdist.models.base``) for the AIAYN encoder-decoder, as a
     model of stages (``simdist.models.stages``): ZeRO-3, weight streaming and mixed
     precision's 16-bit weights run it as they run T5; in mixed precision it holds its
@@ -269,7 +269,7 @@ class Transformer(PacksSavedActivations, StagedModel):
         self._views, self._saved, self._current = {}, None, None
 
     # -------------------------------------------------------------- stages (forward, backward
-    # and evaluate: StagedModel's loops over them)
+    # and evaluate: StagedModel's loops over them, StagesByKind's dispatch)
     # kernel costs (``transformer_costs``) whose names do not start with their stage's name
     kernel_stages = {
         "encoder.dropout": "encoder.embed",
@@ -297,19 +297,10 @@ class Transformer(PacksSavedActivations, StagedModel):
         self._current = v
         self._saved = None  # the arena is being overwritten: no backward until the head ran
 
-    def forward_stage(self, k: int, params) -> float | None:
-        """Run stage ``k``'s forward; the head (last stage) returns the mean sample loss."""
-        v = self._current
-        if v is None:
-            raise RuntimeError("forward_stage without begin(inputs, targets)")
-        kind, i = self._kinds[k]
-        if self._encoded and kind.startswith("encoder"):
-            return None  # greedy decoding: this source's encoder output is in the arena
-        getattr(self, f"_{kind}_forward")(v, params, i)
-        if kind == "head":
-            self._saved = v
-            return float(self._sample_losses(v).mean(dtype=np.float64))
-        return None
+    def _skips(self, kind: str) -> bool:
+        """Greedy decoding after its first position: this source's encoder output is in
+        the arena already."""
+        return self._encoded and kind.startswith("encoder")
 
     def eval_stats(self) -> tuple[float, int]:
         """(sum of the per-token losses, correctly predicted tokens) over the real targets
@@ -325,15 +316,6 @@ class Transformer(PacksSavedActivations, StagedModel):
             self.extra_eval[key][0] += num
             self.extra_eval[key][1] += n
         return loss_sum, ok
-
-    def backward_stage(self, k: int, params, grads, dloss: float) -> None:
-        """Stage ``k``'s backward (from the last stage down to 0 after the forward); a stage
-        that finishes a gradient group hands it over with ``grads.done``."""
-        v = self._saved
-        if v is None:
-            raise RuntimeError("backward without a preceding forward")
-        kind, i = self._kinds[k]
-        getattr(self, f"_{kind}_backward")(v, params, grads, i, dloss)
 
     def evaluate(self, params, inputs: np.ndarray, targets: np.ndarray) -> tuple[float, int]:
         """Teacher-forced sums over the real targets (``eval_stats``, chunk by chunk); then,
