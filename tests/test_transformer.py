@@ -212,9 +212,10 @@ def test_dropout_masks_depend_on_seed_step_and_sample_only():
 
 
 def test_greedy_decoding_agrees_with_teacher_forcing():
-    """The incremental decoder (one position at a time, cached keys and values) is the
-    model: fed the same previous tokens, its argmax at every position is the full
-    forward's; and greedy decoding is that argmax fed back."""
+    """Greedy decoding (position by position, each a forward over the stages with the
+    tokens so far, the later positions masked out by causality) is the model: fed the same
+    previous tokens, its argmax at every position is the teacher-forced forward's; and
+    greedy decoding is that argmax fed back."""
     cfg = _tiny()
     model, _, _, _, params, _ = _model(cfg, 3, seed=4)
     x, y = _batch(cfg, 3, np.random.default_rng(5))
