@@ -34,18 +34,30 @@ from .precision import read_words, write_words
 MODES = ("auto", "1", "0")
 
 
+def packing_mode() -> str:
+    """``SIMDIST_PACK_WEIGHTS``: auto (the default), 1 or 0 (a bad value: ConfigError)."""
+    mode = os.environ.get("SIMDIST_PACK_WEIGHTS", "auto")
+    if mode not in MODES:
+        raise ConfigError(f"SIMDIST_PACK_WEIGHTS={mode!r}: use auto, 1 or 0")
+    return mode
+
+
+def pays(numel: int, window: int) -> bool:
+    """16-bit words of ``numel`` weights and one float32 window of ``window`` elements take
+    fewer host bytes than float32 words (2Ψ + 4W < 4Ψ)."""
+    return 2 * numel + 4 * window < 4 * numel
+
+
 def chosen(layout: Layout, model) -> bool:
     """Whether a mixed-precision run at ZeRO 0-2 keeps its weights as 16-bit words.
     ``SIMDIST_PACK_WEIGHTS``: auto (the default) where 16-bit words and one float32 window
     of the largest stage take fewer host bytes than float32 words (2Ψ + 4W < 4Ψ); 1
     wherever the model has stages; 0 never (the bits are the same either way)."""
-    mode = os.environ.get("SIMDIST_PACK_WEIGHTS", "auto")
-    if mode not in MODES:
-        raise ConfigError(f"SIMDIST_PACK_WEIGHTS={mode!r}: use auto, 1 or 0")
+    mode = packing_mode()
     if mode == "0" or not hasattr(model, "stages"):
         return False
     plan = GatherPlan(layout, model.stages(), model.gradient_groups())
-    return mode == "1" or 2 * layout.padded + 4 * plan.window < 4 * layout.padded
+    return mode == "1" or pays(layout.padded, plan.window)
 
 
 class PackedParameters(StageWindows):

@@ -150,3 +150,47 @@ def test_zero3_slices_as_words_resume_and_take_fp32_checkpoints(tmp_path):
         runner(bf16)(2, d, "--runconfig.max_steps=4", "--runconfig.mode=train",
                      f"--zero_opt_level={level}")  # fmt: skip
     assert_same_state(final_state(tmp_path / "z0"), final_state(tmp_path / "z3"), "ZeRO-3")
+
+
+def test_pipeline_stages_hold_16_bit_words_with_the_bits_of_float32_words(tmp_path, monkeypatch):
+    """gpt2-mini bf16, 2 replicas x 2 stages (np 4), the tied wte read again by stage 1's
+    head: forced 16-bit words (SIMDIST_PACK_WEIGHTS=1) at ZeRO-1 give float32 words' loss
+    lines, eval.json and state; resumed from float32 words' step-2 checkpoint at ZeRO-2 they
+    end as float32 words resumed do. The host holds 2 bytes a weight (range and tied group)
+    plus one float32 window; the device the same 2 bytes either way."""
+    from test_pipeline import GPT2 as PIPE_GPT2
+    from test_pipeline import losses
+
+    train = runner([*PIPE_GPT2, "--runconfig.precision=bf16", "--pipeline-parallel=2"])
+    args = ("--runconfig.max_steps=4", "--runconfig.save_checkpoints_steps=2")
+    monkeypatch.setenv("SIMDIST_PACK_WEIGHTS", "0")
+    floats = train(4, tmp_path / "float", *args, "--zero_opt_level=1")
+    monkeypatch.setenv("SIMDIST_PACK_WEIGHTS", "1")
+    words = train(4, tmp_path / "words", *args, "--zero_opt_level=1")
+    assert "as 16-bit words" in words.stdout and "as 16-bit words" not in floats.stdout
+    assert losses(words.stdout) == losses(floats.stdout) and len(losses(words.stdout)) == 4
+    assert_same_state(final_state(tmp_path / "float"), final_state(tmp_path / "words"), "PP words")
+    evals = [(tmp_path / d / "eval.json").read_text() for d in ("words", "float")]
+    assert evals[0] == evals[1]
+    pw, pf = perf(tmp_path / "words"), perf(tmp_path / "float")
+    assert pw["memory_bytes_per_rank"] == pf["memory_bytes_per_rank"]
+    for rank in range(4):
+        a, b = pw["pipeline_split"][rank % 2]["flat_range"]
+        host_w, host_f = (
+            pw["host_parameter_bytes_per_rank"][rank],
+            pf["host_parameter_bytes_per_rank"][rank],
+        )
+        assert host_f >= 4 * (b - a) and host_w < host_f, (rank, host_w, host_f)
+        assert host_w >= 2 * (b - a) + 4  # the words and a window
+    # float32 words' step-2 checkpoint resumed at ZeRO-2 (whose per-micro-batch reduction
+    # sums in another order than ZeRO-1's) with 16-bit words and with float32 words
+    ckpt = tmp_path / "float" / "checkpoint_2.h5"
+    for pack in ("1", "0"):
+        monkeypatch.setenv("SIMDIST_PACK_WEIGHTS", pack)
+        d = tmp_path / f"resumed{pack}"
+        d.mkdir()
+        out = train(4, d, "--runconfig.max_steps=4", f"--runconfig.checkpoint_path={ckpt}",
+                    "--zero_opt_level=2", "--runconfig.mode=train")  # fmt: skip
+        assert "resumed from" in out.stdout and ("as 16-bit words" in out.stdout) == (pack == "1")
+    assert_same_state(final_state(tmp_path / "resumed0"), final_state(tmp_path / "resumed1"),
+                      "PP words resumed at ZeRO-2")  # fmt: skip

@@ -43,13 +43,15 @@ all-gathers the gradient groups it reads over the stage group into one of two wi
 (``simdist.param_gather`` on the rank's model stages; ``_allocate_gathers`` says what the
 tied parameter does), and nothing is gathered after the update. In mixed precision
 (``simdist.precision``) the update runs on the optimizer's fp32 master, the weights are its
-half rounding, and the gradients are stored half before their reduction, as in
-``data_parallel``. Under loss scaling (fp16; ``simdist.loss_scale``) the last stage's
-backward starts from the loss times the scale, so the activation gradients sent between
-stages carry scaled values, as on a real pipeline; each rank unscales its reduced gradients
-before the norm, and an overflow on any stage of any replica reaches every rank through the
-norm relay and the agreement (an Inf or NaN in a sum stays one), so all skip the same
-steps and keep the same scale.
+half rounding (at ZeRO 0-2 held as 16-bit words where that saves host memory, each model
+stage reading its groups unpacked into one float32 window: ``_packs_weights``), and the
+gradients are stored half before their reduction, as in ``data_parallel``. Under loss
+scaling (fp16; ``simdist.loss_scale``) the last stage's backward starts from the loss
+times the scale, so the activation gradients sent between stages carry scaled values, as
+on a real pipeline; each rank unscales its reduced gradients before the norm, and an
+overflow on any stage of any replica reaches every rank through the norm relay and the
+agreement (an Inf or NaN in a sum stays one), so all skip the same steps and keep the
+same scale.
 
 The simulated step (``simdist.sim.pp_schedule``, also plan mode's) is written by rank 0 to
 performance.json and, as a Chrome trace, to ``model_dir/timeline.json``.
@@ -84,6 +86,7 @@ from simdist.data.sampler import DistributedSampler
 from simdist.device import DeviceMemory, SimulatedOutOfMemoryError
 from simdist.faults import nonfinite_text
 from simdist.kernels.blas import half_operands
+from simdist.kernels.half import pack_half, unpack_half
 from simdist.loss_scale import describe_scaling, scaler_for, scaler_report
 from simdist.memplan import DeviceAllocator
 from simdist.models import build_model
@@ -92,8 +95,9 @@ from simdist.models.gpt2 import build_gpt2
 from simdist.models.gpt2 import parameter_specs as gpt2_specs
 from simdist.models.gpt2_tp import GPT2TP
 from simdist.optim import Optimizer
+from simdist.packed_params import packing_mode
 from simdist.param_gather import BACKWARD, FORWARD, Gather, GatherPlan, WindowCache, stage_gathers
-from simdist.precision import Precision, canonical
+from simdist.precision import Precision, canonical, read_words, write_words
 from simdist.schedules.base import Schedule, StateShard, StepResult
 from simdist.schedules.data_parallel import tensor_parallel_groups
 from simdist.schedules.tensor_parallel import (
@@ -345,10 +349,19 @@ class Pipeline(WholeTensorCheckpoint, Schedule):
         self.own = (plo, phi)  # the reduced gradients this rank counts in the norm
         self.update = (plo, phi) if self.zero_level >= 1 else (a, b)
         zero3 = self.zero_level == 3
-        # ZeRO-3: the parameters held between stages are the rank's slice of the range
-        self.poff = plo if zero3 else a  # the flat index of self.params_flat[0]
-        self.params_flat = alloc("parameters", "param_slice" if zero3 else "params",
-                                 (phi - plo) if zero3 else b - a)  # fmt: skip
+        # mixed precision at ZeRO 0-2: the range as 16-bit words (``_packs_weights``)
+        self.packed = half and not zero3 and not self.weight and self._packs_weights()
+        if self.packed:
+            # from an even flat index, so ZeRO-1/2's all-gather moves two words per float32
+            # element; the device holds 2 bytes a weight, as without words
+            self.poff = a - a % 2
+            self.memory.reserve("parameters", "params", wbytes * (b - a))
+            self.params_flat = np.zeros(b + b % 2 - self.poff, np.uint16)
+        else:
+            # ZeRO-3: the parameters held between stages are the rank's slice of the range
+            self.poff = plo if zero3 else a  # the flat index of self.params_flat[0]
+            self.params_flat = alloc("parameters", "param_slice" if zero3 else "params",
+                                     (phi - plo) if zero3 else b - a)  # fmt: skip
         specs = {sp.name: sp for sp in layout.specs}
 
         def views(buf: np.ndarray) -> dict[str, np.ndarray]:
@@ -359,7 +372,7 @@ class Pipeline(WholeTensorCheckpoint, Schedule):
                     out[n] = buf[off : off + specs[n].numel].reshape(specs[n].shape)
             return out
 
-        self.pviews = {} if zero3 else views(self.params_flat)
+        self.pviews = {} if zero3 or self.packed else views(self.params_flat)
         # tied copies (last stage) and the owner's receive buffers (first stage)
         self.tied_users = [(n, u) for n, own, u in plan.tied if own == s]
         self.tied_copies = [(n, own) for n, own, u in plan.tied if u == s]
@@ -380,11 +393,11 @@ class Pipeline(WholeTensorCheckpoint, Schedule):
             views(self.grads if self.micro_grads is None else self.micro_grads)
         )
         self._tied_send: dict[str, list[np.ndarray]] = {}
-        if zero3:
+        if zero3 or self.packed:
             self._allocate_gathers(alloc)
         for n, _ in self.tied_copies:
             shape = specs[n].shape
-            if not zero3:  # ZeRO-3: a slice of the tied group instead (_allocate_gathers)
+            if not (zero3 or self.packed):  # else its group's words or slice: _allocate_gathers
                 self.pviews[n] = alloc("parameters", f"tied.{n}", specs[n].numel).reshape(shape)
             # two buffers: the send of micro-batch j may still run while j + 1 writes
             self._tied_send[n] = [
@@ -427,15 +440,22 @@ class Pipeline(WholeTensorCheckpoint, Schedule):
         # and keeps its range and its tied copies
         full = np.zeros(layout.padded, F32)
         self.model.init_parameters(layout.views(full), np.random.default_rng(r.seed))
-        self.params_flat[...] = full[self.poff : self.poff + self.params_flat.size]
-        if zero3:
+        fmt = self.precision.fmt
+        if self.packed:  # the words: the values' half rounding; the master: the values
+            pack_half(self.params_flat, full[self.poff : self.poff + self.params_flat.size], fmt)
             for lo, buf in self.tied_slices.values():
-                buf[...] = full[lo : lo + buf.size]
+                pack_half(buf, full[lo : lo + buf.size], fmt)
+            np.copyto(self.optimizer.state["master"], full[self.update[0] : self.update[1]])
         else:
-            for n, _ in self.tied_copies:
-                self.pviews[n][...] = layout.views(full)[n]
+            self.params_flat[...] = full[self.poff : self.poff + self.params_flat.size]
+            if zero3:
+                for lo, buf in self.tied_slices.values():
+                    buf[...] = full[lo : lo + buf.size]
+            else:
+                for n, _ in self.tied_copies:
+                    self.pviews[n][...] = layout.views(full)[n]
         del full
-        if half:  # fp32 master of the range it updates; the weights are its half rounding
+        if half and not self.packed:  # fp32 master of its update range; weights rounded
             self._master_from_weights()
         if self.weight:  # whole tensors, staged on every rank (``_staging``)
             self._staging()
@@ -450,16 +470,72 @@ class Pipeline(WholeTensorCheckpoint, Schedule):
                 params=self.params_flat,
                 params_lo=self.poff,
             )
+            if self.packed:  # the checkpoint reader packs what it reads (and fills the master)
+                self.state_shard.params = self.params_flat[a - self.poff : b - self.poff]
+                self.state_shard.params_lo, self.state_shard.write = a, self._write_packed
         self.k0, self.k1 = plan.ranges[s]
         self.p2p_bytes = 0
         self.wait_s = 0.0
         self.fb_steps: list[tuple[float, float]] = []  # (forward/backward time, waits) per step
         held = f"[{a:,}, {b:,})" if not zero3 else f"its slice [{plo:,}, {phi:,}) of [{a:,}, {b:,})"
+        words = ""
+        if self.packed:
+            nbytes = self.params_flat.nbytes + sum(b.nbytes for _, b in self.tied_slices.values())
+            words = (
+                f" (on this host: weights {nbytes / 2**20:.1f} MiB as 16-bit words + "
+                f"{self.windows[0].nbytes / 2**20:.1f} MiB float32 stage window)"
+            )
         run.log(
             f"parameters: {layout.numel:,}; stage {s} of replica {d} holds {held} of "
             f"the flat layout, {nslots} activation slot(s); memory per rank (rank 0): "
             + ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in self.memory.bytes.items())
+            + words
         )
+
+    def _packs_weights(self) -> bool:
+        """Mixed precision at ZeRO 0-2: whether the stages hold their ranges (and the tied
+        groups later stages read again) as 16-bit words, each model stage reading the groups
+        it needs unpacked into one float32 window (``simdist.packed_params``, per stage
+        range): ``SIMDIST_PACK_WEIGHTS`` auto where that takes fewer host bytes than float32
+        words summed over the stages, 1 always, 0 never; the bits are the same either way.
+        One answer for every stage (each computes all of them): the owner of a tied
+        parameter sends its values in the form the later stage holds. Not where a group a
+        stage reads straddles another stage's range."""
+        mode = packing_mode()
+        if mode == "0" or not hasattr(self.model, "stages"):
+            return False
+        layout, groups = self.layout, self.model.gradient_groups()
+        numel = {sp.name: sp.numel for sp in layout.specs}
+        words = floats = 0
+        for s in range(self.P):
+            (k0, k1), (a, b) = self.plan.ranges[s], self.plan.flat[s]
+            gplan = GatherPlan(layout, self.model.stages()[k0:k1], groups)
+            tied = {n for n, _, user in self.plan.tied if user == s}
+            words += 2 * (b - a) + 4 * gplan.window
+            floats += 4 * (b - a) + 4 * sum(numel[n] for n in tied)
+            for gi in {g for u in gplan.forward + gplan.backward for g in u}:
+                ga, gb = gplan.ranges[gi]
+                if tied & set(gplan.names[gi]):
+                    words += 2 * (gb - ga)
+                elif not (a <= ga and gb <= b):
+                    return False
+        return mode == "1" or words < floats
+
+    def _write_packed(self, a: int, values: np.ndarray) -> None:
+        """The checkpoint reader's parameters: their rounding into the words, and the values
+        into the master where this rank updates them (a saved master overwrites them after)."""
+        values = np.ascontiguousarray(values, F32)
+        master = self.optimizer.state["master"]
+        lo, fmt = self.update[0], self.precision.fmt
+        write_words(self.params_flat, self.poff, a, values, fmt, master, lo)
+
+    def host_parameter_bytes(self) -> int:
+        """Bytes of weights on this host: the range (words or float32), tied copies, windows."""
+        if self.zero_level == 3 or self.packed:
+            held = [self.params_flat, *self.windows, *(b for _, b in self.tied_slices.values())]
+        else:
+            held = [self.params_flat, *(self.pviews[n] for n, _ in self.tied_copies)]
+        return sum(x.nbytes for x in held)
 
     def _weight_parts(self, plo: int, phi: int) -> None:
         """Weight mode: the parts of the gradient buffer this rank counts in the norm (its
@@ -496,8 +572,13 @@ class Pipeline(WholeTensorCheckpoint, Schedule):
         0-2 hold. The head's gradient of it still travels whole to the owner each
         micro-batch (as at ZeRO 0-2): the owner adds it into its micro-batch gradient
         before its own backward, the one-rank summation order, before the reduce-scatter.
+
+        Mixed precision's 16-bit words at ZeRO 0-2 (``self.packed``) use the same schedule
+        with one float32 window on the host (the device reads the words) and whole groups:
+        a group is unpacked from the rank's words, and the tied group's words are held whole
+        on the last stage (sent by the owner after every update, as the tied tensor is).
         """
-        layout, s, d = self.layout, self.stage, self.replica
+        layout, s, d, packed = self.layout, self.stage, self.replica, self.packed
         k0, k1 = self.plan.ranges[s]
         self.gplan = GatherPlan(layout, self.model.stages()[k0:k1], self.model.gradient_groups())
         group_of = {n: i for i, names in enumerate(self.gplan.names) for n in names}
@@ -505,13 +586,22 @@ class Pipeline(WholeTensorCheckpoint, Schedule):
 
         def mine(gi: int) -> tuple[int, int]:  # the group's elements in this replica's slice
             ga, gb = self.gplan.ranges[gi]
+            if packed:  # every replica holds whole groups
+                return ga, gb
             return max(ga, lo_d), max(max(ga, lo_d), min(gb, hi_d))
 
         # tied groups: received here (last stage) or sent from here (first stage)
         self.tied_slices: dict[int, tuple[int, np.ndarray]] = {}
         for gi in sorted({group_of[n] for n, _ in self.tied_copies}):
             lo, hi = mine(gi)
-            self.tied_slices[gi] = (lo, alloc("parameters", f"tied_slice.{gi}", hi - lo))
+            if packed:
+                self.tied_slices[gi] = (lo, np.zeros(hi - lo, np.uint16))
+            else:
+                self.tied_slices[gi] = (lo, alloc("parameters", f"tied_slice.{gi}", hi - lo))
+        if packed:  # the device holds the tied tensor, 2 bytes a weight, as without words
+            numel = {sp.name: sp.numel for sp in layout.specs}
+            for n, _ in self.tied_copies:
+                self.memory.reserve("parameters", f"tied.{n}", 2 * numel[n])
         self.tied_out = [
             (*mine(gi), user) for gi, user in sorted({(group_of[n], u) for n, u in self.tied_users})
         ]
@@ -524,18 +614,21 @@ class Pipeline(WholeTensorCheckpoint, Schedule):
                     "runconfig.zero_opt_level",
                 )
         width = self.gplan.window
-        buf = alloc("parameters", "param_window", 2 * width)
-        self.windows = [buf[:width], buf[width:]]
+        if packed:  # a host working copy (no prefetch: unpacking moves nothing)
+            self.windows = [np.zeros(width, F32)]
+        else:
+            buf = alloc("parameters", "param_window", 2 * width)
+            self.windows = [buf[:width], buf[width:]]
         self.wviews: list[dict[str, np.ndarray]] = [{}, {}]
-        self.cache = WindowCache(self.gplan)
+        self.cache = WindowCache(self.gplan, 1 if packed else 2)
         self.gathers = 0  # all-gathers so far (performance.json: per step)
 
     def _stage_params(self, k: int, phase: str) -> dict[str, np.ndarray]:
         """The parameters model stage ``k`` reads in ``phase``: ZeRO-3 gathers them (and
         prefetches the next use in one micro-batch's forward-then-backward order; across
-        1F1B's interleaving the cache simply gathers what is not resident), else the
-        rank's own views."""
-        if self.zero_level < 3:
+        1F1B's interleaving the cache simply gathers what is not resident), 16-bit words
+        are unpacked, else the rank's own views."""
+        if self.zero_level < 3 and not self.packed:
             return self.pviews
         w, gathers = stage_gathers(self.gplan, self.cache, k - self.k0, phase, True)
         for g in gathers:
@@ -544,16 +637,20 @@ class Pipeline(WholeTensorCheckpoint, Schedule):
 
     def _gather(self, g: Gather) -> None:
         """One group all-gathered over the stage's replicas into its window (each rank's
-        block from its slice; in mixed precision the half values move as 16-bit words)."""
+        block from its slice; in mixed precision the half values move as 16-bit words), or
+        with 16-bit words at ZeRO 0-2 unpacked from the rank's own (exact; nothing moves)."""
         region = self.windows[g.window][g.offset : g.offset + g.b - g.a]
-        bounds = self.gplan.block_bounds(g.group)
         lo, src = self.tied_slices.get(g.group, (self.poff, self.params_flat))
-        b0, b1 = int(bounds[self.replica]), int(bounds[self.replica + 1])
-        if b1 > b0:
-            np.copyto(region[b0:b1], src[g.a + b0 - lo : g.a + b1 - lo])
-        with self.dcoll.half_wire(self.param_wire):
-            self.dcoll.allgather(region, bounds=bounds, algorithm=self.algorithm)
-        self.gathers += 1
+        if self.packed:
+            unpack_half(region, src[g.a - lo : g.b - lo], self.precision.fmt)
+        else:
+            bounds = self.gplan.block_bounds(g.group)
+            b0, b1 = int(bounds[self.replica]), int(bounds[self.replica + 1])
+            if b1 > b0:
+                np.copyto(region[b0:b1], src[g.a + b0 - lo : g.a + b1 - lo])
+            with self.dcoll.half_wire(self.param_wire):
+                self.dcoll.allgather(region, bounds=bounds, algorithm=self.algorithm)
+            self.gathers += 1
         if g.offset == 0:  # the window is being reloaded: its old views are gone
             self.wviews[g.window] = {}
         views = self.wviews[g.window]
@@ -586,7 +683,7 @@ class Pipeline(WholeTensorCheckpoint, Schedule):
         # the loss scale; every activation gradient sent back carries the scale
         self._dloss = scale / (self.micro_batch * self.m)
         guard.enter("forward_backward", n)
-        if self.zero_level == 3:  # the parameters changed: gathers start from empty windows
+        if self.zero_level == 3 or self.packed:  # the parameters changed: windows are stale
             self.cache.invalidate()
         t0, wait0, busy0 = time.perf_counter(), self.wait_s, self.busy_s
         self._loss = 0.0
@@ -651,10 +748,19 @@ class Pipeline(WholeTensorCheckpoint, Schedule):
         if self.precision.half is None:
             self.optimizer.step(owned, g, applied, lr)
         else:
-            self.optimizer.step(self.optimizer.state["master"], g, applied, lr)
-            self.precision.store_into(owned, self.optimizer.state["master"])
+            master = self.optimizer.state["master"]
+            self.optimizer.step(master, g, applied, lr)
+            if self.packed:
+                pack_half(owned, master, self.precision.fmt)
+            else:
+                self.precision.store_into(owned, master)
         guard.enter("gather_parameters", n)
-        if self.zero_level in (1, 2):  # ZeRO-3: each stage gathers its own before it runs
+        if self.zero_level in (1, 2) and self.packed:  # the words as they are, 2 per element
+            bounds = np.clip(self.layout.bounds - self.poff, 0, self.params_flat.size) // 2
+            with self.dcoll.half_wire(0):
+                self.dcoll.allgather(self.params_flat.view(F32), bounds=bounds,
+                                     algorithm=self.algorithm)  # fmt: skip
+        elif self.zero_level in (1, 2):  # ZeRO-3: each stage gathers its own before it runs
             with self.dcoll.half_wire(self.param_wire):  # half values: exact in half words
                 self.dcoll.allgather(self.params_flat, bounds=self.bounds, algorithm=self.algorithm)
         self._send_tied()
@@ -830,8 +936,9 @@ class Pipeline(WholeTensorCheckpoint, Schedule):
 
     def _send_tied(self) -> None:
         """The owner's values of tied parameters to their copies (after each update; ZeRO-3:
-        its slice of each tied group to the same replica's copy of that slice)."""
-        if self.zero_level == 3:
+        its slice of each tied group to the same replica's copy of that slice; 16-bit
+        words: the whole tied group's words)."""
+        if self.zero_level == 3 or self.packed:
             for lo, hi, user in self.tied_out:
                 if hi > lo:
                     part = self.params_flat[lo - self.poff : hi - self.poff]
@@ -849,7 +956,11 @@ class Pipeline(WholeTensorCheckpoint, Schedule):
     # ----------------------------------------------------------------- around the steps
     def _range_values(self) -> np.ndarray:
         """This rank's stage range of parameters, whole (ZeRO-3: its replicas' slices
-        all-gathered over the stage group, a temporary; collective there)."""
+        all-gathered over the stage group, a temporary; collective there; 16-bit words:
+        unpacked, a temporary)."""
+        if self.packed:
+            words = self.params_flat[self.lo - self.poff : self.hi - self.poff]
+            return read_words(words, self.precision.fmt)
         if self.zero_level < 3:
             return self.params_flat
         out = np.zeros(self.hi - self.lo, F32)
@@ -901,7 +1012,10 @@ class Pipeline(WholeTensorCheckpoint, Schedule):
     def _master_from_weights(self) -> None:
         """Mixed precision: the fp32 weights of the range this rank updates become its
         master, and every weight it holds (its range, its tied copies) their half rounding
-        (all ranks round the same values)."""
+        (all ranks round the same values). 16-bit words: the checkpoint reader wrote both
+        (``_write_packed``)."""
+        if self.packed:
+            return
         ulo, uhi = self.update
         np.copyto(
             self.optimizer.state["master"], self.params_flat[ulo - self.poff : uhi - self.poff]
@@ -1095,6 +1209,7 @@ class Pipeline(WholeTensorCheckpoint, Schedule):
             "comm_bytes_sent_per_step": sent / per,
             "group_bytes_per_step": group / per,
             "memory_bytes": dict(self.memory.bytes),
+            "host_parameter_bytes": self.host_parameter_bytes(),
             "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             "loss_scale": self.scaler.scale if self.scaler else None,
             "skipped_steps": self.scaler.skipped_steps if self.scaler else None,
@@ -1151,6 +1266,8 @@ class Pipeline(WholeTensorCheckpoint, Schedule):
             **simulated,
             "memory_bytes": ranks[0]["memory_bytes"],
             "memory_bytes_per_rank": [x["memory_bytes"] for x in ranks],
+            # the weights on each host (16-bit words and a float32 window, or float32 words)
+            "host_parameter_bytes_per_rank": [x["host_parameter_bytes"] for x in ranks],
             "peak_memory_bytes_per_rank": max(sum(x["memory_bytes"].values()) for x in ranks),
             "peak_rss_bytes": max(x["peak_rss_bytes"] for x in ranks),
             "comm_bytes_sent_per_step": max(x["comm_bytes_sent_per_step"] for x in ranks),
