@@ -194,3 +194,34 @@ def test_pipeline_stages_hold_16_bit_words_with_the_bits_of_float32_words(tmp_pa
         assert "resumed from" in out.stdout and ("as 16-bit words" in out.stdout) == (pack == "1")
     assert_same_state(final_state(tmp_path / "resumed0"), final_state(tmp_path / "resumed1"),
                       "PP words resumed at ZeRO-2")  # fmt: skip
+
+
+def test_pipeline_zero3_slices_as_words_resume_and_take_fp32_checkpoints(tmp_path, monkeypatch):
+    """gpt2-mini bf16 at 2 replicas x 2 stages, ZeRO-3 (each slice, the last stage's slice of
+    the tied group too, as 16-bit words): 2 + 2 steps resumed equal 4 straight; an fp32
+    checkpoint resumed at ZeRO-3 trains as at ZeRO-2 with float32 words (its parameters the
+    fp32 master of both). The host holds the device's 2 bytes a weight plus float32 windows
+    (float32 slices would be twice the device's bytes)."""
+    from test_pipeline import GPT2 as PIPE_GPT2
+
+    pipe = [*PIPE_GPT2, "--pipeline-parallel=2", "--runconfig.mode=train"]
+    bf16 = runner([*pipe, "--runconfig.precision=bf16", "--runconfig.save_checkpoints_steps=2"])
+    z3 = "--zero_opt_level=3"
+    bf16(4, tmp_path / "full", z3, "--runconfig.max_steps=4")
+    bf16(4, tmp_path / "res", z3, "--runconfig.max_steps=2")
+    out = bf16(4, tmp_path / "res", z3, "--runconfig.max_steps=4")
+    assert "resumed from" in out.stdout
+    assert_same_state(final_state(tmp_path / "full"), final_state(tmp_path / "res"), "resumed")
+    p = perf(tmp_path / "res")
+    for host, mem in zip(
+        p["host_parameter_bytes_per_rank"], p["memory_bytes_per_rank"], strict=True
+    ):
+        assert mem["parameters"] < host < 2 * mem["parameters"], (host, mem)
+    fp32 = runner([*pipe, "--runconfig.save_checkpoints_steps=2"])
+    for level, pack in ((3, "1"), (2, "0")):
+        d = tmp_path / f"z{level}"
+        fp32(4, d, f"--zero_opt_level={level}", "--runconfig.max_steps=2")
+        monkeypatch.setenv("SIMDIST_PACK_WEIGHTS", pack)
+        out = bf16(4, d, f"--zero_opt_level={level}", "--runconfig.max_steps=4")
+        assert "become the fp32 master weights" in out.stdout
+    assert_same_state(final_state(tmp_path / "z2"), final_state(tmp_path / "z3"), "fp32 resumed")

@@ -43,8 +43,9 @@ all-gathers the gradient groups it reads over the stage group into one of two wi
 (``simdist.param_gather`` on the rank's model stages; ``_allocate_gathers`` says what the
 tied parameter does), and nothing is gathered after the update. In mixed precision
 (``simdist.precision``) the update runs on the optimizer's fp32 master, the weights are its
-half rounding (at ZeRO 0-2 held as 16-bit words where that saves host memory, each model
-stage reading its groups unpacked into one float32 window: ``_packs_weights``), and the
+half rounding, held as 16-bit words (ZeRO-3's slices, unpacked into the window before each
+gather; at ZeRO 0-2 where that saves host memory, each model stage reading its groups
+unpacked into one float32 window: ``_packs_weights``; not in weight mode), and the
 gradients are stored half before their reduction, as in ``data_parallel``. Under loss
 scaling (fp16; ``simdist.loss_scale``) the last stage's backward starts from the loss
 times the scale, so the activation gradients sent between stages carry scaled values, as
@@ -349,14 +350,20 @@ class Pipeline(WholeTensorCheckpoint, Schedule):
         self.own = (plo, phi)  # the reduced gradients this rank counts in the norm
         self.update = (plo, phi) if self.zero_level >= 1 else (a, b)
         zero3 = self.zero_level == 3
-        # mixed precision at ZeRO 0-2: the range as 16-bit words (``_packs_weights``)
+        # mixed precision: the weights as 16-bit words, ZeRO-3's slice always, the range at
+        # ZeRO 0-2 where ``_packs_weights`` says so (not in weight mode)
         self.packed = half and not zero3 and not self.weight and self._packs_weights()
+        self.as_words = self.packed or (half and zero3 and not self.weight)
         if self.packed:
             # from an even flat index, so ZeRO-1/2's all-gather moves two words per float32
             # element; the device holds 2 bytes a weight, as without words
             self.poff = a - a % 2
             self.memory.reserve("parameters", "params", wbytes * (b - a))
             self.params_flat = np.zeros(b + b % 2 - self.poff, np.uint16)
+        elif self.as_words:  # ZeRO-3's slice
+            self.poff = plo
+            self.memory.reserve("parameters", "param_slice", wbytes * (phi - plo))
+            self.params_flat = np.zeros(phi - plo, np.uint16)
         else:
             # ZeRO-3: the parameters held between stages are the rank's slice of the range
             self.poff = plo if zero3 else a  # the flat index of self.params_flat[0]
@@ -441,7 +448,7 @@ class Pipeline(WholeTensorCheckpoint, Schedule):
         full = np.zeros(layout.padded, F32)
         self.model.init_parameters(layout.views(full), np.random.default_rng(r.seed))
         fmt = self.precision.fmt
-        if self.packed:  # the words: the values' half rounding; the master: the values
+        if self.as_words:  # the words: the values' half rounding; the master: the values
             pack_half(self.params_flat, full[self.poff : self.poff + self.params_flat.size], fmt)
             for lo, buf in self.tied_slices.values():
                 pack_half(buf, full[lo : lo + buf.size], fmt)
@@ -455,7 +462,7 @@ class Pipeline(WholeTensorCheckpoint, Schedule):
                 for n, _ in self.tied_copies:
                     self.pviews[n][...] = layout.views(full)[n]
         del full
-        if half and not self.packed:  # fp32 master of its update range; weights rounded
+        if half and not self.as_words:  # fp32 master of its update range; weights rounded
             self._master_from_weights()
         if self.weight:  # whole tensors, staged on every rank (``_staging``)
             self._staging()
@@ -470,9 +477,11 @@ class Pipeline(WholeTensorCheckpoint, Schedule):
                 params=self.params_flat,
                 params_lo=self.poff,
             )
-            if self.packed:  # the checkpoint reader packs what it reads (and fills the master)
+            if self.packed:  # the range alone (the words may start one element early)
                 self.state_shard.params = self.params_flat[a - self.poff : b - self.poff]
-                self.state_shard.params_lo, self.state_shard.write = a, self._write_packed
+                self.state_shard.params_lo = a
+            if self.as_words:  # the checkpoint reader packs what it reads (and fills the master)
+                self.state_shard.write = self._write_packed
         self.k0, self.k1 = plan.ranges[s]
         self.p2p_bytes = 0
         self.wait_s = 0.0
@@ -594,7 +603,9 @@ class Pipeline(WholeTensorCheckpoint, Schedule):
         self.tied_slices: dict[int, tuple[int, np.ndarray]] = {}
         for gi in sorted({group_of[n] for n, _ in self.tied_copies}):
             lo, hi = mine(gi)
-            if packed:
+            if self.as_words:  # ZeRO-3: the device holds the slice, 2 bytes a weight
+                if not packed:
+                    self.memory.reserve("parameters", f"tied_slice.{gi}", 2 * (hi - lo))
                 self.tied_slices[gi] = (lo, np.zeros(hi - lo, np.uint16))
             else:
                 self.tied_slices[gi] = (lo, alloc("parameters", f"tied_slice.{gi}", hi - lo))
@@ -646,8 +657,11 @@ class Pipeline(WholeTensorCheckpoint, Schedule):
         else:
             bounds = self.gplan.block_bounds(g.group)
             b0, b1 = int(bounds[self.replica]), int(bounds[self.replica + 1])
-            if b1 > b0:
-                np.copyto(region[b0:b1], src[g.a + b0 - lo : g.a + b1 - lo])
+            mine = src[g.a + b0 - lo : g.a + b1 - lo]
+            if b1 > b0 and self.as_words:  # 16-bit words: unpacked into the window first
+                unpack_half(region[b0:b1], mine, self.precision.fmt)
+            elif b1 > b0:
+                np.copyto(region[b0:b1], mine)
             with self.dcoll.half_wire(self.param_wire):
                 self.dcoll.allgather(region, bounds=bounds, algorithm=self.algorithm)
             self.gathers += 1
@@ -750,7 +764,7 @@ class Pipeline(WholeTensorCheckpoint, Schedule):
         else:
             master = self.optimizer.state["master"]
             self.optimizer.step(master, g, applied, lr)
-            if self.packed:
+            if self.as_words:
                 pack_half(owned, master, self.precision.fmt)
             else:
                 self.precision.store_into(owned, master)
@@ -965,7 +979,10 @@ class Pipeline(WholeTensorCheckpoint, Schedule):
             return self.params_flat
         out = np.zeros(self.hi - self.lo, F32)
         plo, phi = self.own
-        out[plo - self.lo : phi - self.lo] = self.params_flat
+        if self.as_words:
+            unpack_half(out[plo - self.lo : phi - self.lo], self.params_flat, self.precision.fmt)
+        else:
+            out[plo - self.lo : phi - self.lo] = self.params_flat
         self.dcoll.allgather(out, bounds=self.bounds, algorithm=self.algorithm)
         return out
 
@@ -1014,7 +1031,7 @@ class Pipeline(WholeTensorCheckpoint, Schedule):
         master, and every weight it holds (its range, its tied copies) their half rounding
         (all ranks round the same values). 16-bit words: the checkpoint reader wrote both
         (``_write_packed``)."""
-        if self.packed:
+        if self.as_words:
             return
         ulo, uhi = self.update
         np.copyto(
