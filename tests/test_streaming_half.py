@@ -62,6 +62,10 @@ def test_bf16_streamed_gpt2_equals_zero2_data_parallel_with_half_the_bytes(tmp_p
     )
     peak = perf["device_memory"][0]["peak_bytes"]
     assert peak["streaming_window"] == want_window
+    # on the host: the slots' words and one float32 copy the stage computes from
+    slots, words = perf["prefetch_depth"] + 1, device_footprint(model, 2, 2, 1, word=2)
+    words = words["window.weights"]
+    assert perf["host_window_bytes"] == words + 2 * words // slots
     assert want_window * 2 == sum(
         n for k, n in device_footprint(model, 2, 2, 1).items() if k.startswith("window")
     )

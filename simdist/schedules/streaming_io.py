@@ -44,16 +44,20 @@ class WeightWindow:
         self.plan, self.stream, self.depth, self.fmt = plan, stream, depth, fmt
         self.nslots = depth + 1
         size = self.nslots * plan.slot_size
-        if fmt:  # the device's slots hold the words; the kernels read their float32 values
+        if fmt:
+            # the device's slots hold the words; the kernels read their float32 values from
+            # one host working copy, unpacked by ``get`` (a stage uses its slot between
+            # ``get`` and ``release``, one at a time)
             self.words = memory.allocate("streaming_window", "window.weights", (size,), np.uint16)
-            self.buf = np.zeros(size, F32)
+            self.buf = np.zeros(plan.slot_size, F32)
             wire = self.words
+            self.slots = [self.buf] * self.nslots
         else:
             self.buf = memory.allocate("streaming_window", "window.weights", (size,), F32)
             wire = self.buf
-        self.slots = [
-            self.buf[i * plan.slot_size : (i + 1) * plan.slot_size] for i in range(self.nslots)
-        ]
+            self.slots = [
+                self.buf[i * plan.slot_size : (i + 1) * plan.slot_size] for i in range(self.nslots)
+            ]
         self.wire = [
             wire[i * plan.slot_size : (i + 1) * plan.slot_size] for i in range(self.nslots)
         ]
@@ -74,6 +78,11 @@ class WeightWindow:
             g.ibcast(self.stream[p.server], slot[p.at : p.at + p.hi - p.lo], 0) for p in item.pieces
         ]
         self.bytes_in += slot.itemsize * item.size
+
+    @property
+    def host_bytes(self) -> int:
+        """Bytes of the slots on this host: float32 slots, or the words and one float32 copy."""
+        return self.buf.nbytes + (self.words.nbytes if self.fmt else 0)
 
     def get(self, j: int) -> dict[str, np.ndarray]:
         t0 = time.perf_counter()

@@ -432,6 +432,7 @@ class WeightStreaming(Schedule):
             dev = {
                 "memory": self.memory.summary(),
                 "weights_in_bytes": self.window.bytes_in,
+                "host_window_bytes": self.window.host_bytes,
                 "gradients_to_servers_bytes": self.sink.bytes_to_servers,
                 "gradients_reduce_scatter_bytes": self.dcoll.bytes_sent - self._rs_bytes0,
                 "weight_wait_s": self.window.wait_s,
@@ -500,6 +501,8 @@ class WeightStreaming(Schedule):
             "device_capacity_bytes": d0["memory"]["capacity_bytes"],
             "device_peak_bytes": max(d["memory"]["peak_bytes"]["total"] for d in devices),
             "device_memory": [d["memory"] for d in devices],
+            # a device's weight slots on this host (16-bit words: and one float32 copy)
+            "host_window_bytes": d0["host_window_bytes"],
             "server_memory_bytes": self.memory.summary()["peak_bytes"]["total"],
             "peak_rss_bytes": max(rss for _, _, rss in gathered),
             **inputs,
