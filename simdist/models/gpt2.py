@@ -269,6 +269,27 @@ def flops_per_sample(cfg: GPT2Config) -> int:
     return T * (72 * C * C * L + 12 * T * C * L + 6 * C * V)
 
 
+def close_block(v, i: int, out: tuple, norm: tuple, st) -> None:
+    """Block i's second residual add fused with the layernorm that follows it (the next
+    block's ln_1, or ln_f): res3[i] = res2[i] + the MLP output already in res3[i], then
+    ``out`` = (ln, mean, rstd) of it with ``norm`` = (weight, bias). Block i's output is
+    then final: stored half (``st``; mixed precision) and packed where the arena keeps
+    16-bit words. Shared by GPT-2 and its tensor-parallel shards (the same kernel calls)."""
+    residual_layernorm_forward(v.res3[i], *out, v.res2[i], v.res3[i], *norm)
+    st(v.res3[i], out[0])
+    v.pack(i, ("res3",))
+
+
+def open_block(v, i: int, first: np.ndarray, norm: tuple, st) -> None:
+    """Block i's ln_1 with ``norm`` = (weight, bias): of the embeddings ``first`` for
+    block 0, else fused with the residual add that closes block i - 1 (``close_block``)."""
+    if i == 0:
+        layernorm_forward(v.ln1[0], v.ln1_mean[0], v.ln1_rstd[0], first, *norm)
+        st(v.ln1[0])
+    else:
+        close_block(v, i - 1, (v.ln1[i], v.ln1_mean[i], v.ln1_rstd[i]), norm, st)
+
+
 # ------------------------------------------------------------------ the model
 class _Views(SavedWordsViews):
     """Named views of the arena for one (B, T), per layer where the tensor is per layer."""
@@ -651,18 +672,8 @@ class GPT2(PacksSavedActivations, StagedModel):
             st(v.encoded)
             return
         if k == L + 1:  # head: the last block's residual add into ln_f, LM head, loss
-            residual_layernorm_forward(
-                v.res3[L - 1],
-                v.lnf,
-                v.lnf_mean,
-                v.lnf_rstd,
-                v.res2[L - 1],
-                v.res3[L - 1],
-                params["ln_f.weight"],
-                params["ln_f.bias"],
-            )
-            st(v.res3[L - 1], v.lnf)
-            v.pack(L - 1, ("res3",))  # the last block's output, now final
+            lnf = params["ln_f.weight"], params["ln_f.bias"]
+            close_block(v, L - 1, (v.lnf, v.lnf_mean, v.lnf_rstd), lnf, st)  # now final
             lm_head_forward(v.logits, v.lnf, params["wte.weight"])
             st(v.logits)  # the loss reads them in float32, as a fused softmax-CE kernel
             softmax_cross_entropy_forward(v.losses, v.probs, v.logits, v.targets_flat)
@@ -671,24 +682,7 @@ class GPT2(PacksSavedActivations, StagedModel):
         ln1w, ln1b, attnw, attnb, aprojw, aprojb, ln2w, ln2b, fcw, fcb, mprojw, mprojb = (
             self._layer_names[i]
         )
-        if i == 0:
-            layernorm_forward(
-                v.ln1[0], v.ln1_mean[0], v.ln1_rstd[0], v.encoded2, params[ln1w], params[ln1b]
-            )
-            st(v.ln1[0])
-        else:
-            residual_layernorm_forward(
-                v.res3[i - 1],
-                v.ln1[i],
-                v.ln1_mean[i],
-                v.ln1_rstd[i],
-                v.res2[i - 1],
-                v.res3[i - 1],
-                params[ln1w],
-                params[ln1b],
-            )
-            st(v.res3[i - 1], v.ln1[i])
-            v.pack(i - 1, ("res3",))  # block i - 1's output, now final (block i's input)
+        open_block(v, i, v.encoded2, (params[ln1w], params[ln1b]), st)
         linear_forward(v.qkv2[i], v.ln1[i], params[attnw], params[attnb])
         st(v.qkv2[i])
         attention_forward(v.atty[i], v.att[i], v.qkv[i], cfg.n_head)

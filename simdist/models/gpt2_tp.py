@@ -59,7 +59,6 @@ from simdist.kernels.gelu import gelu_backward, gelu_forward
 from simdist.kernels.layernorm import (
     layernorm_backward,
     layernorm_backward_accumulate,
-    layernorm_forward,
     residual_layernorm_forward,
 )
 from simdist.kernels.linear import linear_backward, linear_forward
@@ -75,6 +74,8 @@ from .gpt2 import (
     PACKED,
     GPT2Config,
     activation_shapes,
+    close_block,
+    open_block,
     parameter_specs,
     working_copies,
 )
@@ -628,18 +629,8 @@ class GPT2TP(GPT2):
             st(v.encoded)  # wte + wpe rounded once, as embedding_forward's
             return
         if k == L + 1:
-            residual_layernorm_forward(
-                v.res3[L - 1],
-                v.lnf,
-                v.lnf_mean,
-                v.lnf_rstd,
-                v.res2[L - 1],
-                v.res3[L - 1],
-                params["ln_f.weight"],
-                params["ln_f.bias"],
-            )
-            st(v.res3[L - 1], v.lnf)
-            v.pack(L - 1, ("res3",))  # the last block's output, now final
+            lnf = params["ln_f.weight"], params["ln_f.bias"]
+            close_block(v, L - 1, (v.lnf, v.lnf_mean, v.lnf_rstd), lnf, st)  # now final
             lm_head_forward(v.logits, v.lnf, params["wte.weight"])  # this vocabulary's
             st(v.logits)
             self._cross_entropy(v)
@@ -648,24 +639,7 @@ class GPT2TP(GPT2):
         ln1w, ln1b, attnw, attnb, aprojw, aprojb, ln2w, ln2b, fcw, fcb, mprojw, mprojb = (
             self._layer_names[i]
         )
-        if i == 0:
-            layernorm_forward(
-                v.ln1[0], v.ln1_mean[0], v.ln1_rstd[0], v.encoded2, params[ln1w], params[ln1b]
-            )
-            st(v.ln1[0])
-        else:
-            residual_layernorm_forward(
-                v.res3[i - 1],
-                v.ln1[i],
-                v.ln1_mean[i],
-                v.ln1_rstd[i],
-                v.res2[i - 1],
-                v.res3[i - 1],
-                params[ln1w],
-                params[ln1b],
-            )
-            st(v.res3[i - 1], v.ln1[i])
-            v.pack(i - 1, ("res3",))  # block i - 1's output, now final (block i's input)
+        open_block(v, i, v.encoded2, (params[ln1w], params[ln1b]), st)
         linear_forward(v.qkv2[i], v.ln1[i], params[attnw], params[attnb])  # column-parallel
         st(v.qkv2[i])
         attention_forward(v.atty[i], v.att[i], v.qkv[i], cfg.n_head // self.tp)
@@ -710,18 +684,8 @@ class GPT2TP(GPT2):
             st(v.encoded)
             return
         if k == L + 1:  # ln_f on this rank's rows, straight into the gather buffer
-            residual_layernorm_forward(
-                v.res3[L - 1],
-                v.lnf[v.rows],
-                v.lnf_mean,
-                v.lnf_rstd,
-                v.res2[L - 1],
-                v.res3[L - 1],
-                params["ln_f.weight"],
-                params["ln_f.bias"],
-            )
-            st(v.res3[L - 1], v.lnf[v.rows])
-            v.pack(L - 1, ("res3",))  # the last block's output, now final
+            lnf = params["ln_f.weight"], params["ln_f.bias"]
+            close_block(v, L - 1, (v.lnf[v.rows], v.lnf_mean, v.lnf_rstd), lnf, st)  # now final
             with self.coll.half_wire(self._wire):
                 self.coll.allgather(v.lnf.reshape(-1), bounds=v.bounds)
             lm_head_forward(v.logits, v.lnf, params["wte.weight"])
@@ -732,24 +696,7 @@ class GPT2TP(GPT2):
         ln1w, ln1b, attnw, attnb, aprojw, aprojb, ln2w, ln2b, fcw, fcb, mprojw, mprojb = (
             self._layer_names[i]
         )
-        if i == 0:
-            layernorm_forward(
-                v.ln1[0], v.ln1_mean[0], v.ln1_rstd[0], v.encoded, params[ln1w], params[ln1b]
-            )
-            st(v.ln1[0])
-        else:
-            residual_layernorm_forward(
-                v.res3[i - 1],
-                v.ln1[i],
-                v.ln1_mean[i],
-                v.ln1_rstd[i],
-                v.res2[i - 1],
-                v.res3[i - 1],
-                params[ln1w],
-                params[ln1b],
-            )
-            st(v.res3[i - 1], v.ln1[i])
-            v.pack(i - 1, ("res3",))  # block i - 1's output, now final (block i's input)
+        open_block(v, i, v.encoded, (params[ln1w], params[ln1b]), st)
         full = self._all_gather(v, v.ln1[i])  # f
         linear_forward(v.qkv2[i], full, params[attnw], params[attnb])
         st(v.qkv2[i])
