@@ -225,3 +225,39 @@ def test_pipeline_zero3_slices_as_words_resume_and_take_fp32_checkpoints(tmp_pat
         out = bf16(4, d, f"--zero_opt_level={level}", "--runconfig.max_steps=4")
         assert "become the fp32 master weights" in out.stdout
     assert_same_state(final_state(tmp_path / "z2"), final_state(tmp_path / "z3"), "fp32 resumed")
+
+
+def test_weight_mode_pipeline_shards_as_16_bit_words(tmp_path, monkeypatch):
+    """gpt2-mini bf16, tensor-parallel weight mode T 2 on each of 2 stages (np 4): forced
+    16-bit words at ZeRO-2 and ZeRO-3 give float32 words' loss lines, eval.json and
+    whole-tensor checkpoint at ZeRO-2 (one replica: both reduce per micro-batch); the
+    shards' replicated parameters are compared as words at every summary; words resumed
+    from float32 words' step-2 checkpoint end where float32 words do."""
+    from test_pipeline import GPT2 as PIPE_GPT2
+    from test_pipeline import WEIGHT, losses
+
+    train = runner([*PIPE_GPT2, *WEIGHT, "--runconfig.precision=bf16", "--pipeline-parallel=2"])
+    args = ("--runconfig.max_steps=4", "--runconfig.save_checkpoints_steps=2")
+    monkeypatch.setenv("SIMDIST_PACK_WEIGHTS", "0")
+    ref = train(4, tmp_path / "float", *args, "--zero_opt_level=2")
+    want = final_state(tmp_path / "float")
+    monkeypatch.setenv("SIMDIST_PACK_WEIGHTS", "1")
+    for level in (2, 3):
+        d = tmp_path / f"words{level}"
+        out = train(4, d, *args, f"--zero_opt_level={level}")
+        assert ("as 16-bit words" in out.stdout) == (level == 2)  # ZeRO-3: its slices' words
+        assert losses(out.stdout) == losses(ref.stdout) and len(losses(out.stdout)) == 4
+        assert_same_state(want, final_state(d), f"weight mode words ZeRO-{level}")
+        evals = [(x / "eval.json").read_text() for x in (d, tmp_path / "float")]
+        assert evals[0] == evals[1]
+        p = perf(d)
+        for host, mem in zip(
+            p["host_parameter_bytes_per_rank"], p["memory_bytes_per_rank"], strict=True
+        ):
+            assert host < 2 * mem["parameters"], (level, host, mem)  # float32: twice or more
+    d = tmp_path / "resumed"
+    d.mkdir()
+    step2 = tmp_path / "float" / "checkpoint_2.h5"
+    out = train(4, d, *args, "--zero_opt_level=2", f"--runconfig.checkpoint_path={step2}")
+    assert "resumed from" in out.stdout and "as 16-bit words" in out.stdout
+    assert_same_state(want, final_state(d), "weight mode words resumed")

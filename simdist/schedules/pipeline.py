@@ -45,7 +45,7 @@ tied parameter does), and nothing is gathered after the update. In mixed precisi
 (``simdist.precision``) the update runs on the optimizer's fp32 master, the weights are its
 half rounding, held as 16-bit words (ZeRO-3's slices, unpacked into the window before each
 gather; at ZeRO 0-2 where that saves host memory, each model stage reading its groups
-unpacked into one float32 window: ``_packs_weights``; not in weight mode), and the
+unpacked into one float32 window: ``_packs_weights``; weight mode too), and the
 gradients are stored half before their reduction, as in ``data_parallel``. Under loss
 scaling (fp16; ``simdist.loss_scale``) the last stage's backward starts from the loss
 times the scale, so the activation gradients sent between stages carry scaled values, as
@@ -351,9 +351,9 @@ class Pipeline(WholeTensorCheckpoint, Schedule):
         self.update = (plo, phi) if self.zero_level >= 1 else (a, b)
         zero3 = self.zero_level == 3
         # mixed precision: the weights as 16-bit words, ZeRO-3's slice always, the range at
-        # ZeRO 0-2 where ``_packs_weights`` says so (not in weight mode)
-        self.packed = half and not zero3 and not self.weight and self._packs_weights()
-        self.as_words = self.packed or (half and zero3 and not self.weight)
+        # ZeRO 0-2 where ``_packs_weights`` says so
+        self.packed = half and not zero3 and self._packs_weights()
+        self.as_words = self.packed or (half and zero3)
         if self.packed:
             # from an even flat index, so ZeRO-1/2's all-gather moves two words per float32
             # element; the device holds 2 bytes a weight, as without words
@@ -562,7 +562,8 @@ class Pipeline(WholeTensorCheckpoint, Schedule):
             (x.lo - self.goff, x.hi - self.goff) for x in seg(*self.update) if x.name in rows
         ]
         self._row_share = np.zeros(sum(b - a for a, b in self._row_share_parts), F32)
-        self._replicated = [n for n, x in split.items() if x is None and n in self.pviews]
+        mine = {n for n, owner in self.plan.owner.items() if owner == self.stage}
+        self._replicated = [n for n, x in split.items() if x is None and n in mine]
         self.checkpoint_layout = Layout(gpt2_specs(self.model.config), 1)
 
     def _allocate_gathers(self, alloc) -> None:
@@ -789,8 +790,18 @@ class Pipeline(WholeTensorCheckpoint, Schedule):
     def _check_shards(self, step: int) -> None:
         """Weight mode, at each summary (collective): the T shards of a stage hold the same
         replicated parameters (LayerNorms, wpe, row-parallel biases), hashes compared over
-        the group as ``tensor_parallel`` compares them (ZeRO-3 holds slices: nothing)."""
-        if not shards_agree(self.group, self.pviews, self._replicated):
+        the group as ``tensor_parallel`` compares them (16-bit words: the words; ZeRO-3
+        holds slices: nothing)."""
+        if self.zero_level == 3:
+            return
+        held = self.pviews
+        if self.packed:
+            specs = {sp.name: sp for sp in self.layout.specs}
+            held = {}
+            for n in self._replicated:
+                at = self.layout.offsets[n] - self.poff
+                held[n] = self.params_flat[at : at + specs[n].numel]
+        if not shards_agree(self.group, held, self._replicated):
             raise RuntimeError(
                 f"the replicated parameters of stage {self.stage}'s shards (replica "
                 f"{self.replica}) diverged at global_step {step}"
@@ -1053,8 +1064,13 @@ class Pipeline(WholeTensorCheckpoint, Schedule):
         if self.weight:
             own, full, index = self.state_shard, self.checkpoint_layout, self.model.index
             local = shard_of_whole(index, full, own.params, self.layout)
-            self.params_flat[...] = local[self.poff : self.poff + self.params_flat.size]
+            mine = local[self.poff : self.poff + self.params_flat.size]
             ulo, uhi = self.update
+            if self.as_words:  # the words: the values' rounding; the master: the values
+                pack_half(self.params_flat, mine, self.precision.fmt)
+                np.copyto(self.optimizer.state["master"], local[ulo:uhi])
+            else:
+                self.params_flat[...] = mine
             for key in loaded:
                 self.optimizer.state[key][...] = shard_of_whole(index, full, own.state[key],
                                                                 self.layout)[ulo:uhi]  # fmt: skip
