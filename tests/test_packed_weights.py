@@ -261,3 +261,24 @@ def test_weight_mode_pipeline_shards_as_16_bit_words(tmp_path, monkeypatch):
     out = train(4, d, *args, "--zero_opt_level=2", f"--runconfig.checkpoint_path={step2}")
     assert "resumed from" in out.stdout and "as 16-bit words" in out.stdout
     assert_same_state(want, final_state(d), "weight mode words resumed")
+
+
+def test_pipeline_stages_answer_apart_except_the_tied_pair(tmp_path, monkeypatch):
+    """gpt2-mini with 12 blocks and an 8,192-token vocabulary at P 4, bf16, auto: the middle
+    stages (four blocks each) hold 16-bit words, while stage 0 and the last stage, linked by
+    the tied wte whose float32 window would cost more than its words save, both keep float32
+    words; the same bits as float32 words everywhere."""
+    from test_pipeline import GPT2 as PIPE_GPT2
+
+    model = ["--model.n_layer=12", "--model.vocab_size=8192", "--pipeline-parallel=4"]
+    train = runner([*PIPE_GPT2, *model, "--runconfig.precision=bf16", "--runconfig.mode=train"])
+    for pack in ("auto", "0"):
+        monkeypatch.setenv("SIMDIST_PACK_WEIGHTS", pack)
+        train(4, tmp_path / pack, "--runconfig.max_steps=2")
+    assert_same_state(final_state(tmp_path / "0"), final_state(tmp_path / "auto"), "P 4 mixed")
+    p = perf(tmp_path / "auto")
+    host, device = p["host_parameter_bytes_per_rank"], p["memory_bytes_per_rank"]
+    float32 = [h == 2 * d["parameters"] for h, d in zip(host, device, strict=True)]
+    assert float32 == [True, False, False, True], (host, device)
+    assert host[1] < 0.8 * 2 * device[1]["parameters"]
+    assert perf(tmp_path / "0")["host_parameter_bytes_per_rank"][0] == host[0]

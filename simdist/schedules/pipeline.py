@@ -502,21 +502,28 @@ class Pipeline(WholeTensorCheckpoint, Schedule):
         )
 
     def _packs_weights(self) -> bool:
-        """Mixed precision at ZeRO 0-2: whether the stages hold their ranges (and the tied
-        groups later stages read again) as 16-bit words, each model stage reading the groups
-        it needs unpacked into one float32 window (``simdist.packed_params``, per stage
-        range): ``SIMDIST_PACK_WEIGHTS`` auto where that takes fewer host bytes than float32
-        words summed over the stages, 1 always, 0 never; the bits are the same either way.
-        One answer for every stage (each computes all of them): the owner of a tied
-        parameter sends its values in the form the later stage holds. Not where a group a
-        stage reads straddles another stage's range."""
+        """Mixed precision at ZeRO 0-2: whether this stage holds its range (and a tied group
+        it reads again) as 16-bit words, each model stage reading the groups it needs
+        unpacked into one float32 window (``simdist.packed_params``, per stage range):
+        ``SIMDIST_PACK_WEIGHTS`` auto where that takes fewer host bytes than float32 words,
+        1 always, 0 never; the bits are the same either way. Stages that share a tied
+        parameter answer together, from their bytes summed (every rank of them computes
+        the same), since the owner sends its values in the form the later stage holds; the
+        others answer alone. Not where a group a stage reads straddles another stage."""
         mode = packing_mode()
         if mode == "0" or not hasattr(self.model, "stages"):
             return False
+        together = {self.stage}
+        while True:  # the stages linked to this one by tied parameters
+            more = {x for _, own, user in self.plan.tied for x in (own, user)
+                    if own in together or user in together}  # fmt: skip
+            if more <= together:
+                break
+            together |= more
         layout, groups = self.layout, self.model.gradient_groups()
         numel = {sp.name: sp.numel for sp in layout.specs}
         words = floats = 0
-        for s in range(self.P):
+        for s in sorted(together):
             (k0, k1), (a, b) = self.plan.ranges[s], self.plan.flat[s]
             gplan = GatherPlan(layout, self.model.stages()[k0:k1], groups)
             tied = {n for n, _, user in self.plan.tied if user == s}
