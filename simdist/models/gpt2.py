@@ -290,6 +290,17 @@ def open_block(v, i: int, first: np.ndarray, norm: tuple, st) -> None:
         close_block(v, i - 1, (v.ln1[i], v.ln1_mean[i], v.ln1_rstd[i]), norm, st)
 
 
+def mid_block(v, i: int, branch: np.ndarray, norm: tuple, st) -> None:
+    """Block i's first residual add fused with its ln_2 (``norm`` = (weight, bias)):
+    res2[i] = block i's input + ``branch`` (the attention output, which may be res2[i]
+    itself), ln2[i] = layernorm of it; both stored half (``st``; mixed precision). Shared by
+    GPT-2 and its tensor-parallel shards (the same kernel calls)."""
+    residual_layernorm_forward(
+        v.res2[i], v.ln2[i], v.ln2_mean[i], v.ln2_rstd[i], v.layer_in[i], branch, *norm
+    )
+    st(v.res2[i], v.ln2[i])
+
+
 # ------------------------------------------------------------------ the model
 class _Views(SavedWordsViews):
     """Named views of the arena for one (B, T), per layer where the tensor is per layer."""
@@ -690,17 +701,7 @@ class GPT2(PacksSavedActivations, StagedModel):
         st(v.atty[i])
         linear_forward(v.res2[i], v.atty2[i], params[aprojw], params[aprojb])
         st(v.res2[i])
-        residual_layernorm_forward(
-            v.res2[i],
-            v.ln2[i],
-            v.ln2_mean[i],
-            v.ln2_rstd[i],
-            v.layer_in[i],
-            v.res2[i],
-            params[ln2w],
-            params[ln2b],
-        )
-        st(v.res2[i], v.ln2[i])
+        mid_block(v, i, v.res2[i], (params[ln2w], params[ln2b]), st)
         linear_forward(v.fch[i], v.ln2[i], params[fcw], params[fcb])
         st(v.fch[i])
         gelu_forward(v.fch_gelu1[i], v.fch1[i])

@@ -59,7 +59,6 @@ from simdist.kernels.gelu import gelu_backward, gelu_forward
 from simdist.kernels.layernorm import (
     layernorm_backward,
     layernorm_backward_accumulate,
-    residual_layernorm_forward,
 )
 from simdist.kernels.linear import linear_backward, linear_forward
 from simdist.kernels.matmul import lm_head_backward, lm_head_forward
@@ -75,6 +74,7 @@ from .gpt2 import (
     GPT2Config,
     activation_shapes,
     close_block,
+    mid_block,
     open_block,
     parameter_specs,
     working_copies,
@@ -647,17 +647,7 @@ class GPT2TP(GPT2):
         linear_forward(v.res2[i], v.atty2[i], params[aprojw], self._row_bias(params[aprojb]))
         st(v.res2[i])  # the GEMM's half output: the partial sums reduced in half (g)
         self._allreduce(v.res2[i])  # g: the row-parallel partial sums
-        residual_layernorm_forward(
-            v.res2[i],
-            v.ln2[i],
-            v.ln2_mean[i],
-            v.ln2_rstd[i],
-            v.layer_in[i],
-            v.res2[i],
-            params[ln2w],
-            params[ln2b],
-        )
-        st(v.res2[i], v.ln2[i])
+        mid_block(v, i, v.res2[i], (params[ln2w], params[ln2b]), st)
         linear_forward(v.fch[i], v.ln2[i], params[fcw], params[fcb])
         st(v.fch[i])
         gelu_forward(v.fch_gelu1[i], v.fch1[i])
@@ -704,17 +694,7 @@ class GPT2TP(GPT2):
         st(v.atty[i])
         linear_forward(v.dln, v.atty2[i], params[aprojw], self._row_bias(params[aprojb]))
         st(v.dln)  # the GEMM's half output, reduce-scattered in half (g)
-        residual_layernorm_forward(
-            v.res2[i],
-            v.ln2[i],
-            v.ln2_mean[i],
-            v.ln2_rstd[i],
-            v.layer_in[i],
-            self._reduce_scatter(v),  # g
-            params[ln2w],
-            params[ln2b],
-        )
-        st(v.res2[i], v.ln2[i])
+        mid_block(v, i, self._reduce_scatter(v), (params[ln2w], params[ln2b]), st)  # g
         full = self._all_gather(v, v.ln2[i])  # f
         linear_forward(v.fch[i], full, params[fcw], params[fcb])
         st(v.fch[i])
