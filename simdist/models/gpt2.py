@@ -546,21 +546,16 @@ class GPT2(PacksSavedActivations, StagedModel):
             embedding_backward_accumulate(grads["wte.weight"], dwpe, v.dres3, v.tokens)
             grads.done(("wte.weight", "wpe.weight"))
             return
-        i = k - 1
-        (
-            ln1w,
-            ln1b,
-            attnw,
-            attnb,
-            aprojw,
-            aprojb,
-            ln2w,
-            ln2b,
-            fcw,
-            fcb,
-            mprojw,
-            mprojb,
-        ) = self._layer_names[i]
+        self._block_backward(v, k - 1, params, grads)
+
+    def _block_backward(self, v: _Views, i: int, params, grads) -> None:
+        """Block i's backward: dres from d res3 to d of the block's input. On one rank
+        ``_f_backward`` does nothing; a tensor-parallel shard sums its partial input
+        gradients there (Megatron's f)."""
+        st = self._store
+        ln1w, ln1b, attnw, attnb, aprojw, aprojb, ln2w, ln2b, fcw, fcb, mprojw, mprojb = (
+            self._layer_names[i]
+        )
         v.unpack(i, OWN_PACKED)
         if i > 0:
             v.unpack(i - 1, ("res3",))  # block i's input (layer_in)
@@ -573,6 +568,7 @@ class GPT2(PacksSavedActivations, StagedModel):
         st(v.dfch)
         linear_backward(v.dln, grads[fcw], grads[fcb], v.dfch, v.ln2[i], params[fcw])
         st(v.dln)
+        self._f_backward(v.dln)
         # dres becomes d res2: the skip path's dres plus the branch's contribution
         layernorm_backward_accumulate(
             v.dres,
@@ -588,10 +584,11 @@ class GPT2(PacksSavedActivations, StagedModel):
         # attention block: res2 = x + c_proj(attn(c_attn(ln_1(x))))
         linear_backward(v.datty2, grads[aprojw], grads[aprojb], v.dres, v.atty2[i], params[aprojw])
         st(v.datty2)
-        attention_backward(v.dqkv, v.datty, v.qkv[i], v.att[i], v.att_dscores, cfg.n_head)
+        attention_backward(v.dqkv, v.datty, v.qkv[i], v.att[i], v.att_dscores, self._heads())
         st(v.dqkv)
         linear_backward(v.dln, grads[attnw], grads[attnb], v.dqkv2, v.ln1[i], params[attnw])
         st(v.dln)
+        self._f_backward(v.dln)
         layernorm_backward_accumulate(
             v.dres,
             grads[ln1w],
@@ -689,23 +686,45 @@ class GPT2(PacksSavedActivations, StagedModel):
             st(v.logits)  # the loss reads them in float32, as a fused softmax-CE kernel
             softmax_cross_entropy_forward(v.losses, v.probs, v.logits, v.targets_flat)
             return
-        i = k - 1
+        self._block_forward(v, k - 1, params)
+
+    def _block_forward(self, v: _Views, i: int, params) -> None:
+        """Block i's forward. On one rank ``_row_bias`` and ``_g`` do nothing; a
+        tensor-parallel shard adds the row-parallel GEMMs' bias on one rank only and sums
+        their partial outputs there (Megatron's g)."""
+        st = self._store
         ln1w, ln1b, attnw, attnb, aprojw, aprojb, ln2w, ln2b, fcw, fcb, mprojw, mprojb = (
             self._layer_names[i]
         )
         open_block(v, i, v.encoded2, (params[ln1w], params[ln1b]), st)
-        linear_forward(v.qkv2[i], v.ln1[i], params[attnw], params[attnb])
+        linear_forward(v.qkv2[i], v.ln1[i], params[attnw], params[attnb])  # column-parallel
         st(v.qkv2[i])
-        attention_forward(v.atty[i], v.att[i], v.qkv[i], cfg.n_head)
+        attention_forward(v.atty[i], v.att[i], v.qkv[i], self._heads())
         # the probabilities stay float32, as a fused attention keeps them (it stores none)
         st(v.atty[i])
-        linear_forward(v.res2[i], v.atty2[i], params[aprojw], params[aprojb])
-        st(v.res2[i])
+        linear_forward(v.res2[i], v.atty2[i], params[aprojw], self._row_bias(params[aprojb]))
+        st(v.res2[i])  # the GEMM's half output (a shard's partial sums are summed in half)
+        self._g(v.res2[i])
         mid_block(v, i, v.res2[i], (params[ln2w], params[ln2b]), st)
         linear_forward(v.fch[i], v.ln2[i], params[fcw], params[fcb])
         st(v.fch[i])
         gelu_forward(v.fch_gelu1[i], v.fch1[i])
         st(v.fch_gelu[i])
-        linear_forward(v.res3[i], v.fch_gelu[i], params[mprojw], params[mprojb])
+        linear_forward(v.res3[i], v.fch_gelu[i], params[mprojw], self._row_bias(params[mprojb]))
         st(v.res3[i])
+        self._g(v.res3[i])
         v.pack(i, OWN_PACKED)  # before block i + 2 reuses the working copies
+
+    # Megatron's f and g around a block's GEMM pairs: nothing to do on one rank
+    def _heads(self) -> int:
+        """Attention heads this model computes (a tensor-parallel shard: its share)."""
+        return self.config.n_head
+
+    def _row_bias(self, bias: np.ndarray) -> np.ndarray:
+        return bias
+
+    def _g(self, buf: np.ndarray) -> None:
+        """The row-parallel GEMM's output, summed over a tensor-parallel group."""
+
+    def _f_backward(self, buf: np.ndarray) -> None:
+        """The column-parallel GEMM's input gradient, summed over a tensor-parallel group."""

@@ -600,7 +600,17 @@ class GPT2TP(GPT2):
         return v.gathered
 
     def _row_bias(self, bias: np.ndarray) -> np.ndarray:
+        """A row-parallel GEMM's bias: added once, by rank 0, before the group's sum."""
         return bias if self.rank == 0 else self._zero_bias
+
+    def _heads(self) -> int:
+        return self.config.n_head // self.tp
+
+    def _g(self, buf: np.ndarray) -> None:
+        self._allreduce(buf)  # the row-parallel partial sums, in half where stored half
+
+    def _f_backward(self, buf: np.ndarray) -> None:
+        self._allreduce(buf)  # the partial input gradients, in half where stored half
 
     def _local_tokens(self, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(this rank's row of each token, 0 where not owned; owned mask), flat."""
@@ -635,27 +645,7 @@ class GPT2TP(GPT2):
             st(v.logits)
             self._cross_entropy(v)
             return
-        i = k - 1
-        ln1w, ln1b, attnw, attnb, aprojw, aprojb, ln2w, ln2b, fcw, fcb, mprojw, mprojb = (
-            self._layer_names[i]
-        )
-        open_block(v, i, v.encoded2, (params[ln1w], params[ln1b]), st)
-        linear_forward(v.qkv2[i], v.ln1[i], params[attnw], params[attnb])  # column-parallel
-        st(v.qkv2[i])
-        attention_forward(v.atty[i], v.att[i], v.qkv[i], cfg.n_head // self.tp)
-        st(v.atty[i])
-        linear_forward(v.res2[i], v.atty2[i], params[aprojw], self._row_bias(params[aprojb]))
-        st(v.res2[i])  # the GEMM's half output: the partial sums reduced in half (g)
-        self._allreduce(v.res2[i])  # g: the row-parallel partial sums
-        mid_block(v, i, v.res2[i], (params[ln2w], params[ln2b]), st)
-        linear_forward(v.fch[i], v.ln2[i], params[fcw], params[fcb])
-        st(v.fch[i])
-        gelu_forward(v.fch_gelu1[i], v.fch1[i])
-        st(v.fch_gelu[i])
-        linear_forward(v.res3[i], v.fch_gelu[i], params[mprojw], self._row_bias(params[mprojb]))
-        st(v.res3[i])
-        self._allreduce(v.res3[i])
-        v.pack(i, OWN_PACKED)  # before block i + 2 reuses the working copies
+        self._block_forward(v, k - 1, params)
 
     def _forward_stage_sequence(self, v: _SequenceViews, k: int, params) -> None:
         """``_forward_stage`` with sequence parallelism: the residual stream, the residual
@@ -779,55 +769,7 @@ class GPT2TP(GPT2):
             np.add.at(grads["wte.weight"], local[mask], v.dres[mask])
             grads.done(("wte.weight", "wpe.weight"))
             return
-        i = k - 1
-        ln1w, ln1b, attnw, attnb, aprojw, aprojb, ln2w, ln2b, fcw, fcb, mprojw, mprojb = (
-            self._layer_names[i]
-        )
-        v.unpack(i, OWN_PACKED)
-        if i > 0:
-            v.unpack(i - 1, ("res3",))  # block i's input (layer_in)
-        # MLP: the row-parallel c_proj takes the whole dres; c_fc's input gradient is summed
-        linear_backward(
-            v.dfch_gelu, grads[mprojw], grads[mprojb], v.dres, v.fch_gelu[i], params[mprojw]
-        )
-        st(v.dfch_gelu)
-        gelu_backward(v.dfch1, v.fch1[i], v.dfch_gelu1)
-        st(v.dfch)
-        linear_backward(v.dln, grads[fcw], grads[fcb], v.dfch, v.ln2[i], params[fcw])
-        st(v.dln)  # the partial input gradient, reduced in half (f's backward)
-        self._allreduce(v.dln)  # f
-        layernorm_backward_accumulate(
-            v.dres,
-            grads[ln2w],
-            grads[ln2b],
-            v.dln,
-            v.res2[i],
-            params[ln2w],
-            v.ln2_mean[i],
-            v.ln2_rstd[i],
-        )
-        st(v.dres)
-        linear_backward(v.datty2, grads[aprojw], grads[aprojb], v.dres, v.atty2[i], params[aprojw])
-        st(v.datty2)
-        attention_backward(
-            v.dqkv, v.datty, v.qkv[i], v.att[i], v.att_dscores, cfg.n_head // self.tp
-        )
-        st(v.dqkv)
-        linear_backward(v.dln, grads[attnw], grads[attnb], v.dqkv2, v.ln1[i], params[attnw])
-        st(v.dln)
-        self._allreduce(v.dln)  # f
-        layernorm_backward_accumulate(
-            v.dres,
-            grads[ln1w],
-            grads[ln1b],
-            v.dln,
-            v.layer_in[i],
-            params[ln1w],
-            v.ln1_mean[i],
-            v.ln1_rstd[i],
-        )
-        st(v.dres)
-        grads.done(self._layer_names[i])
+        self._block_backward(v, k - 1, params, grads)
 
     def _head_logit_gradient(self, v, dloss: float) -> np.ndarray:
         """probs - onehot(own targets), scaled: this vocabulary's logits' gradient."""
