@@ -346,7 +346,7 @@ class Run:
         }
         for key in sorted(extra or {}):  # the same keys on every rank (the model's)
             num, den = s.coll.allreduce_scalars(np.array(extra[key], np.float64))
-            if den > 0:  # a metric nothing scored (weight streaming decodes no samples)
+            if den > 0:  # a metric nothing scored (greedy_eval_samples: 0)
                 result[key] = num / den
         if self.is_main:
             self.log(f"eval: accuracy = {result['accuracy']:.4f}, loss = {result['loss']:.6f}")

@@ -204,6 +204,7 @@ class Transformer(PacksSavedActivations, StagesByKind):
             "token_accuracy": [0.0, 0.0],
             "token_loss": [0.0, 0.0],
             "exact_match": [0.0, 0.0],
+            "greedy_token_accuracy": [0.0, 0.0],
         }
 
     def bind_step(self, seed: int, step: Callable[[], int]) -> None:
@@ -318,22 +319,46 @@ class Transformer(PacksSavedActivations, StagesByKind):
         return loss_sum, ok
 
     def evaluate(self, params, inputs: np.ndarray, targets: np.ndarray) -> tuple[float, int]:
-        """Teacher-forced sums over the real targets (``eval_stats``, chunk by chunk); then,
-        for the samples flagged in ``inputs[:, -1]``, whether greedy decoding reproduces the
-        target exactly (``extra_eval``'s {metric: [sum, count]}, zeroed and reduced over the
-        ranks by the run)."""
+        """Teacher-forced sums over the real targets (``eval_stats``, chunk by chunk); then
+        ``score_decoding`` (greedy exact match of the flagged samples: ``extra_eval``'s
+        {metric: [sum, count]}, zeroed and reduced over the ranks by the run)."""
         loss_sum, correct = super().evaluate(params, inputs, targets)
-        flagged = np.flatnonzero(inputs[:, -1])
-        for lo in range(0, flagged.size, self._batch):
-            rows = flagged[lo : lo + self._batch]
-            decoded = self._greedy(params, inputs[rows])
-            matches = np.all(decoded == targets[rows], axis=1)
-            self.extra_eval["exact_match"][0] += float(np.count_nonzero(matches))
-            self.extra_eval["exact_match"][1] += rows.size
-        self._saved = None
+        self.score_decoding(inputs, targets, lambda: self._forward_pass(params))
         return loss_sum, correct
 
     # -------------------------------------------------------------- greedy decoding
+    def decode_passes(self, inputs: np.ndarray) -> int:
+        """The most forward passes ``score_decoding`` runs on this evaluation batch: one
+        per target position for each chunk of flagged samples (fewer when a chunk's rows
+        all end early). Weight streaming streams the weights for this many."""
+        chunks = -(-int(np.count_nonzero(inputs[:, -1])) // self._batch)
+        return chunks * self.config.target_length
+
+    def score_decoding(
+        self, inputs: np.ndarray, targets: np.ndarray, forward: Callable[[], None]
+    ) -> int:
+        """Greedy decoding of the samples flagged in ``inputs[:, -1]``, in chunks of the
+        allocated micro-batch, scored into ``extra_eval``: ``exact_match`` (the whole target
+        reproduced) and ``greedy_token_accuracy`` (real target tokens decoded right, in
+        place); ``forward()`` runs one evaluation forward over the stages (``_greedy``).
+        Returns the passes run."""
+        flagged = np.flatnonzero(inputs[:, -1])
+        pad, passes = self.config.pad_token_id, 0
+        for lo in range(0, flagged.size, self._batch):
+            rows = flagged[lo : lo + self._batch]
+            decoded, n = self._greedy(inputs[rows], forward)
+            right, real = decoded == targets[rows], targets[rows] != pad
+            scores = (
+                ("exact_match", np.count_nonzero(right.all(axis=1)), rows.size),
+                ("greedy_token_accuracy", np.count_nonzero(right & real), np.count_nonzero(real)),
+            )
+            for key, num, den in scores:
+                self.extra_eval[key][0] += float(num)
+                self.extra_eval[key][1] += int(den)
+            passes += n
+        self._saved = None
+        return passes
+
     def greedy_decode(
         self, params, source: np.ndarray, forced: np.ndarray | None = None
     ) -> np.ndarray:
@@ -345,25 +370,34 @@ class Transformer(PacksSavedActivations, StagesByKind):
             self.allocate(1)
         row = np.zeros((1, Te + 2), np.int32)
         row[0, :Te] = source
-        return self._greedy(params, row, None if forced is None else forced[None])[0]
+        forced = None if forced is None else forced[None]
+        return self._greedy(row, lambda: self._forward_pass(params), forced)[0][0]
 
-    def _greedy(self, params, inputs: np.ndarray, forced: np.ndarray | None = None) -> np.ndarray:
+    def _forward_pass(self, params) -> None:
+        for k in range(len(self._stages)):
+            self.forward_stage(k, params)
+
+    def _greedy(
+        self, inputs: np.ndarray, forward: Callable[[], None], forced: np.ndarray | None = None
+    ) -> tuple[np.ndarray, int]:
         """Greedy decoding of a chunk of sources (``inputs`` rows as the data gives them):
         position by position, a forward pass over the stages with the tokens emitted so far
         as the decoder's input; the causal mask keeps the later (padding) positions out of
-        the one read. Every pass is a whole evaluation forward through ``forward_stage``,
-        so ZeRO-3's gathers and 16-bit weights' windows serve it as they serve evaluation;
-        the encoder runs once per chunk (its output stays in the arena)."""
+        the one read. Every pass is a whole evaluation forward through ``forward_stage``
+        (``forward()``), so ZeRO-3's gathers, 16-bit weights' windows and weight
+        streaming's window serve it as they serve evaluation; the encoder runs once per
+        chunk (its output stays in the arena). Returns the tokens and the passes run."""
         cfg = self.config
         B, Td, pad = inputs.shape[0], cfg.target_length, cfg.pad_token_id
         out = np.full((B, Td), pad, np.int32)
         previous = np.full((B, Td), pad, np.int32)  # the decoder reads BOS + previous[:, :-1]
         live = np.ones(B, bool)
+        passes = 0
         try:
             for pos in range(Td):
                 self.begin(inputs, previous, training=False)
-                for k in range(len(self._stages)):
-                    self.forward_stage(k, params)
+                forward()
+                passes += 1
                 self._encoded = True
                 logits = self._current.logits.reshape(B, Td, -1)[:, pos]
                 tokens = logits.argmax(axis=1).astype(np.int32)
@@ -379,7 +413,7 @@ class Transformer(PacksSavedActivations, StagesByKind):
         finally:
             self._encoded = False
         self._saved = None
-        return out
+        return out, passes
 
     # -------------------------------------------------------------- internals
     def _sample_losses(self, v: Views) -> np.ndarray:

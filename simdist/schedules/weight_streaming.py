@@ -377,10 +377,15 @@ class WeightStreaming(Schedule):
 
     def eval_sums(self, run) -> np.ndarray:
         """Each device scores a contiguous share of the held-out set (as data parallelism
-        does), in chunks of the micro-batch, the weights streamed for each chunk."""
+        does), in chunks of the micro-batch, the weights streamed for each chunk; then, for
+        a model that decodes (the Transformer's greedy exact match), the weights streamed
+        again for each decoding pass. The servers stream one sequence to all devices, so
+        every device takes as many rounds as the busiest one."""
         R = self.replicas
+        batches: list[tuple[int, int]] = []  # this device's eval batches
         chunks: list[tuple[int, int, bool]] = []  # (lo, hi, last chunk of an eval batch)
-        meta = (0, 0)
+        meta, passes = (0, 0), 0
+        decodes = self.role == DEVICE and hasattr(self.model, "score_decoding")
         if self.role == DEVICE:
             n = self.num_eval()
             d = self.groups.index
@@ -388,40 +393,59 @@ class WeightStreaming(Schedule):
             batch = self.params.eval_input.batch_size
             for start in range(lo, hi, batch):
                 stop = min(start + batch, hi)
+                batches.append((start, stop))
                 for c in range(start, stop, self.micro_batch):
                     chunks.append(
                         (c, min(c + self.micro_batch, stop), c + self.micro_batch >= stop)
                     )
+                if decodes:
+                    passes += self.model.decode_passes(self.data.eval_batch(start, stop)[0])
             if d == 0:
                 meta = self.eval_meta(n)
-        rounds = max(self.comm.allgather(len(chunks)))
-        items = self.plan.forward_items * rounds
-        loss_sum, correct = 0.0, 0
+        counts = self.comm.allgather((len(chunks), passes))
+        rounds, passes = (max(c[i] for c in counts) for i in (0, 1))
+        nst = len(self.plan.stages)
         if self.role == SERVER:
-            g.wait_all(self.shard.post_stream(items))
-        else:
-            self.window.start(items)
-            nst = len(self.plan.stages)
-            batch_loss, batch_correct = 0.0, 0
-            for rnd in range(rounds):
-                work = rnd < len(chunks)
+            g.wait_all(self.shard.post_stream(self.plan.forward_items * (rounds + passes)))
+            return np.array([0.0, 0, *meta], np.float64)
+        self.window.start(self.plan.forward_items * (rounds + passes))
+        loss_sum, correct = 0.0, 0
+        batch_loss, batch_correct = 0.0, 0
+        for rnd in range(rounds):
+            work = rnd < len(chunks)
+            if work:
+                c_lo, c_hi, closes = chunks[rnd]
+                x, y = self.data.eval_batch(c_lo, c_hi)
+                self.model.begin(x, y, training=False)  # no dropout
+            for k in range(nst):
+                j = rnd * nst + k
+                params = self.window.get(j)
                 if work:
-                    c_lo, c_hi, closes = chunks[rnd]
-                    x, y = self.data.eval_batch(c_lo, c_hi)
-                    self.model.begin(x, y, training=False)  # no dropout
-                for k in range(nst):
-                    j = rnd * nst + k
-                    params = self.window.get(j)
-                    if work:
-                        self.model.forward_stage(k, params)
-                    self.window.release(j)
-                if work:
-                    # sums in the order the data-parallel eval and GPT2.evaluate add them
-                    l, c = self.model.eval_stats()
-                    batch_loss, batch_correct = batch_loss + l, batch_correct + c
-                    if closes:
-                        loss_sum, correct = loss_sum + batch_loss, correct + batch_correct
-                        batch_loss, batch_correct = 0.0, 0
+                    self.model.forward_stage(k, params)
+                self.window.release(j)
+            if work:
+                # sums in the order the data-parallel eval and GPT2.evaluate add them
+                l, c = self.model.eval_stats()
+                batch_loss, batch_correct = batch_loss + l, batch_correct + c
+                if closes:
+                    loss_sum, correct = loss_sum + batch_loss, correct + batch_correct
+                    batch_loss, batch_correct = 0.0, 0
+        j = rounds * nst
+
+        def streamed_forward() -> None:  # one evaluation forward on the next items
+            nonlocal j
+            for k in range(nst):
+                self.model.forward_stage(k, self.window.get(j))
+                self.window.release(j)
+                j += 1
+
+        if decodes:
+            for start, stop in batches:
+                self.model.score_decoding(*self.data.eval_batch(start, stop), streamed_forward)
+        while j < (rounds + passes) * nst:  # the passes of busier devices, or rows that ended
+            self.window.get(j)
+            self.window.release(j)
+            j += 1
         return np.array([loss_sum, correct, *meta], np.float64)
 
     def performance(self, run, common: dict[str, Any]) -> dict[str, Any] | None:
