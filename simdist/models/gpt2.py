@@ -514,39 +514,49 @@ class GPT2(PacksSavedActivations, StagedModel):
         v = self._saved
         if v is None:
             raise RuntimeError("backward without a preceding forward")
-        cfg = self.config
-        L = cfg.n_layer
-        st = self._store
-        if k == L + 1:  # head
-            v.unpack(L - 1, ("res3",))
-            wte = params["wte.weight"]
-            # per-sample loss = mean over its T tokens, so each token's loss is scaled dloss / T
-            dlogits = v.probs  # overwritten in place
-            softmax_cross_entropy_backward(dlogits, v.probs, v.targets_flat, F32(dloss / v.T))
-            st(dlogits)
-            lm_head_backward(v.dln, grads["wte.weight"], dlogits, v.lnf, wte)  # tied head
-            st(v.dln)
-            layernorm_backward(
-                v.dres,
-                grads["ln_f.weight"],
-                grads["ln_f.bias"],
-                v.dln,
-                v.res3[L - 1],
-                params["ln_f.weight"],
-                v.lnf_mean,
-                v.lnf_rstd,
-            )
-            st(v.dres)
-            grads.done(("ln_f.weight", "ln_f.bias"))
-            return
-        if k == 0:  # embedding: dres is now d encoded
-            # wpe rows past T get no gradient, so zero it all first
-            dwpe = grads["wpe.weight"]
-            dwpe.fill(0.0)
-            embedding_backward_accumulate(grads["wte.weight"], dwpe, v.dres3, v.tokens)
-            grads.done(("wte.weight", "wpe.weight"))
-            return
-        self._block_backward(v, k - 1, params, grads)
+        if k == self.config.n_layer + 1:
+            self._head_backward(v, params, grads, dloss)
+        elif k == 0:
+            self._embed_backward(v, grads)
+        else:
+            self._block_backward(v, k - 1, params, grads)
+
+    def _head_backward(self, v: _Views, params, grads, dloss: float) -> None:
+        """The loss, the tied LM head and ln_f backward: dres becomes d res3 of the last
+        block. A tensor-parallel shard sums ln_f's partial input gradient (``_f_backward``)."""
+        st, L = self._store, self.config.n_layer
+        v.unpack(L - 1, ("res3",))
+        dlogits = self._logit_gradient(v, dloss)
+        st(dlogits)
+        lm_head_backward(v.dln, grads["wte.weight"], dlogits, v.lnf, params["wte.weight"])
+        st(v.dln)
+        self._f_backward(v.dln)
+        layernorm_backward(
+            v.dres,
+            grads["ln_f.weight"],
+            grads["ln_f.bias"],
+            v.dln,
+            v.res3[L - 1],
+            params["ln_f.weight"],
+            v.lnf_mean,
+            v.lnf_rstd,
+        )
+        st(v.dres)
+        grads.done(("ln_f.weight", "ln_f.bias"))
+
+    def _logit_gradient(self, v: _Views, dloss: float) -> np.ndarray:
+        """d logits = (probs - onehot(targets)) * dloss / T, over ``probs`` in place: a
+        sample's loss is the mean over its T tokens."""
+        softmax_cross_entropy_backward(v.probs, v.probs, v.targets_flat, F32(dloss / v.T))
+        return v.probs
+
+    def _embed_backward(self, v: _Views, grads) -> None:
+        """dres is now d encoded: scatter-added into wte's rows, summed over the batch
+        into wpe's (whose rows past T get none, so it is zeroed first)."""
+        dwpe = grads["wpe.weight"]
+        dwpe.fill(0.0)
+        embedding_backward_accumulate(grads["wte.weight"], dwpe, v.dres3, v.tokens)
+        grads.done(("wte.weight", "wpe.weight"))
 
     def _block_backward(self, v: _Views, i: int, params, grads) -> None:
         """Block i's backward: dres from d res3 to d of the block's input. On one rank
@@ -669,24 +679,32 @@ class GPT2(PacksSavedActivations, StagedModel):
         return v
 
     def _forward_stage(self, v: _Views, k: int, params) -> None:
-        cfg = self.config
-        L = cfg.n_layer
         # every residual add feeds the next layernorm, so the two run fused:
         # res = x + branch (written over the branch output), then ln = layernorm(res);
         # block i opens with the add that closes block i - 1 and its own ln_1
-        st = self._store  # mixed precision: what a kernel writes is stored half (else no-op)
         if k == 0:
-            embedding_forward(v.encoded, v.tokens, params["wte.weight"], params["wpe.weight"])
-            st(v.encoded)
-            return
-        if k == L + 1:  # head: the last block's residual add into ln_f, LM head, loss
-            lnf = params["ln_f.weight"], params["ln_f.bias"]
-            close_block(v, L - 1, (v.lnf, v.lnf_mean, v.lnf_rstd), lnf, st)  # now final
-            lm_head_forward(v.logits, v.lnf, params["wte.weight"])
-            st(v.logits)  # the loss reads them in float32, as a fused softmax-CE kernel
-            softmax_cross_entropy_forward(v.losses, v.probs, v.logits, v.targets_flat)
-            return
-        self._block_forward(v, k - 1, params)
+            self._embed_forward(v, params)
+        elif k == self.config.n_layer + 1:
+            self._head_forward(v, params)
+        else:
+            self._block_forward(v, k - 1, params)
+
+    def _embed_forward(self, v: _Views, params) -> None:
+        embedding_forward(v.encoded, v.tokens, params["wte.weight"], params["wpe.weight"])
+        self._store(v.encoded)  # mixed precision: stored half (else a no-op)
+
+    def _head_forward(self, v: _Views, params) -> None:
+        """The last block's residual add into ln_f, the LM head (tied to wte), the loss."""
+        st, L = self._store, self.config.n_layer
+        lnf = params["ln_f.weight"], params["ln_f.bias"]
+        close_block(v, L - 1, (v.lnf, v.lnf_mean, v.lnf_rstd), lnf, st)  # now final
+        lm_head_forward(v.logits, v.lnf, params["wte.weight"])
+        st(v.logits)  # the loss reads them in float32, as a fused softmax-CE kernel
+        self._loss(v)
+
+    def _loss(self, v: _Views) -> None:
+        """Per-token losses and the softmax probabilities (kept for backward)."""
+        softmax_cross_entropy_forward(v.losses, v.probs, v.logits, v.targets_flat)
 
     def _block_forward(self, v: _Views, i: int, params) -> None:
         """Block i's forward. On one rank ``_row_bias`` and ``_g`` do nothing; a

@@ -626,26 +626,20 @@ class GPT2TP(GPT2):
     def _forward_stage(self, v, k: int, params) -> None:
         if self.sequence_parallel:
             self._forward_stage_sequence(v, k, params)
-            return
-        cfg = self.config
-        L = cfg.n_layer
-        st = self._store  # mixed precision: stored half, as the one-rank gpt2 stores it
-        if k == 0:  # vocab-parallel embedding: own rows, zeros elsewhere, summed; + wpe
-            local, mask = self._local_tokens(v.tokens)
-            np.take(params["wte.weight"], local, axis=0, out=v.encoded2)
-            v.encoded2[~mask] = 0.0
-            self._allreduce(v.encoded)  # one half row and zeros: exact
-            v.encoded += params["wpe.weight"][: v.T]
-            st(v.encoded)  # wte + wpe rounded once, as embedding_forward's
-            return
-        if k == L + 1:
-            lnf = params["ln_f.weight"], params["ln_f.bias"]
-            close_block(v, L - 1, (v.lnf, v.lnf_mean, v.lnf_rstd), lnf, st)  # now final
-            lm_head_forward(v.logits, v.lnf, params["wte.weight"])  # this vocabulary's
-            st(v.logits)
-            self._cross_entropy(v)
-            return
-        self._block_forward(v, k - 1, params)
+        else:
+            super()._forward_stage(v, k, params)
+
+    def _embed_forward(self, v, params) -> None:
+        """Vocab-parallel embedding: own rows, zeros elsewhere, summed; + wpe."""
+        local, mask = self._local_tokens(v.tokens)
+        np.take(params["wte.weight"], local, axis=0, out=v.encoded2)
+        v.encoded2[~mask] = 0.0
+        self._allreduce(v.encoded)  # one half row and zeros: exact
+        v.encoded += params["wpe.weight"][: v.T]
+        self._store(v.encoded)  # wte + wpe rounded once, as embedding_forward's
+
+    def _loss(self, v) -> None:
+        self._cross_entropy(v)  # over this vocabulary's logits
 
     def _forward_stage_sequence(self, v: _SequenceViews, k: int, params) -> None:
         """``_forward_stage`` with sequence parallelism: the residual stream, the residual
@@ -732,46 +726,15 @@ class GPT2TP(GPT2):
 
     # -------------------------------------------------------------- backward
     def backward_stage(self, k: int, params, grads, dloss: float) -> None:
+        if not self.sequence_parallel:
+            super().backward_stage(k, params, grads, dloss)  # ln_f's gradient summed (f)
+            return
         v = self._saved
         if v is None:
             raise RuntimeError("backward without a preceding forward")
-        if self.sequence_parallel:
-            self._backward_stage_sequence(v, k, params, grads, dloss)
-            return
-        cfg = self.config
-        L = cfg.n_layer
-        st = self._store
-        if k == L + 1:  # head: this vocabulary's logits; lnf's gradient summed (f)
-            v.unpack(L - 1, ("res3",))
-            dlogits = self._head_logit_gradient(v, dloss)
-            st(dlogits)
-            lm_head_backward(v.dln, grads["wte.weight"], dlogits, v.lnf, params["wte.weight"])
-            st(v.dln)
-            self._allreduce(v.dln)
-            layernorm_backward(
-                v.dres,
-                grads["ln_f.weight"],
-                grads["ln_f.bias"],
-                v.dln,
-                v.res3[L - 1],
-                params["ln_f.weight"],
-                v.lnf_mean,
-                v.lnf_rstd,
-            )
-            st(v.dres)
-            grads.done(("ln_f.weight", "ln_f.bias"))
-            return
-        if k == 0:  # the owned tokens' rows of wte; wpe whole (dres is the same everywhere)
-            dwpe = grads["wpe.weight"]
-            dwpe.fill(0.0)
-            np.sum(v.dres3, axis=0, out=dwpe[: v.T])
-            local, mask = self._local_tokens(v.tokens)
-            np.add.at(grads["wte.weight"], local[mask], v.dres[mask])
-            grads.done(("wte.weight", "wpe.weight"))
-            return
-        self._block_backward(v, k - 1, params, grads)
+        self._backward_stage_sequence(v, k, params, grads, dloss)
 
-    def _head_logit_gradient(self, v, dloss: float) -> np.ndarray:
+    def _logit_gradient(self, v, dloss: float) -> np.ndarray:
         """probs - onehot(own targets), scaled: this vocabulary's logits' gradient."""
         d = F32(dloss / v.T)
         dlogits = v.probs
@@ -780,6 +743,15 @@ class GPT2TP(GPT2):
         dlogits[rows, local[rows]] -= F32(1.0)
         dlogits *= d
         return dlogits
+
+    def _embed_backward(self, v, grads) -> None:
+        """The owned tokens' rows of wte; wpe whole (dres is the same everywhere)."""
+        dwpe = grads["wpe.weight"]
+        dwpe.fill(0.0)
+        np.sum(v.dres3, axis=0, out=dwpe[: v.T])
+        local, mask = self._local_tokens(v.tokens)
+        np.add.at(grads["wte.weight"], local[mask], v.dres[mask])
+        grads.done(("wte.weight", "wpe.weight"))
 
     def _backward_stage_sequence(self, v: _SequenceViews, k: int, params, grads, dloss) -> None:
         """``backward_stage`` with sequence parallelism: each all-gather of the forward is a
@@ -790,7 +762,7 @@ class GPT2TP(GPT2):
         st = self._store
         if k == L + 1:
             v.unpack(L - 1, ("res3",))
-            dlogits = self._head_logit_gradient(v, dloss)
+            dlogits = self._logit_gradient(v, dloss)
             st(dlogits)
             lm_head_backward(v.dln, grads["wte.weight"], dlogits, v.lnf, params["wte.weight"])
             st(v.dln)
