@@ -16,6 +16,7 @@ import numpy as np
 from simdist.config import ConfigError
 
 from .base import ParamSpec
+from .presets import resolve_preset
 from .saved_words import aligned_layout
 
 F32 = np.float32
@@ -115,28 +116,13 @@ PRESETS["bert-large"]["max_predictions_per_seq"] = 80
 
 
 def resolve_config(preset: str | None = None, **overrides) -> BertConfig:
-    """A preset with some fields replaced (None = keep); without a preset all are needed."""
+    """A preset with some fields replaced (None = keep); without a preset all are needed.
+    A given max_seq_length without max_predictions_per_seq masks 15 % of it."""
     fields = INT_FIELDS + FLOAT_FIELDS + ("pad_token_id",)
-    unknown = set(overrides) - set(fields)
-    if unknown:
-        raise ConfigError(f"model: unknown BERT keys {sorted(unknown)}; known: {fields}")
-    if preset is not None:
-        if preset not in PRESETS:
-            raise ConfigError(f"model.preset: unknown {preset!r}; choose from {sorted(PRESETS)}")
-        values = dict(PRESETS[preset])
-    else:
-        values = {}
-    given = {k: v for k, v in overrides.items() if v is not None}
-    values.update(given)
-    if "max_seq_length" in given and "max_predictions_per_seq" not in given:
-        values["max_predictions_per_seq"] = max(1, round(0.15 * given["max_seq_length"]))
-    missing = [k for k in INT_FIELDS if k not in values]
-    if missing:
-        raise ConfigError(
-            f"model.{missing[0]} is required (set model.preset to one of {sorted(PRESETS)} "
-            f"or give all of {', '.join(INT_FIELDS)})"
-        )
-    return BertConfig(**values)
+    seq = overrides.get("max_seq_length")
+    if seq is not None and overrides.get("max_predictions_per_seq") is None:
+        overrides["max_predictions_per_seq"] = max(1, round(0.15 * seq))
+    return BertConfig(**resolve_preset("BERT", PRESETS, fields, INT_FIELDS, preset, overrides))
 
 
 # ------------------------------------------------------------------ sizes without allocating

@@ -54,6 +54,7 @@ from simdist.precision import no_store
 
 from . import gpt2_costs
 from .base import GradientGroup, KernelCost, ParamSpec
+from .presets import resolve_preset
 from .saved_words import PacksSavedActivations, SavedWords, SavedWordsViews, aligned_layout
 from .stages import Stage, StagedModel
 
@@ -98,23 +99,8 @@ PRESETS: dict[str, GPT2Config] = {
 def resolve_config(preset: str | None = None, **overrides: int | None) -> GPT2Config:
     """A preset with some fields replaced (None = keep); without a preset all are needed."""
     fields = ("n_layer", "n_head", "n_embd", "block_size", "vocab_size")
-    unknown = set(overrides) - set(fields)
-    if unknown:
-        raise ConfigError(f"model: unknown GPT-2 keys {sorted(unknown)}; known: {fields}")
-    if preset is not None:
-        if preset not in PRESETS:
-            raise ConfigError(f"model.preset: unknown {preset!r}; choose from {sorted(PRESETS)}")
-        values = asdict(PRESETS[preset])
-    else:
-        values = {}
-    values.update({k: v for k, v in overrides.items() if v is not None})
-    missing = [k for k in fields if k not in values]
-    if missing:
-        raise ConfigError(
-            f"model.{missing[0]} is required (set model.preset to one of {sorted(PRESETS)} "
-            "or give all of n_layer, n_head, n_embd, block_size, vocab_size)"
-        )
-    return GPT2Config(**values)
+    presets = {name: asdict(c) for name, c in PRESETS.items()}
+    return GPT2Config(**resolve_preset("GPT-2", presets, fields, fields, preset, overrides))
 
 
 def build_gpt2(config) -> GPT2:

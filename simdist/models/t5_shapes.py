@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from simdist.config import ConfigError
 
 from .base import ParamSpec
+from .presets import resolve_preset
 
 NOISE_DENSITY = 0.15
 MEAN_NOISE_SPAN = 3.0
@@ -148,23 +149,7 @@ PRESETS: dict[str, dict] = {
 
 def resolve_config(preset: str | None = None, **overrides) -> T5Config:
     """A preset with some fields replaced (None = keep); without a preset all are needed."""
-    unknown = set(overrides) - set(FIELDS)
-    if unknown:
-        raise ConfigError(f"model: unknown T5 keys {sorted(unknown)}; known: {FIELDS}")
-    if preset is not None:
-        if preset not in PRESETS:
-            raise ConfigError(f"model.preset: unknown {preset!r}; choose from {sorted(PRESETS)}")
-        values = dict(PRESETS[preset])
-    else:
-        values = {}
-    values.update({k: v for k, v in overrides.items() if v is not None})
-    missing = [k for k in INT_FIELDS if k not in values]
-    if missing:
-        raise ConfigError(
-            f"model.{missing[0]} is required (set model.preset to one of {sorted(PRESETS)} "
-            f"or give all of {', '.join(INT_FIELDS)})"
-        )
-    return T5Config(**values)
+    return T5Config(**resolve_preset("T5", PRESETS, FIELDS, INT_FIELDS, preset, overrides))
 
 
 # ------------------------------------------------------------------ names and sizes

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from simdist.config import ConfigError
 
 from .base import ParamSpec
+from .presets import resolve_preset
 from .saved_words import aligned_layout
 
 INT_FIELDS = (
@@ -96,22 +97,7 @@ PRESETS: dict[str, dict] = {
 
 def resolve_config(preset: str | None = None, **overrides) -> TransformerConfig:
     """A preset with some fields replaced (None = keep); without a preset all are needed."""
-    unknown = set(overrides) - set(FIELDS)
-    if unknown:
-        raise ConfigError(f"model: unknown Transformer keys {sorted(unknown)}; known: {FIELDS}")
-    if preset is not None:
-        if preset not in PRESETS:
-            raise ConfigError(f"model.preset: unknown {preset!r}; choose from {sorted(PRESETS)}")
-        values = dict(PRESETS[preset])
-    else:
-        values = {}
-    values.update({k: v for k, v in overrides.items() if v is not None})
-    missing = [k for k in INT_FIELDS if k not in values]
-    if missing:
-        raise ConfigError(
-            f"model.{missing[0]} is required (set model.preset to one of {sorted(PRESETS)} "
-            f"or give all of {', '.join(INT_FIELDS)})"
-        )
+    values = resolve_preset("Transformer", PRESETS, FIELDS, INT_FIELDS, preset, overrides)
     return TransformerConfig(**values)
 
 
