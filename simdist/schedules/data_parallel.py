@@ -348,29 +348,11 @@ class DataParallel(Schedule):
 
     # ----------------------------------------------------------------- the step
     def step(self, run, step: int, guard) -> StepResult:
-        p, model, sync = self.params, self.model, self.sync
-        n, accum = step + 1, p.optimizer.grad_accum_steps
+        n = step + 1
         scale = self.scaler.scale if self.scaler is not None else 1.0
-        # mean over this replica's samples this step (times the loss scale)
-        dloss = scale / (self.micro_batch * accum)
-        hook = guard.hook  # test-only fault injection (SIMDIST_FAULT); None in real runs
-        guard.enter("forward_backward", n)
-        loss = 0.0
-        if self.partitioned is not None:  # gathers start from empty windows every step
-            self.partitioned.cache.invalidate()
-        for micro, indices in enumerate(self.sampler.indices(step)):
-            x, y = self.data.train_batch(indices)
-            if hook:
-                hook.at_batch(n, micro, x)
-            loss += model.forward(self.pviews, x, y) / accum
-            with self.coll.half_wire(self.grad_wire):  # ZeRO-2 reduces during backward
-                model.backward(self.pviews, self.gradients(micro), dloss)
-            self.accumulate_gradients(micro)
-        guard.enter("reduce_gradients", n)
-        if self.grads is not None:  # mixed precision: stored half (ZeRO-2: per group)
-            self.precision.store(self.grads)
+        loss = self._forward_backward(step, guard, scale)
         with self.coll.half_wire(self.grad_wire):
-            grads, own_sumsq = sync.reduce_gradients(self.grads)  # averaged, for [lo, hi)
+            grads, own_sumsq = self.sync.reduce_gradients(self.grads)  # averaged, for [lo, hi)
         if scale != 1.0:  # unscaled before the norm, clipping and the update (GradScaler)
             np.multiply(grads, np.float32(1.0 / scale), out=grads)
             own_sumsq = None
@@ -427,6 +409,30 @@ class DataParallel(Schedule):
         else:
             with self.coll.half_wire(self.param_wire):  # half values: exact in half words
                 self.sync.gather_parameters(self.params_flat)
+
+    def _forward_backward(self, step: int, guard, scale: float) -> float:
+        """The step's micro-batches: forward, then backward into the gradients (ZeRO-2
+        reducing as it goes), accumulated; returns the mean loss. The loss gradient is the
+        mean over this replica's samples, times the loss scale."""
+        n, model, accum = step + 1, self.model, self.params.optimizer.grad_accum_steps
+        dloss = scale / (self.micro_batch * accum)
+        hook = guard.hook  # test-only fault injection (SIMDIST_FAULT); None in real runs
+        guard.enter("forward_backward", n)
+        loss = 0.0
+        if self.partitioned is not None:  # gathers start from empty windows every step
+            self.partitioned.cache.invalidate()
+        for micro, indices in enumerate(self.sampler.indices(step)):
+            x, y = self.data.train_batch(indices)
+            if hook:
+                hook.at_batch(n, micro, x)
+            loss += model.forward(self.pviews, x, y) / accum
+            with self.coll.half_wire(self.grad_wire):  # ZeRO-2 reduces during backward
+                model.backward(self.pviews, self.gradients(micro), dloss)
+            self.accumulate_gradients(micro)
+        guard.enter("reduce_gradients", n)
+        if self.grads is not None:  # mixed precision: stored half (ZeRO-2: per group)
+            self.precision.store(self.grads)
+        return loss
 
     def _nonfinite(self, n: int, grads: np.ndarray, loss: float) -> str:
         lo, hi = self.sync.partition

@@ -386,27 +386,11 @@ class TensorParallelWeight(WholeTensorCheckpoint, DataParallel):
 
     # ----------------------------------------------------------------- the step
     def step(self, run, step: int, guard) -> StepResult:
-        p, model, sync = self.params, self.model, self.sync
-        n, accum = step + 1, p.optimizer.grad_accum_steps
+        n = step + 1
         scale = self.scaler.scale if self.scaler is not None else 1.0
-        # mean over this replica's samples (times the loss scale)
-        dloss = scale / (self.micro_batch * accum)
-        hook = guard.hook
-        guard.enter("forward_backward", n)
-        loss = 0.0
-        for micro, indices in enumerate(self.sampler.indices(step)):
-            x, y = self.data.train_batch(indices)
-            if hook:
-                hook.at_batch(n, micro, x)
-            loss += model.forward(self.pviews, x, y) / accum
-            with self.coll.half_wire(self.grad_wire):  # ZeRO-2 reduces during backward
-                model.backward(self.pviews, self.gradients(micro), dloss)
-            self.accumulate_gradients(micro)
-        guard.enter("reduce_gradients", n)
-        if self.grads is not None:  # mixed precision: stored half (ZeRO-2: per group)
-            self.precision.store(self.grads)
+        loss = self._forward_backward(step, guard, scale)  # the data-parallel step's
         with self.coll.half_wire(self.grad_wire):
-            grads, _ = sync.reduce_gradients(self.grads)  # averaged over the D replicas
+            grads, _ = self.sync.reduce_gradients(self.grads)  # averaged over the D replicas
         if self._row_share_parts:
             with self.tp_coll.half_wire(self.grad_wire):  # a gradient collective too
                 self._sum_row_shares(grads)
