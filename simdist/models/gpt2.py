@@ -303,38 +303,38 @@ class _Views(SavedWordsViews):
     ):
         """``store``: mixed precision's (uint16 store, its offsets, half format); the
         arena then holds ``working_copies`` blocks of the ``PACKED`` tensors."""
+        shapes = activation_shapes(cfg, B, T, tp, packed=store is not None)
+        self._bind(arena, cfg, B, T, tp, offsets, shapes, saved_shapes(cfg, B, T, tp), store)
+        self.encoded2 = self.encoded.reshape(B * T, cfg.n_embd)
+        self.layer_in = [self.encoded2] + self.res3[: cfg.n_layer - 1]  # each block's input
+        self.dres3 = self.dres.reshape(B, T, cfg.n_embd)
+
+    def _bind(self, arena, cfg: GPT2Config, B: int, T: int, tp: int, offsets, shapes, saved, store):
+        """The named views of ``shapes`` (per-layer tensors as lists of per-layer views);
+        with ``store``, the ``PACKED`` tensors' working copies over the 16-bit words."""
         self.B, self.T = B, T
         N = B * T
-        C, Cs = cfg.n_embd, cfg.n_embd // tp  # Cs: a tensor-parallel shard's attention width
-        shapes = activation_shapes(cfg, B, T, tp, packed=store is not None)
+        Cs = cfg.n_embd // tp  # a tensor-parallel shard's attention width
         v = {}
         for name, shape in shapes.items():
-            lo = offsets[name]
-            flat = arena[lo : lo + math.prod(shape)]
+            flat = arena[offsets[name] : offsets[name] + math.prod(shape)]
             if name in ("tokens", "targets"):
                 flat = flat.view(np.int32)
             v[name] = flat.reshape(shape)
         self._words: SavedWords | None = None
         if store is not None:
             words, store_offsets, fmt = store
-            self._words = SavedWords(words, store_offsets, saved_shapes(cfg, B, T, tp), fmt)
+            self._words = SavedWords(words, store_offsets, saved, fmt)
             for name in PACKED:  # block i: working copy i % working_copies
                 v[name] = self._words.working(name, v[name])
         self.tokens, self.targets = v["tokens"], v["targets"]
         self.targets_flat = self.targets.reshape(N)
         self.encoded = v["encoded"]
-        self.encoded2 = self.encoded.reshape(N, C)
-        L = cfg.n_layer
-        # per-layer tensors: one (L, ...) block each, split into a list of per-layer views
         self.ln1, self.ln1_mean, self.ln1_rstd = (
-            list(v["ln1"]),
-            list(v["ln1_mean"]),
-            list(v["ln1_rstd"]),
+            list(v[k]) for k in ("ln1", "ln1_mean", "ln1_rstd")
         )
         self.ln2, self.ln2_mean, self.ln2_rstd = (
-            list(v["ln2"]),
-            list(v["ln2_mean"]),
-            list(v["ln2_rstd"]),
+            list(v[k]) for k in ("ln2", "ln2_mean", "ln2_rstd")
         )
         self.att, self.res2, self.res3 = list(v["att"]), list(v["res2"]), list(v["res3"])
         self.fch, self.fch_gelu = list(v["fch"]), list(v["fch_gelu"])
@@ -344,12 +344,9 @@ class _Views(SavedWordsViews):
         self.atty2 = [a.reshape(N, Cs) for a in self.atty]
         self.fch1 = [a.reshape(-1) for a in self.fch]  # flat, for GELU
         self.fch_gelu1 = [a.reshape(-1) for a in self.fch_gelu]
-        # the residual stream entering each layer
-        self.layer_in = [self.encoded2] + self.res3[: L - 1]
         self.lnf, self.lnf_mean, self.lnf_rstd = v["lnf"], v["lnf_mean"], v["lnf_rstd"]
         self.logits, self.probs, self.losses = v["logits"], v["probs"], v["losses"]
         self.dres, self.dln = v["dres"], v["dln"]
-        self.dres3 = self.dres.reshape(B, T, C)
         self.datty = v["datty"]
         self.datty2 = self.datty.reshape(N, Cs)
         self.dqkv = v["dqkv"]
@@ -357,6 +354,7 @@ class _Views(SavedWordsViews):
         self.dfch_gelu, self.dfch = v["dfch_gelu"], v["dfch"]
         self.dfch_gelu1, self.dfch1 = self.dfch_gelu.reshape(-1), self.dfch.reshape(-1)
         self.att_dscores = v["att_dscores"]
+        return v
 
 
 class GPT2(PacksSavedActivations, StagedModel):

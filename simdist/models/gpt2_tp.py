@@ -72,6 +72,7 @@ from .gpt2 import (
     OWN_PACKED,
     PACKED,
     GPT2Config,
+    _Views,
     activation_shapes,
     close_block,
     mid_block,
@@ -79,7 +80,7 @@ from .gpt2 import (
     parameter_specs,
     working_copies,
 )
-from .saved_words import SavedWords, SavedWordsViews, aligned_layout
+from .saved_words import aligned_layout
 
 F32 = np.float32
 
@@ -274,7 +275,7 @@ def position_runs(first: int, rows: int, T: int) -> list[tuple[int, int, int]]:
     return runs
 
 
-class _SequenceViews(SavedWordsViews):
+class _SequenceViews(_Views):
     """``gpt2._Views`` of a sequence-parallel shard: the same names, the residual-stream
     tensors ``rows`` tall (this rank's block ``self.rows`` of the N token rows)."""
 
@@ -291,59 +292,15 @@ class _SequenceViews(SavedWordsViews):
     ):
         """``store``: mixed precision's (uint16 store, its offsets, half format); the
         arena then holds ``working_copies`` blocks of the ``PACKED`` tensors."""
-        self.B, self.T = B, T
-        N, C, Cs, L = B * T, cfg.n_embd, cfg.n_embd // tp, cfg.n_layer
-        rows = N // tp
         shapes = sequence_shapes(cfg, B, T, tp, packed=store is not None)
-        v = {}
-        for name, shape in shapes.items():
-            flat = arena[offsets[name] : offsets[name] + math.prod(shape)]
-            v[name] = (flat.view(np.int32) if name in ("tokens", "targets") else flat).reshape(
-                shape
-            )
-        self._words: SavedWords | None = None
-        if store is not None:
-            words, store_offsets, fmt = store
-            saved = sequence_saved_shapes(cfg, B, T, tp)
-            self._words = SavedWords(words, store_offsets, saved, fmt)
-            for name in PACKED:  # block i: working copy i % working_copies
-                v[name] = self._words.working(name, v[name])
-        self.tokens, self.targets = v["tokens"], v["targets"]
-        self.targets_flat = self.targets.reshape(N)
-        self.encoded = v["encoded"]
-        self.ln1, self.ln1_mean, self.ln1_rstd = (
-            list(v["ln1"]),
-            list(v["ln1_mean"]),
-            list(v["ln1_rstd"]),
-        )
-        self.ln2, self.ln2_mean, self.ln2_rstd = (
-            list(v["ln2"]),
-            list(v["ln2_mean"]),
-            list(v["ln2_rstd"]),
-        )
-        self.att, self.res2, self.res3 = list(v["att"]), list(v["res2"]), list(v["res3"])
-        self.fch, self.fch_gelu = list(v["fch"]), list(v["fch_gelu"])
-        self.qkv = list(v["qkv"])
-        self.qkv2 = [a.reshape(N, 3 * Cs) for a in self.qkv]
-        self.atty = list(v["atty"])
-        self.atty2 = [a.reshape(N, Cs) for a in self.atty]
-        self.fch1 = [a.reshape(-1) for a in self.fch]
-        self.fch_gelu1 = [a.reshape(-1) for a in self.fch_gelu]
-        self.layer_in = [self.encoded] + self.res3[: L - 1]
-        self.lnf, self.lnf_mean, self.lnf_rstd = v["lnf"], v["lnf_mean"], v["lnf_rstd"]
-        self.logits, self.probs, self.losses = v["logits"], v["probs"], v["losses"]
-        self.dres, self.dln = v["dres"], v["dln"]
-        self.datty = v["datty"]
-        self.datty2 = self.datty.reshape(N, Cs)
-        self.dqkv = v["dqkv"]
-        self.dqkv2 = self.dqkv.reshape(N, 3 * Cs)
-        self.dfch_gelu, self.dfch = v["dfch_gelu"], v["dfch"]
-        self.dfch_gelu1, self.dfch1 = self.dfch_gelu.reshape(-1), self.dfch.reshape(-1)
-        self.att_dscores = v["att_dscores"]
+        saved = sequence_saved_shapes(cfg, B, T, tp)
+        v = self._bind(arena, cfg, B, T, tp, offsets, shapes, saved, store)
+        self.layer_in = [self.encoded] + self.res3[: cfg.n_layer - 1]
         self.gathered = v["gathered"]
         # this rank's rows, the collectives' blocks (elements) and the rows' positions
+        rows = B * T // tp
         self.rows = slice(rank * rows, (rank + 1) * rows)
-        self.bounds = C * rows * np.arange(tp + 1)
+        self.bounds = cfg.n_embd * rows * np.arange(tp + 1)
         self.runs = position_runs(rank * rows, rows, T)
 
 
