@@ -507,19 +507,18 @@ class GPT2(PacksSavedActivations, StagedModel):
 
     def _head_backward(self, v: _Views, params, grads, dloss: float) -> None:
         """The loss, the tied LM head and ln_f backward: dres becomes d res3 of the last
-        block. A tensor-parallel shard sums ln_f's partial input gradient (``_f_backward``)."""
+        block (``_lnf_output_gradient``: what a tensor-parallel shard sums first)."""
         st, L = self._store, self.config.n_layer
         v.unpack(L - 1, ("res3",))
         dlogits = self._logit_gradient(v, dloss)
         st(dlogits)
         lm_head_backward(v.dln, grads["wte.weight"], dlogits, v.lnf, params["wte.weight"])
         st(v.dln)
-        self._f_backward(v.dln)
         layernorm_backward(
             v.dres,
             grads["ln_f.weight"],
             grads["ln_f.bias"],
-            v.dln,
+            self._lnf_output_gradient(v),
             v.res3[L - 1],
             params["ln_f.weight"],
             v.lnf_mean,
@@ -527,6 +526,12 @@ class GPT2(PacksSavedActivations, StagedModel):
         )
         st(v.dres)
         grads.done(("ln_f.weight", "ln_f.bias"))
+
+    def _lnf_output_gradient(self, v: _Views) -> np.ndarray:
+        """d ln_f's output: the LM head's input gradient, summed over a tensor-parallel
+        group (``_f_backward``: Megatron's f; nothing on one rank)."""
+        self._f_backward(v.dln)
+        return v.dln
 
     def _logit_gradient(self, v: _Views, dloss: float) -> np.ndarray:
         """d logits = (probs - onehot(targets)) * dloss / T, over ``probs`` in place: a

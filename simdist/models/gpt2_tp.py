@@ -57,11 +57,10 @@ from simdist.kernels._jit import kernel
 from simdist.kernels.attention import attention_backward, attention_forward
 from simdist.kernels.gelu import gelu_backward, gelu_forward
 from simdist.kernels.layernorm import (
-    layernorm_backward,
     layernorm_backward_accumulate,
 )
 from simdist.kernels.linear import linear_backward, linear_forward
-from simdist.kernels.matmul import lm_head_backward, lm_head_forward
+from simdist.kernels.matmul import lm_head_forward
 from simdist.kernels.rowops import exp_f32, row_sum
 
 from . import gpt2_costs
@@ -691,6 +690,11 @@ class GPT2TP(GPT2):
             raise RuntimeError("backward without a preceding forward")
         self._backward_stage_sequence(v, k, params, grads, dloss)
 
+    def _lnf_output_gradient(self, v) -> np.ndarray:
+        if self.sequence_parallel:  # this rank's rows of the sum (g's backward)
+            return self._reduce_scatter(v)
+        return super()._lnf_output_gradient(v)
+
     def _logit_gradient(self, v, dloss: float) -> np.ndarray:
         """probs - onehot(own targets), scaled: this vocabulary's logits' gradient."""
         d = F32(dloss / v.T)
@@ -717,24 +721,8 @@ class GPT2TP(GPT2):
         wpe's gradients are this rank's rows' share (the schedule sums them)."""
         L = self.config.n_layer
         st = self._store
-        if k == L + 1:
-            v.unpack(L - 1, ("res3",))
-            dlogits = self._logit_gradient(v, dloss)
-            st(dlogits)
-            lm_head_backward(v.dln, grads["wte.weight"], dlogits, v.lnf, params["wte.weight"])
-            st(v.dln)
-            layernorm_backward(
-                v.dres,
-                grads["ln_f.weight"],
-                grads["ln_f.bias"],
-                self._reduce_scatter(v),
-                v.res3[L - 1],
-                params["ln_f.weight"],
-                v.lnf_mean,
-                v.lnf_rstd,
-            )
-            st(v.dres)
-            grads.done(("ln_f.weight", "ln_f.bias"))
+        if k == L + 1:  # ln_f's output gradient reduce-scattered to this rank's rows
+            self._head_backward(v, params, grads, dloss)
             return
         if k == 0:  # wpe from this rank's rows; wte's owned rows from every row (gathered)
             dwpe = grads["wpe.weight"]
