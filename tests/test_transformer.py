@@ -230,12 +230,31 @@ def test_greedy_decoding_agrees_with_teacher_forcing():
         n = int(np.flatnonzero(dec == EOS)[0]) + 1 if EOS in dec else len(dec)
         assert np.array_equal(model.greedy_decode(params, src, forced=dec)[:n], dec[:n])
     # evaluate scores the flagged sample's exact match: its own decode is a match
-    model.extra_eval["exact_match"][:] = [0.0, 0.0]
+    # (and every real token of it right); against other targets it scores their real
+    # tokens only: one token changed, then the second half padded away
+    for key in ("exact_match", "greedy_token_accuracy"):
+        model.extra_eval[key][:] = [0.0, 0.0]
     flagged = x[:1].copy()
     flagged[0, -1] = 1
     dec = model.greedy_decode(params, x[0, : cfg.max_seq_length])
+    pad = cfg.pad_token_id
     model.evaluate(params, flagged, dec[None])
+    real = float(np.count_nonzero(dec != pad))
     assert model.extra_eval["exact_match"] == [1.0, 1.0]
+    assert model.extra_eval["greedy_token_accuracy"] == [real, real]
+    off = dec.copy()
+    i = int(np.flatnonzero(dec != pad)[0])
+    off[i] = dec[i] + 1 if dec[i] + 1 < cfg.vocab_size else dec[i] - 1  # another real token
+    model.evaluate(params, flagged, off[None])
+    assert model.extra_eval["exact_match"] == [1.0, 2.0]
+    assert model.extra_eval["greedy_token_accuracy"] == [2 * real - 1, 2 * real]
+    short = dec.copy()
+    short[len(dec) // 2 :] = pad
+    kept = float(np.count_nonzero(short != pad))
+    model.evaluate(params, flagged, short[None])
+    right = float(np.count_nonzero((dec == short) & (short != pad)))  # the kept tokens
+    assert right == kept
+    assert model.extra_eval["greedy_token_accuracy"] == [2 * real - 1 + kept, 2 * real + kept]
 
 
 # ---------------------------------------------------------------- parity with PyTorch

@@ -56,9 +56,7 @@ from simdist.config import ConfigError
 from simdist.kernels._jit import kernel
 from simdist.kernels.attention import attention_backward, attention_forward
 from simdist.kernels.gelu import gelu_backward, gelu_forward
-from simdist.kernels.layernorm import (
-    layernorm_backward_accumulate,
-)
+from simdist.kernels.layernorm import layernorm_backward_accumulate
 from simdist.kernels.linear import linear_backward, linear_forward
 from simdist.kernels.matmul import lm_head_forward
 from simdist.kernels.rowops import exp_f32, row_sum
