@@ -56,6 +56,10 @@ class StagedModel:
 
     def forward(self, params, inputs, targets) -> float:
         self.begin(inputs, targets)
+        return self._forward_pass(params)
+
+    def _forward_pass(self, params) -> float:
+        """Every stage's forward on the batch ``begin`` set; the last stage's loss."""
         loss = 0.0
         for k in range(len(self._stages)):
             loss = self.forward_stage(k, params)
@@ -77,8 +81,7 @@ class StagedModel:
         for lo in range(0, inputs.shape[0], self._batch):
             hi = min(lo + self._batch, inputs.shape[0])
             self.begin(inputs[lo:hi], targets[lo:hi], training=False)
-            for k in range(len(self._stages)):
-                self.forward_stage(k, params)
+            self._forward_pass(params)
             batch_loss, batch_correct = self.eval_stats()
             loss_sum, correct = loss_sum + batch_loss, correct + batch_correct
         self._saved = None  # the arena no longer holds a training forward

@@ -373,10 +373,6 @@ class Transformer(PacksSavedActivations, StagesByKind):
         forced = None if forced is None else forced[None]
         return self._greedy(row, lambda: self._forward_pass(params), forced)[0][0]
 
-    def _forward_pass(self, params) -> None:
-        for k in range(len(self._stages)):
-            self.forward_stage(k, params)
-
     def _greedy(
         self, inputs: np.ndarray, forward: Callable[[], None], forced: np.ndarray | None = None
     ) -> tuple[np.ndarray, int]:

@@ -382,7 +382,7 @@ class WeightStreaming(Schedule):
         again for each decoding pass. The servers stream one sequence to all devices, so
         every device takes as many rounds as the busiest one."""
         R = self.replicas
-        batches: list[tuple[int, int]] = []  # this device's eval batches
+        to_decode: list[tuple[np.ndarray, np.ndarray]] = []  # eval batches, when decoding
         chunks: list[tuple[int, int, bool]] = []  # (lo, hi, last chunk of an eval batch)
         meta, passes = (0, 0), 0
         decodes = self.role == DEVICE and hasattr(self.model, "score_decoding")
@@ -393,13 +393,13 @@ class WeightStreaming(Schedule):
             batch = self.params.eval_input.batch_size
             for start in range(lo, hi, batch):
                 stop = min(start + batch, hi)
-                batches.append((start, stop))
                 for c in range(start, stop, self.micro_batch):
                     chunks.append(
                         (c, min(c + self.micro_batch, stop), c + self.micro_batch >= stop)
                     )
                 if decodes:
-                    passes += self.model.decode_passes(self.data.eval_batch(start, stop)[0])
+                    to_decode.append(self.data.eval_batch(start, stop))
+                    passes += self.model.decode_passes(to_decode[-1][0])
             if d == 0:
                 meta = self.eval_meta(n)
         counts = self.comm.allgather((len(chunks), passes))
@@ -439,9 +439,8 @@ class WeightStreaming(Schedule):
                 self.window.release(j)
                 j += 1
 
-        if decodes:
-            for start, stop in batches:
-                self.model.score_decoding(*self.data.eval_batch(start, stop), streamed_forward)
+        for inputs, targets in to_decode:
+            self.model.score_decoding(inputs, targets, streamed_forward)
         while j < (rounds + passes) * nst:  # the passes of busier devices, or rows that ended
             self.window.get(j)
             self.window.release(j)
