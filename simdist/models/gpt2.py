@@ -498,6 +498,9 @@ class GPT2(PacksSavedActivations, StagedModel):
         v = self._saved
         if v is None:
             raise RuntimeError("backward without a preceding forward")
+        self._backward_stage(v, k, params, grads, dloss)
+
+    def _backward_stage(self, v: _Views, k: int, params, grads, dloss: float) -> None:
         if k == self.config.n_layer + 1:
             self._head_backward(v, params, grads, dloss)
         elif k == 0:

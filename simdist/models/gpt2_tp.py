@@ -679,14 +679,11 @@ class GPT2TP(GPT2):
         return loss_sum, int(np.count_nonzero(pred == v.targets_flat))
 
     # -------------------------------------------------------------- backward
-    def backward_stage(self, k: int, params, grads, dloss: float) -> None:
-        if not self.sequence_parallel:
-            super().backward_stage(k, params, grads, dloss)  # ln_f's gradient summed (f)
-            return
-        v = self._saved
-        if v is None:
-            raise RuntimeError("backward without a preceding forward")
-        self._backward_stage_sequence(v, k, params, grads, dloss)
+    def _backward_stage(self, v, k: int, params, grads, dloss: float) -> None:
+        if self.sequence_parallel:
+            self._backward_stage_sequence(v, k, params, grads, dloss)
+        else:
+            super()._backward_stage(v, k, params, grads, dloss)
 
     def _lnf_output_gradient(self, v) -> np.ndarray:
         if self.sequence_parallel:  # this rank's rows of the sum (g's backward)
