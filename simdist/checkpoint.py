@@ -74,6 +74,18 @@ def read_index(model_dir: Path) -> list[dict]:
         raise CheckpointError(f"{path} is corrupt ({e}); remove it to start fresh") from None
 
 
+def uncommitted(model_dir: Path) -> list[str]:
+    """Main checkpoint files in ``model_dir`` that its index does not list (none listed
+    when there is no index), in step order."""
+    listed = {e["file"] for e in read_index(model_dir)}
+    found = []
+    for p in Path(model_dir).glob("checkpoint_*.h5"):
+        step = p.name[len("checkpoint_") : -len(".h5")]
+        if step.isdigit() and p.name not in listed:
+            found.append((int(step), p.name))
+    return [name for _, name in sorted(found)]
+
+
 def latest_checkpoint(model_dir: Path) -> Path | None:
     entries = read_index(model_dir)
     return Path(model_dir) / entries[-1]["file"] if entries else None

@@ -492,13 +492,14 @@ NOTES: dict[str, str] = {
     ),
     "runconfig.loss_scale": "null: dynamic in fp16, none otherwise; a number: static",
     "model.n_head": "divides n_embd",
-    "model.preset": "gpt2-mini, gpt2, gpt2-medium, gpt2-large, gpt2-xl; null: give all sizes",
 }
-# model.preset's rule per model (the key table shows each model's own presets)
-PRESET_NOTES: dict[str, str] = {
-    "bert": "bert-mini, bert-base, bert-large; null: give all sizes",
-    "t5": "t5-mini, t5-small, t5-base; null: give all sizes",
-    "transformer": "transformer-mini, transformer-base, transformer-big; null: give all sizes",
+# model.preset's names per model, checked here so an unknown one is reported with where it
+# was written (the models' PRESETS hold the sizes; a test keeps the names equal)
+PRESET_NAMES: dict[str, tuple[str, ...]] = {
+    "gpt2": ("gpt2-mini", "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"),
+    "bert": ("bert-mini", "bert-base", "bert-large"),
+    "t5": ("t5-mini", "t5-small", "t5-base"),
+    "transformer": ("transformer-mini", "transformer-base", "transformer-big"),
 }
 
 
@@ -517,6 +518,13 @@ def validate(p: Params) -> None:
             if key in RULES and value is not None and not RULES[key][0](value):
                 raise _rule_error(key, RULES[key][1], value)
     t, o, r, m = p.train_input, p.optimizer, p.runconfig, p.model
+    preset = getattr(m, "preset", None)
+    if preset is not None and preset not in PRESET_NAMES[m.name]:
+        raise ConfigError(
+            f"model.preset: unknown {preset!r} for model {m.name}; choose from "
+            f"{', '.join(PRESET_NAMES[m.name])}, or null and give every size",
+            "model.preset",
+        )
     if (t.batch_size is None) == (t.global_batch_size is None):
         raise ConfigError(
             "train_input: give exactly one of batch_size (per replica) and global_batch_size "
@@ -677,6 +685,36 @@ def _short_type(annotation: Any) -> str:
     return getattr(annotation, "__name__", str(annotation))
 
 
+def usage() -> str:
+    """``python -m simdist.train --help``: how to call it, the presets, the flags and every
+    key (the README's key table, as plain columns)."""
+    aliases: dict[str, list[str]] = {}
+    for flag, (key, _) in FLAG_ALIASES.items():
+        aliases.setdefault(key, []).append(flag)
+    rows = [line.strip("|").split(" | ") for line in key_table().splitlines()[2:]]
+    rows = [[c.strip().replace("`", "").replace("\\|", "|") for c in r] for r in rows]
+    width = max(len(r[0]) for r in rows)
+    return "\n".join(
+        [
+            "usage: mpiexec -n N python -m simdist.train [--params FILE_OR_PRESET] "
+            "[--section.key=VALUE ...]",
+            "",
+            "Trains (runconfig.mode: train, eval, train_and_eval) with every rank a simulated",
+            "device; model_dir receives checkpoints, events, eval.json and performance.json.",
+            f"presets (--params): {', '.join(preset_names())} (default fc_mnist)",
+            "",
+            "flags (each sets a key):",
+            *(f"  {', '.join(flags):<{width}}  {key}" for key, flags in aliases.items()),
+            "",
+            "keys (--section.key=VALUE; type, default, rule):",
+            *(
+                f"  {r[0]:<{width}}  {r[1]}, default {r[2]}" + (f"; {r[3]}" if r[3] else "")
+                for r in rows
+            ),  # fmt: skip
+        ]
+    )
+
+
 def key_table() -> str:
     """The README's table of every key: type, default and rule (a test keeps the two equal).
 
@@ -697,7 +735,8 @@ def key_table() -> str:
             rule = rule or RULES.get(key, (None, ""))[1]
             note = NOTES.get(key, "")
             if key == "model.preset":
-                note = PRESET_NOTES.get(label.split("(")[-1].rstrip(")"), note)
+                names = PRESET_NAMES[label.split("(")[-1].rstrip(")")]
+                note = f"{', '.join(names)}; null: give all sizes"
             rule = f"{rule}; {note}" if rule and note else rule or note
             default = f.default_factory() if f.default is dataclasses.MISSING else f.default
             default = "null" if default is None else str(default).lower()

@@ -99,6 +99,7 @@ class Run:
             self.barrier()  # or rank 0 would wait for them inside set-up's collectives, spinning
             self.log(f"kernels ready in {self.timers.compile_time:.2f} s (rank 0: compile or load)")
         s.allocate(self)
+        self._check_eval_has_checkpoint()
         self._resume()  # before model_dir is touched: a bad checkpoint must leave it as it was
         self._prepare_model_dir()
 
@@ -123,7 +124,12 @@ class Run:
 
     def _prepare_model_dir(self) -> None:
         error = None
-        if self.is_main:
+        if self.is_main and self.model_dir.exists() and not self.model_dir.is_dir():
+            error = (
+                f"runconfig.model_dir {str(self.model_dir)!r} is a file, not a directory; "
+                "choose another runconfig.model_dir"
+            )
+        elif self.is_main:
             try:
                 self.model_dir.mkdir(parents=True, exist_ok=True)
                 probe = self.model_dir / f".write-test-{os.getpid()}"
@@ -133,6 +139,24 @@ class Run:
                 error = (
                     f"runconfig.model_dir {str(self.model_dir)!r} is not writable: {e}; "
                     "choose another runconfig.model_dir or fix its permissions"
+                )
+        agree(self.comm, error)
+
+    def _check_eval_has_checkpoint(self) -> None:
+        """``mode: eval`` scores a checkpoint: without one it would score the random
+        initial weights and look like a result."""
+        r, error = self.params.runconfig, None
+        if r.mode == "eval" and not r.checkpoint_path and self.is_main:
+            if not r.autoload:
+                error = (
+                    "runconfig.mode eval with runconfig.autoload false and no "
+                    "runconfig.checkpoint_path: nothing to evaluate; give a checkpoint_path"
+                )
+            elif checkpoint.latest_checkpoint(self.model_dir) is None:
+                error = (
+                    f"runconfig.mode eval: {str(self.model_dir)!r} holds no checkpoint to "
+                    "evaluate; train into it first (mode train or train_and_eval), point "
+                    "runconfig.model_dir at a run's directory, or give runconfig.checkpoint_path"
                 )
         agree(self.comm, error)
 
@@ -152,6 +176,12 @@ class Run:
                 )
         elif r.autoload:
             path = checkpoint.latest_checkpoint(self.model_dir)
+            if path is None and (orphans := checkpoint.uncommitted(self.model_dir)):
+                self.log(
+                    f"note: {self.model_dir} holds {', '.join(orphans)} but no {checkpoint.INDEX} "
+                    "listing them (a first save cut short, or the index removed): starting "
+                    "at step 0; give runconfig.checkpoint_path=FILE to resume from one"
+                )
         if path is None:
             return
         # a schedule whose ranks hold slices (tensor parallel) reads whole tensors
@@ -313,6 +343,9 @@ class Run:
             f"{rate:.2f} samples/second."
         )
         if not self.schedule.evaluates:
+            return
+        if steps == 0:  # keep the figures of the run that trained (nothing was timed here)
+            self.log("performance.json left as it was: no step ran")
             return
         common = {
             "total_samples": samples,

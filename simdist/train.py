@@ -38,6 +38,12 @@ def train(run: Run) -> None:
 def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     argv = sys.argv[1:] if argv is None else argv
+    if "--help" in argv or "-h" in argv:
+        if world().Get_rank() == 0:
+            from simdist.config import usage
+
+            print(usage())
+        return 0
     gate = SetupGate(world())  # bad input seen by only some ranks must not hang the others
     try:
         run = setup(argv, started)

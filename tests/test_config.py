@@ -256,6 +256,43 @@ def test_every_preset_passes_the_rules():
         load_params(["--params", name])
 
 
+def test_an_unknown_model_preset_is_reported_where_it_was_written(tmp_path):
+    """model.preset is checked with the other keys, so its error names the file's line or
+    the flag; the names checked are the models' own presets."""
+    from simdist.config import PRESET_NAMES
+    from simdist.models import bert_shapes, gpt2, t5_shapes, transformer_shapes
+
+    for model, module in (
+        ("gpt2", gpt2),
+        ("bert", bert_shapes),
+        ("t5", t5_shapes),
+        ("transformer", transformer_shapes),
+    ):
+        assert PRESET_NAMES[model] == tuple(module.PRESETS), model
+    f = tmp_path / "p.yaml"
+    f.write_text("model:\n  name: gpt2\n  preset: gpt2-mni\n")
+    with pytest.raises(ConfigError) as e:
+        load_params(["--params", str(f)])
+    assert str(e.value).startswith(f"{f}:3: model.preset: unknown 'gpt2-mni' for model gpt2")
+    with pytest.raises(ConfigError) as e:
+        load_params(["--params", "t5_mini", "--model.preset=t5-large"])
+    assert "choose from t5-mini, t5-small, t5-base" in str(e.value)
+    assert str(e.value).endswith("(from --model.preset=t5-large)")
+
+
+def test_train_help_lists_every_flag_and_key(capsys):
+    from simdist.config import FLAG_ALIASES, SECTIONS
+    from simdist.train import main
+
+    assert main(["--help"]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("usage: mpiexec -n N python -m simdist.train")
+    assert all(flag in text for flag in FLAG_ALIASES)
+    for section, cls in SECTIONS.items():
+        for name in cls.__dataclass_fields__:
+            assert f"  {section}.{name} " in text, f"{section}.{name}"
+
+
 def test_readme_lists_every_key_with_its_rule():
     from pathlib import Path
 

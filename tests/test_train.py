@@ -181,8 +181,12 @@ def test_steps_this_run_stops_early_and_keeps_the_schedule(tmp_path):
     for which in (0, 1):
         for k in a[which]:
             assert np.array_equal(a[which][k], b[which][k]), k
+    perf = (tmp_path / "split" / "performance.json").read_text()
     third = train(2, tmp_path / "split", *args, "--steps_this_run", "6")  # nothing left
     assert "nothing to train" in third.stdout
+    # the run that trained keeps its figures: a run of no steps measured nothing
+    assert "performance.json left as it was" in third.stdout
+    assert (tmp_path / "split" / "performance.json").read_text() == perf
 
 
 @pytest.mark.parametrize("old,new", [(4, 2), (2, 4), (4, 3), (3, 5)])
@@ -293,6 +297,31 @@ def test_small_dev_shm_falls_back_to_message_passing(tmp_path):
     assert out.returncode == 2, out.stdout + out.stderr
     text = out.stdout + out.stderr
     assert text.count("runconfig.collective_algorithm=shm: a shared-memory window") == 1, text
+
+
+def test_eval_mode_without_a_checkpoint_fails_and_writes_nothing(tmp_path):
+    """Eval of an empty model_dir would score the random initial weights: exit 2 instead,
+    model_dir not created."""
+    d = tmp_path / "empty"
+    out = train(2, d, "--runconfig.mode=eval", check=False)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "holds no checkpoint to evaluate" in out.stdout + out.stderr
+    assert not d.exists()
+    out = train(1, d, "--runconfig.mode=eval", "--runconfig.autoload=false", check=False)
+    assert out.returncode == 2 and "nothing to evaluate" in out.stdout + out.stderr
+    assert not d.exists()
+
+
+def test_checkpoint_files_without_their_index_are_named_not_resumed(tmp_path):
+    """checkpoints.json is the commit point: files it does not list (a first save cut
+    short, or the index removed) are not resumed, and the run says so."""
+    d = tmp_path / "run"
+    train(1, d, "--runconfig.mode=train", "--runconfig.max_steps=5")
+    (d / "checkpoints.json").unlink()
+    out = train(1, d, "--runconfig.mode=train", "--runconfig.max_steps=8")
+    assert "holds checkpoint_5.h5 but no checkpoints.json" in out.stdout
+    assert "resumed from" not in out.stdout
+    assert json.loads((d / "performance.json").read_text())["steps"] == 8
 
 
 def test_eval_mode_uses_latest_checkpoint(tmp_path):
