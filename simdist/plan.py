@@ -71,8 +71,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--interleave, --precision and --sequence-parallel then fix that choice.",
     )
     p.add_argument(
-        "--model", default="gpt2", help=f"a preset ({', '.join(MODELS)}) or a shape YAML file"
-    )
+        "--model", default="gpt2",
+        help=f"a preset ({', '.join(MODELS)}) or a shape YAML file; a name with a / or a "
+        ".yaml / .yml suffix is a file (./NAME for a file named like a preset), any other a "
+        "preset",
+    )  # fmt: skip
     p.add_argument("--params-count", type=float, default=None, help="plan model states only")
     p.add_argument(
         "--devices", default="1", help="devices; a list (8,64,512) gives a scaling table"

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import difflib
 import math
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from functools import cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -159,6 +161,7 @@ class ShapeError(ValueError):
     """A bad model shape file or override; the message names the key and where it was given."""
 
 
+@cache
 def shape_files() -> dict[str, Any]:
     """The shipped presets: name -> resource (``simdist/models/shapes/NAME.yaml``)."""
     root = resources.files("simdist") / "models" / "shapes"
@@ -269,19 +272,31 @@ def spec_from_shape(
     )
 
 
+def is_shape_path(model: str) -> bool:
+    """Whether ``--model`` names a shape file rather than a preset: it has a path separator
+    or a .yaml / .yml suffix. Anything else is a preset name, whatever the current directory
+    holds (a folder ``gpt2/`` there must not shadow the preset)."""
+    return "/" in model or "\\" in model or Path(model).suffix in (".yaml", ".yml")
+
+
 def load_shape(model: str, overrides: dict[str, Any] | None = None) -> TransformerSpec | MLPSpec:
-    """A preset name or a shape file's path, with ``--model.KEY=VALUE`` overrides applied."""
-    path = Path(model)
-    if path.suffix in (".yaml", ".yml") or path.exists():
+    """A preset name or a shape file's path (see ``is_shape_path``), with
+    ``--model.KEY=VALUE`` overrides applied."""
+    if is_shape_path(model):
+        path = Path(model)
         if not path.is_file():
-            raise ShapeError(f"--model {model!r}: model shape file does not exist")
+            raise ShapeError(
+                f"--model {model!r}: model shape file does not exist (give a YAML file's path "
+                "or a preset name)"
+            )
         text, source, stem = path.read_text(), str(path), path.stem
     else:
         files = shape_files()
         if model not in files:
+            hint = f" (a file here? give it as ./{model})" if Path(model).is_file() else ""
             raise ShapeError(
-                f"unknown model '{model}'; available: {', '.join(files)} "
-                "(or a shape YAML file, or --params-count)"
+                f"--model: unknown model '{model}'{hint}; available: {', '.join(files)} "
+                "(or a shape file's path: with a / or a .yaml suffix; or --params-count)"
             )
         text, source, stem = files[model].read_text(), f"preset {model}", model
     data, lines = _read_shape(text, source)
@@ -297,12 +312,29 @@ def load_shape(model: str, overrides: dict[str, Any] | None = None) -> Transform
     return spec_from_shape(data, where, stem)
 
 
-def _load_presets() -> dict[str, TransformerSpec | MLPSpec]:
-    return {name: load_shape(name) for name in shape_files()}
+class _Presets(Mapping[str, "TransformerSpec | MLPSpec"]):
+    """The shipped presets by name, each read from the package on first use: importing plan
+    mode (or printing its --help) reads no shape file."""
+
+    def __init__(self) -> None:
+        self._specs: dict[str, TransformerSpec | MLPSpec] = {}
+
+    def __getitem__(self, name: str) -> TransformerSpec | MLPSpec:
+        if name not in self._specs:
+            if name not in shape_files():
+                raise KeyError(name)
+            self._specs[name] = load_shape(name)
+        return self._specs[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(shape_files())
+
+    def __len__(self) -> int:
+        return len(shape_files())
 
 
 # the shipped presets in the order of simdist/models/shapes (alphabetical)
-MODELS: dict[str, TransformerSpec | MLPSpec] = _load_presets()
+MODELS: Mapping[str, TransformerSpec | MLPSpec] = _Presets()
 
 
 # -- memory formulas -----------------------------------------------------------------------
@@ -396,6 +428,7 @@ __all__ = [
     "MLPSpec",
     "TransformerSpec",
     "is_gpt2_layout",
+    "is_shape_path",
     "layer_activation_bytes",
     "load_shape",
     "model_state_bytes",
