@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NoReturn
 
 from simdist.device.profile import ProfileError
 from simdist.sim.plan import (
@@ -58,8 +60,56 @@ __all__ = [
 ]
 
 
+class _Parser(argparse.ArgumentParser):
+    """Bad flags in one line (what, which flag, where to look), exit 2, nothing written."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def _at_least(low: int) -> Callable[[str], int]:
+    """An integer flag's type: a count below ``low`` is refused by name, not replaced by a
+    default (``--tp 0`` is not --tp 1)."""
+
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            n = None
+        if n is None or n < low:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {text!r}")
+        return n
+
+    return parse
+
+
+def _positive_number(text: str) -> float:
+    """A size (``--bucket-mb``): a number > 0."""
+    try:
+        x = float(text)
+    except ValueError:
+        x = math.nan
+    if not x > 0 or math.isinf(x):
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
+    return x
+
+
+def _param_count(text: str) -> int:
+    """``--params-count``: a whole number of parameters >= 1 (1.5e9 allowed)."""
+    try:
+        x = float(text)
+    except ValueError:
+        x = math.nan
+    if not (1 <= x < math.inf) or x != int(x):
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
+    return int(x)
+
+
+POSITIVE = _at_least(1)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="python -m simdist.plan",
         description="Analytic plan mode: memory per device and predicted step time, without "
         "running anything; or the fastest layout that fits (--search).",
@@ -71,50 +121,55 @@ def build_parser() -> argparse.ArgumentParser:
         "--interleave, --precision and --sequence-parallel then fix that choice.",
     )
     p.add_argument(
-        "--model", default="gpt2",
-        help=f"a preset ({', '.join(MODELS)}) or a shape YAML file; a name with a / or a "
-        ".yaml / .yml suffix is a file (./NAME for a file named like a preset), any other a "
-        "preset",
+        "--model", default=None,
+        help=f"a preset ({', '.join(MODELS)}; default gpt2) or a shape YAML file; a name "
+        "with a / or a .yaml / .yml suffix is a file (./NAME for a file named like a preset), "
+        "any other a preset",
     )  # fmt: skip
-    p.add_argument("--params-count", type=float, default=None, help="plan model states only")
+    p.add_argument(
+        "--params-count", type=_param_count, default=None,
+        help="plan model states only, of this many parameters (instead of --model)",
+    )  # fmt: skip
     p.add_argument(
         "--devices", default="1", help="devices; a list (8,64,512) gives a scaling table"
     )
     p.add_argument("--profile", default="a100-80gb", help="profile name or YAML path")
     p.add_argument("--zero", type=int, default=None, choices=(0, 1, 2, 3), help="default 0")
     p.add_argument(
-        "--batch", type=int, default=8,
+        "--batch", type=POSITIVE, default=8,
         help="samples per data-parallel replica (--search: per device, unless --global-batch)",
     )  # fmt: skip
-    p.add_argument("--micro-batch", type=int, default=None)
-    p.add_argument("--seq", type=int, default=None, help="sequence length (default: context)")
+    p.add_argument("--micro-batch", type=POSITIVE, default=None)
+    p.add_argument("--seq", type=POSITIVE, default=None, help="sequence length (default: context)")
     p.add_argument(
         "--precision", default=None, choices=("mixed", "fp32", "bf16", "fp16"),
         help="default mixed; bf16 / fp16: mixed with that half format, planned as simdist.train "
         "runs it (runconfig.precision) where it can",
     )  # fmt: skip
     p.add_argument("--half", default=None, choices=("fp16", "bf16"))
-    p.add_argument("--devices-per-node", type=int, default=None)
+    p.add_argument("--devices-per-node", type=POSITIVE, default=None)
     p.add_argument(
         "--execution",
         choices=("pipelined", "weight_streaming"),
         default=None,
         help="execution mode (default: the profile's; weight_streaming as simdist.train runs it)",
     )
-    p.add_argument("--prefetch-depth", type=int, default=1, help="weight streaming (default 1)")
-    p.add_argument("--tp", type=int, default=None, help="tensor-parallel degree (default 1)")
+    p.add_argument(
+        "--prefetch-depth", type=_at_least(0), default=1, help="weight streaming (default 1)"
+    )
+    p.add_argument("--tp", type=POSITIVE, default=None, help="tensor-parallel degree (default 1)")
     p.add_argument(
         "--tp-mode", default="weight", choices=("weight", "batch"),
         help="runconfig.tensor_parallel_mode: weight (default; Megatron's split, planned as "
         "simdist.train runs it where it can: fp32 GPT-2 layout, ZeRO 0-2) or batch (the "
         "group's devices divide its batch: data parallelism over every device)",
     )  # fmt: skip
-    p.add_argument("--pp", type=int, default=None, help="pipeline stages (default 1)")
+    p.add_argument("--pp", type=POSITIVE, default=None, help="pipeline stages (default 1)")
     p.add_argument(
         "--pipeline-schedule", default="1f1b", choices=("1f1b", "gpipe"),
         help="--pp > 1 on a configuration simdist.train runs: its schedule (default 1f1b)",
     )  # fmt: skip
-    p.add_argument("--interleave", type=int, default=None, help="virtual stages per device")
+    p.add_argument("--interleave", type=POSITIVE, default=None, help="virtual stages per device")
     p.add_argument("--recompute", default=None, choices=("none", "selective", "full"))
     p.add_argument("--sequence-parallel", action="store_true", default=None)
     p.add_argument(
@@ -124,16 +179,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-overlap", action="store_true", help="expose all DP communication")
     p.add_argument("--algorithm", default="ring", choices=("ring", "rhd", "hierarchical", "auto"))
     p.add_argument("--optimizer", default="adam", choices=("adam", "sgd"))
-    p.add_argument("--bucket-mb", type=float, default=DDP_BUCKET_BYTES / 2**20)
+    p.add_argument("--bucket-mb", type=_positive_number, default=DDP_BUCKET_BYTES / 2**20)
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     s = p.add_argument_group("search (--search, or a list of --devices)")
     s.add_argument("--search", action="store_true", help="find the fastest layout that fits")
-    s.add_argument("--global-batch", type=int, default=None, help="fix it (strong scaling)")
-    s.add_argument("--max-tp", type=int, default=None, help="default: devices per node")
-    s.add_argument("--max-pp", type=int, default=None)
-    s.add_argument("--max-micro-batch", type=int, default=64)
-    s.add_argument("--max-interleave", type=int, default=None)
-    s.add_argument("--top", type=int, default=10, help="configurations to print")
+    s.add_argument("--global-batch", type=POSITIVE, default=None, help="fix it (strong scaling)")
+    s.add_argument("--max-tp", type=POSITIVE, default=None, help="default: devices per node")
+    s.add_argument("--max-pp", type=POSITIVE, default=None)
+    s.add_argument("--max-micro-batch", type=POSITIVE, default=64)
+    s.add_argument("--max-interleave", type=POSITIVE, default=None)
+    s.add_argument("--top", type=POSITIVE, default=10, help="configurations to print")
     return p
 
 
@@ -181,13 +236,16 @@ def main(argv: list[str] | None = None) -> int:
         overrides, rest = _model_overrides(rest)
         if rest:
             parser.error(f"unrecognized arguments: {' '.join(rest)}")
+        if args.params_count is not None and (args.model is not None or overrides):
+            parser.error("argument --params-count: not with --model or --model.KEY (the count "
+                         "replaces the model's shapes): give one of them")  # fmt: skip
         devices = _devices(args.devices)
         base = PlanConfig(
-            model=args.model,
-            params_count=None if args.params_count is None else int(args.params_count),
+            model=args.model or "gpt2",
+            params_count=args.params_count,
             devices=devices[0],
             profile=args.profile,
-            zero=args.zero or 0,
+            zero=0 if args.zero is None else args.zero,
             batch=args.batch,
             micro_batch=args.micro_batch,
             seq=args.seq,
@@ -197,10 +255,10 @@ def main(argv: list[str] | None = None) -> int:
             execution=args.execution,
             prefetch_depth=args.prefetch_depth,
             pipeline_schedule=args.pipeline_schedule,
-            tp=args.tp or 1,
+            tp=1 if args.tp is None else args.tp,
             tp_mode=args.tp_mode,
-            pp=args.pp or 1,
-            interleave=args.interleave or 1,
+            pp=1 if args.pp is None else args.pp,
+            interleave=1 if args.interleave is None else args.interleave,
             recompute=args.recompute or "none",
             sequence_parallel=bool(args.sequence_parallel),
             overlap=not args.no_overlap,

@@ -8,6 +8,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from simdist.plan import main
 
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
@@ -46,3 +48,50 @@ def test_path_rule_errors(tmp_path, monkeypatch, capsys):
     assert "unknown model 'mymodel'" in err and "./mymodel" in err
     assert main(["--model", "gpt2/"]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+# -- flag ranges ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "flag, value, allowed",
+    [
+        ("--tp", "0", "an integer >= 1"),
+        ("--pp", "0", "an integer >= 1"),
+        ("--micro-batch", "0", "an integer >= 1"),
+        ("--seq", "0", "an integer >= 1"),
+        ("--seq", "-5", "an integer >= 1"),
+        ("--interleave", "0", "an integer >= 1"),
+        ("--devices-per-node", "0", "an integer >= 1"),
+        ("--batch", "0", "an integer >= 1"),
+        ("--top", "0", "an integer >= 1"),
+        ("--top", "-1", "an integer >= 1"),
+        ("--max-tp", "0", "an integer >= 1"),
+        ("--prefetch-depth", "-1", "an integer >= 0"),
+        ("--bucket-mb", "-1", "a number > 0"),
+        ("--bucket-mb", "0", "a number > 0"),
+        ("--params-count", "-5", "a whole number >= 1"),
+        ("--params-count", "1.5", "a whole number >= 1"),
+    ],
+)
+def test_out_of_range_flags_are_refused_by_name(capsys, flag, value, allowed):
+    model = [] if flag == "--params-count" else ["--model", "gpt2-mini"]
+    with pytest.raises(SystemExit) as exc:
+        main([*model, flag, value])
+    assert exc.value.code == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert f"argument {flag}: expected {allowed}, got '{value}'" in lines[0]
+
+
+def test_params_count_and_model_exclude_each_other(capsys):
+    for extra in (["--model", "gpt2-mini"], ["--model.layers=2"]):
+        with pytest.raises(SystemExit) as exc:
+            main(["--params-count", "1e9", *extra])
+        assert exc.value.code == 2
+        out, err = capsys.readouterr()
+        assert out == "" and "--params-count: not with --model" in err
+    assert main(["--params-count", "1.5e9", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["params"] == 1_500_000_000
