@@ -36,6 +36,7 @@ from simdist.sim.search import (
     SearchSpace,
     format_scaling,
     format_search,
+    no_layout_reason,
     scaling,
     scaling_dict,
 )
@@ -268,16 +269,19 @@ def main(argv: list[str] | None = None) -> int:
             model_overrides=overrides,
         )
         if args.search or len(devices) > 1:
-            return _search_main(args, base, devices)
-        result = Planner(base).run()
+            text = _search_main(args, base, devices)
+        else:
+            result = Planner(base).run()
+            text = json.dumps(result.as_dict(), indent=2) if args.json else format_plan(result)
     except (ValueError, ProfileError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    print(json.dumps(result.as_dict(), indent=2) if args.json else format_plan(result))
+    print(text)
     return 0
 
 
-def _search_main(args: argparse.Namespace, base: PlanConfig, devices: list[int]) -> int:
+def _search_main(args: argparse.Namespace, base: PlanConfig, devices: list[int]) -> str:
+    """The search's (or scaling table's) report; a ValueError where no layout is left."""
     space = SearchSpace(
         global_batch=args.global_batch,
         batch_per_device=args.batch,
@@ -295,15 +299,15 @@ def _search_main(args: argparse.Namespace, base: PlanConfig, devices: list[int])
         precision="mixed" if args.precision in ("bf16", "fp16") else args.precision,
     )
     results = scaling(base.model, devices, base.profile, space, base)
+    if all(r.considered == 0 for r in results):  # the flags leave no layout to rank
+        raise ValueError(
+            no_layout_reason(results[0]) + ": relax the flags that fix a choice (--tp, --pp, "
+            "--zero, --micro-batch, --interleave, --sequence-parallel, --max-*)"
+        )
     if len(results) == 1:
         r = results[0]
-        print(json.dumps(r.as_dict(), indent=1) if args.json else format_search(r, args.top))
-    else:
-        if args.json:
-            print(json.dumps(scaling_dict(results), indent=1))
-        else:
-            print(format_scaling(results))
-    return 0
+        return json.dumps(r.as_dict(), indent=1) if args.json else format_search(r, args.top)
+    return json.dumps(scaling_dict(results), indent=1) if args.json else format_scaling(results)
 
 
 if __name__ == "__main__":

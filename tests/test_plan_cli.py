@@ -95,3 +95,43 @@ def test_params_count_and_model_exclude_each_other(capsys):
         assert out == "" and "--params-count: not with --model" in err
     assert main(["--params-count", "1.5e9", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["params"] == 1_500_000_000
+
+
+# -- layouts the search refuses ---------------------------------------------------------------
+
+
+HEADS = "does not divide gpt2-mini's 4 attention heads"
+
+
+@pytest.mark.parametrize(
+    "args, why",
+    [
+        (["--model", "gpt2-mini", "--devices", "8", "--tp", "8"], HEADS),
+        (["--model", "gpt2-mini", "--devices", "3", "--tp", "3"], HEADS),
+        (["--model", "gpt3-175b", "--devices", "16", "--tp", "16", "--devices-per-node", "8"],
+         "tp 16 exceeds 8 devices per node"),
+        (["--model", "fc-mnist", "--devices", "2", "--tp", "2"], "fc-mnist is not one"),
+    ],
+)  # fmt: skip
+def test_single_plan_refuses_what_the_search_refuses(capsys, args, why):
+    assert main(args) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("error: --tp: ") and why in err
+    assert main([*args, "--search"]) == 2  # the search names the same rule
+    out, err = capsys.readouterr()
+    assert out == "" and "satisfies the constraints" in err and why in err
+
+
+def test_allowed_layouts_still_plan(capsys):
+    # the same model at a tp it divides, a node as large as the group, batch mode
+    assert main(["--model", "gpt2-mini", "--devices", "4", "--tp", "2"]) == 0
+    big = ["--model", "gpt3-175b", "--devices", "16", "--tp", "16", "--devices-per-node", "16"]
+    assert main(big) == 0
+    assert main(["--model", "fc-mnist", "--devices", "2", "--tp", "2", "--tp-mode", "batch"]) == 0
+    capsys.readouterr()
+
+
+def test_scaling_table_keeps_sizes_some_layout_is_left_at(capsys):
+    # 3 devices leave no layout at --tp 2; 4 do: the table is printed, the empty row named
+    assert main(["--model", "gpt2-mini", "--devices", "3,4", "--tp", "2"]) == 0
+    assert "no configuration fits" in capsys.readouterr().out

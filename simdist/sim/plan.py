@@ -160,6 +160,34 @@ class PlanResult:
         return dataclasses.asdict(self)
 
 
+def tensor_split_error(spec: Any, tp: int, max_tp: int) -> str | None:
+    """Why Megatron's weight split (which ``simdist.train`` and ``--search`` follow) cannot
+    take ``tp`` ranks for ``spec``, or None: the heads and the KV heads are divided among the
+    ranks, and a group stays within ``max_tp`` devices (a node; the search's ``--max-tp``).
+    The search filters its layouts with this; a single plan refuses what it names."""
+    if tp == 1 or isinstance(spec, CountSpec):  # a bare count has no heads to split
+        return None
+    if not isinstance(spec, TransformerSpec):
+        return (
+            f"tp {tp}: weight mode splits a transformer's layers, and {spec.name} is not one "
+            "(--tp-mode batch divides the batch instead)"
+        )
+    if spec.n_head % tp:
+        return (
+            f"tp {tp} does not divide {spec.name}'s {spec.n_head} attention heads (use a divisor)"
+        )
+    if spec.kv_heads % tp:
+        return (
+            f"tp {tp} does not divide {spec.name}'s {spec.kv_heads} key/value heads (use a divisor)"
+        )
+    if tp > max_tp:
+        return (
+            f"tp {tp} exceeds {max_tp} devices per node: a tensor-parallel group stays on one "
+            "node (--devices-per-node sets the node size)"
+        )
+    return None
+
+
 # -- the planner ---------------------------------------------------------------------------
 
 
@@ -272,6 +300,10 @@ class Planner(AnalyticStep):
         t0 = time.perf_counter()
         c, prof = self.cfg, self.profile
         spec = self._spec()
+        # a layout the search would never list is refused, not planned (batch mode has tp 1)
+        why = tensor_split_error(spec, c.tp, prof.devices_per_node)
+        if why:
+            raise ValueError(f"--tp: {why}")
         mem, breakdown, step, model_flops = self.evaluate()
         dp, m = self._layout()
         micro = c.micro_batch or c.batch

@@ -39,7 +39,7 @@ from typing import Any
 
 from simdist.device.profile import load_profile
 
-from .plan import PlanConfig, Planner
+from .plan import PlanConfig, Planner, tensor_split_error
 from .plan_shapes import MLPSpec, TransformerSpec, model_state_bytes
 
 # the dimensions of a configuration, in the order results list them
@@ -172,6 +172,7 @@ class SearchResult:
     considered: int
     evaluated: int
     seconds: float
+    excluded_by: list[str] = field(default_factory=list)  # the rules that removed choices
 
     @property
     def fitting(self) -> list[Candidate]:
@@ -218,18 +219,31 @@ def _pow2_upto(n: int) -> list[int]:
 
 
 def enumerate_configs(
-    spec: Any, devices: int, space: SearchSpace, devices_per_node: int, has_half: bool = True
+    spec: Any,
+    devices: int,
+    space: SearchSpace,
+    devices_per_node: int,
+    has_half: bool = True,
+    why: dict[str, None] | None = None,
 ) -> list[dict[str, Any]]:
-    """Every configuration the rules of the module docstring allow (see there)."""
+    """Every configuration the rules of the module docstring allow (see there); ``why``
+    collects, in order, each rule that removed a choice (to explain an empty result)."""
+
+    def reject(reason: str) -> None:
+        if why is not None:
+            why[reason] = None
+
     transformer = isinstance(spec, TransformerSpec)
     layers = spec.n_layer if transformer else 1
     gb = space.global_batch or space.batch_per_device * devices
-    max_tp = min(space.max_tp or devices_per_node, devices)
-    tps = [space.tp] if space.tp else _pow2_upto(max_tp)
-    if transformer:  # Megatron splits heads (and KV heads) over the TP ranks
-        tps = [t for t in tps if spec.n_head % t == 0 and spec.kv_heads % t == 0]
-    else:
+    max_tp = space.max_tp or devices_per_node
+    tps = [space.tp] if space.tp else _pow2_upto(min(max_tp, devices))
+    if not transformer and not space.tp:  # only a transformer's layers are split
         tps = [1]
+    for t in tps:  # Megatron splits heads (and KV heads) over the TP ranks, within a node
+        if (reason := tensor_split_error(spec, t, max_tp)) is not None:
+            reject(reason)
+    tps = [t for t in tps if tensor_split_error(spec, t, max_tp) is None]
     # fp32 only on request where half precision has the faster matmul peak (see search())
     precisions = [space.precision] if space.precision else (
         ["mixed"] if has_half else ["mixed", "fp32"]
@@ -240,41 +254,61 @@ def enumerate_configs(
     out: list[dict[str, Any]] = []
     for tp in tps:
         if devices % tp:
+            reject(f"tp {tp} does not divide the {devices} devices")
             continue
         pps = [space.pp] if space.pp else _divisors(devices // tp)
         for pp in pps:
-            if devices % (tp * pp) or pp > layers or layers % pp:
+            if devices % (tp * pp):
+                reject(f"tp x pp ({tp} x {pp}) does not divide the {devices} devices")
+                continue
+            if pp > layers or layers % pp:
+                reject(f"pp {pp} does not divide {spec.name}'s {layers} layers")
                 continue
             if space.max_pp and pp > space.max_pp:
+                reject(f"pp {pp} exceeds --max-pp {space.max_pp}")
                 continue
             if not transformer and pp > 1:
+                reject(f"pp {pp}: the search pipelines transformers only")
                 continue
             dp = devices // (tp * pp)
             if gb % dp:
+                reject(f"dp {dp} does not divide the global batch {gb}")
                 continue
             per_replica = gb // dp
             if space.micro_batch:
                 micros = [space.micro_batch] if per_replica % space.micro_batch == 0 else []
+                if not micros:
+                    reject(f"--micro-batch {space.micro_batch} does not divide the batch per "
+                           f"replica ({per_replica})")  # fmt: skip
             else:
                 micros = [b for b in _divisors(per_replica) if b <= space.max_micro_batch]
             zeros = [space.zero] if space.zero is not None else (
                 [0] if dp == 1 else [0, 1] if pp > 1 else [0, 1, 2, 3]
             )  # fmt: skip
             if space.zero and (dp == 1 or (pp > 1 and space.zero >= 2)):
+                reject(f"--zero {space.zero} needs dp > 1" if dp == 1
+                       else f"--zero {space.zero} not with a pipeline (pp {pp})")  # fmt: skip
                 continue
             vs = [1]
             if pp > 1 and transformer:
                 vs = [v for v in _divisors(layers // pp) if v <= (space.max_interleave or v)]
             if space.interleave:
                 vs = [space.interleave] if space.interleave in vs else []
+                if not vs:
+                    reject(f"--interleave {space.interleave} needs pp > 1 and must divide the "
+                           f"layers per stage (pp {pp}: {layers // pp})")  # fmt: skip
             sps = [False, True] if tp > 1 else [False]
             if space.sequence_parallel is not None:
                 sps = [space.sequence_parallel] if (tp > 1 or not space.sequence_parallel) else []
+                if not sps:
+                    reject("--sequence-parallel needs tp > 1")
             for mb, z, v, rec, sp, prec in itertools.product(
                 micros, zeros, vs, recomputes, sps, precisions
             ):
                 m = per_replica // mb
                 if v > 1 and m % pp:
+                    reject(f"interleaving needs the micro-batches per replica to be a multiple "
+                           f"of pp ({pp})")  # fmt: skip
                     continue
                 out.append(dict(tp=tp, pp=pp, dp=dp, interleave=v, zero=z, micro_batch=mb,
                                 recompute=rec, sequence_parallel=sp, precision=prec,
@@ -329,7 +363,8 @@ def search(
             or prof.peak("matmul", half) > prof.peak("matmul", "fp32")
         )
     )
-    configs = enumerate_configs(spec, devices, space, prof.devices_per_node, has_half)
+    excluded: dict[str, None] = {}
+    configs = enumerate_configs(spec, devices, space, prof.devices_per_node, has_half, excluded)
     gb = space.global_batch or space.batch_per_device * devices
     seq = base.seq or getattr(spec, "seq_len", 1)
     cap = prof.memory_bytes
@@ -378,7 +413,8 @@ def search(
     return SearchResult(model=spec.name, devices=devices, profile=prof.name, capacity_bytes=cap,
                         peak_flops=peak, space=space, global_batch=gb, seq=seq,
                         candidates=cands, considered=len(configs), evaluated=evaluated,
-                        seconds=time.perf_counter() - t0)  # fmt: skip
+                        seconds=time.perf_counter() - t0,
+                        excluded_by=list(excluded))  # fmt: skip
 
 
 def _hardware_flops(
@@ -462,9 +498,17 @@ def _compare(best: Candidate, other: Candidate, cap: int) -> str:
     )
 
 
+def no_layout_reason(r: SearchResult) -> str:
+    """Why a search listed no configuration at all: the rules that removed every choice."""
+    rules = "; ".join(r.excluded_by) or "none recorded"
+    return (
+        f"no configuration of {r.model} on {r.devices} devices satisfies the constraints ({rules})"
+    )
+
+
 def _closest_miss(r: SearchResult) -> str:
     if not r.candidates:
-        return "no configuration satisfies the constraints"
+        return no_layout_reason(r)
     c = min(r.candidates, key=lambda c: c.total_bytes)
     return (
         f"the smallest footprint is {_layout(c)} at {c.total_bytes / 1e9:.1f} GB of "
@@ -556,6 +600,7 @@ __all__ = [
     "enumerate_configs",
     "format_scaling",
     "format_search",
+    "no_layout_reason",
     "scaling",
     "scaling_dict",
     "search",
