@@ -135,3 +135,21 @@ def test_scaling_table_keeps_sizes_some_layout_is_left_at(capsys):
     # 3 devices leave no layout at --tp 2; 4 do: the table is printed, the empty row named
     assert main(["--model", "gpt2-mini", "--devices", "3,4", "--tp", "2"]) == 0
     assert "no configuration fits" in capsys.readouterr().out
+
+
+# -- weight streaming on a device without a weight store --------------------------------------
+
+
+def test_streaming_error_names_the_precision_as_the_cause(capsys):
+    args = ["--model", "gpt2-mini", "--execution", "weight_streaming", "--devices", "2"]
+    assert main(args) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "has no weight store" in err
+    assert "--precision fp32, bf16 or fp16" in err and "--tp" not in err
+    for precision in ("fp32", "bf16", "fp16"):
+        assert main([*args, "--precision", precision]) == 0
+    capsys.readouterr()
+    # with a split too, each cause is named
+    assert main([*args, "--pp", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "--precision fp32" in err and "no --pp 2" in err

@@ -272,11 +272,7 @@ class Planner(AnalyticStep):
             step, model_flops = self._streamed_step(spec, mem, dp, m, micro, seq, breakdown)
         elif self.execution == "weight_streaming":
             if prof.streaming is None:
-                raise ValueError(
-                    f"{prof.name} has no weight store: weight streaming on it is planned only "
-                    "for a model simdist runs streamed (a GPT-2 layout without --tp, --pp, "
-                    "--interleave or --recompute)"
-                )
+                raise ValueError(self._no_weight_store(spec))
             step, model_flops = self._weight_streaming(spec, mem, micro, seq, m, breakdown)
         else:
             mem.update(states)
@@ -652,6 +648,29 @@ class Planner(AnalyticStep):
             and (c.precision == "fp32" or c.half is not None)  # as _simdist_runs
             and c.tp == c.pp == c.interleave == 1
             and c.recompute == "none"
+        )
+
+    def _no_weight_store(self, spec: Any) -> str:
+        """Why weight streaming cannot be planned here: what of ``_simdist_streams`` fails,
+        each with the flag that fixes it (the usual one: mixed precision with no half format
+        named, which simdist.train does not run)."""
+        c = self.cfg
+        needs = []
+        if not (isinstance(spec, TransformerSpec) and is_gpt2_layout(spec)):
+            needs.append(f"a GPT-2-layout model ({spec.name} is not)")
+        if c.precision == "mixed" and c.half is None:
+            needs.append(
+                "a precision simdist.train runs: --precision fp32, bf16 or fp16 (mixed, the "
+                "default, leaves the half format open)"
+            )
+        fixed = [f"--{k} {v}" for k, v in (("tp", c.tp), ("pp", c.pp), ("interleave",
+                 c.interleave)) if v != 1] + ([f"--recompute {c.recompute}"]
+                 if c.recompute != "none" else [])  # fmt: skip
+        if fixed:
+            needs.append("no " + ", ".join(fixed))
+        return (
+            f"{self.profile.name} has no weight store: weight streaming on it is planned only "
+            f"as simdist.train runs it streamed, which needs: {'; and '.join(needs)}"
         )
 
     def _streamed_step(
