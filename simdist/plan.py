@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from collections.abc import Callable
 from typing import Any, NoReturn
@@ -26,6 +27,7 @@ from simdist.sim.plan import (
 from simdist.sim.plan_analytic import DDP_BUCKET_BYTES, Op, transformer_layer_ops
 from simdist.sim.plan_shapes import (
     MODELS,
+    SHAPE_KEYS,
     CountSpec,
     MLPSpec,
     TransformerSpec,
@@ -115,8 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Analytic plan mode: memory per device and predicted step time, without "
         "running anything; or the fastest layout that fits (--search).",
         epilog="--model.KEY=VALUE overrides one key of the model's shape (keys: "
-        "layers, encoder_layers, decoder_layers, hidden, heads, kv_heads, ffn, ffn_kind, vocab, "
-        "seq_len, tied_embeddings, position, attn_bias, mlp_bias, head_bias, parallel_block). "
+        f"{', '.join(SHAPE_KEYS)}). "
         "--search explores dp/tp/pp, ZeRO, micro-batch, recompute, interleaving, sequence "
         "parallelism and precision; --tp, --pp, --zero, --micro-batch, --recompute, "
         "--interleave, --precision and --sequence-parallel then fix that choice.",
@@ -276,7 +277,18 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, ProfileError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    print(text)
+    return _write(text)
+
+
+def _write(text: str) -> int:
+    """Print the result; a reader that closed the pipe (``| head``) ends it quietly, with
+    exit status 1 as the Python docs advise for EPIPE, not with a traceback."""
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        # stdout's buffer would fail again at interpreter exit: point it at /dev/null
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     return 0
 
 

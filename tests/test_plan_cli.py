@@ -153,3 +153,43 @@ def test_streaming_error_names_the_precision_as_the_cause(capsys):
     assert main([*args, "--pp", "2"]) == 2
     err = capsys.readouterr().err
     assert "--precision fp32" in err and "no --pp 2" in err
+
+
+# -- plain-CLI manners ------------------------------------------------------------------------
+
+
+def test_closed_pipe_ends_quietly(tmp_path):
+    # a search's JSON is far larger than a pipe's buffer: the reader leaves after one line
+    cmd = [sys.executable, "-m", "simdist.plan", "--model", "gpt2-mini", "--devices", "8",
+           "--search", "--json"]  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=ENV, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    assert proc.stdout is not None and proc.stdout.readline().startswith("{")
+    proc.stdout.close()
+    err = proc.stderr.read() if proc.stderr else ""
+    assert proc.wait(timeout=120) == 1
+    assert err == ""
+
+
+def test_help_lists_every_shape_key(capsys):
+    from simdist.sim.plan_shapes import SHAPE_KEYS
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--help"])
+    assert exc.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    listed = text.split("(keys: ")[1].split(")")[0].split(", ")
+    assert listed == list(SHAPE_KEYS) and {"norm", "kind", "sizes"} <= set(listed)
+
+
+def test_small_steps_keep_their_digits(capsys):
+    assert main(["--model", "gpt2-mini", "--devices", "1,2", "--json"]) == 0
+    steps = [s["configurations"][0]["step_s"] for s in json.loads(capsys.readouterr().out)["sizes"]]
+    assert all(s < 0.01 for s in steps)  # a small model: milliseconds
+    assert main(["--model", "gpt2-mini", "--devices", "1,2"]) == 0
+    rows = [ln.split() for ln in capsys.readouterr().out.splitlines()[2:4]]
+    shown = [float(row[row.index("none") + 1]) for row in rows]
+    assert shown == [pytest.approx(s, rel=1e-3) for s in steps]  # four digits, not 0.001
+    assert main(["--model", "gpt2-mini", "--devices", "2", "--search", "--top", "1"]) == 0
+    out = capsys.readouterr().out
+    assert f"step {steps[1]:#.4g} s" in out

@@ -435,6 +435,12 @@ def _hardware_flops(
 # -- explanation and tables ------------------------------------------------------------------
 
 
+def _secs(x: float) -> str:
+    """A step time: millisecond resolution from 1 s up (the tables' published figures), four
+    significant digits below, where a small model's steps would all read 0.001."""
+    return f"{x:.3f}" if x >= 1 else f"{x:#.4g}"
+
+
 def _layout(c: Candidate) -> str:
     s = f"dp{c.dp} tp{c.tp} pp{c.pp}"
     if c.interleave > 1:
@@ -457,7 +463,7 @@ def why(r: SearchResult, top: int = 3) -> list[str]:
         tot = c.step_s or 1.0
         shares = ", ".join(f"{k.replace('_', ' ')} {100 * v / tot:.0f} %" for k, v in parts.items())
         lines.append(
-            f"#{i} {_layout(c)}: step {c.step_s:.3f} s = {shares}; memory "
+            f"#{i} {_layout(c)}: step {_secs(c.step_s)} s = {shares}; memory "
             f"{c.total_bytes / 1e9:.1f} of {r.capacity_bytes / 1e9:.1f} GB (headroom "
             f"{(r.capacity_bytes - c.total_bytes) / 1e9:.1f} GB)"
         )
@@ -533,7 +539,7 @@ def format_search(r: SearchResult, top: int = 10) -> str:
         tf = c.tflops(r.devices)
         mfu = f"{100 * tf * 1e12 / r.peak_flops:.0f}%" if r.peak_flops and tf else "-"
         lines.append(
-            f"  {i:>3} {_layout(c):<40}{c.step_s:>10.3f}{r.global_batch / c.step_s:>11.1f}"
+            f"  {i:>3} {_layout(c):<40}{_secs(c.step_s):>10}{r.global_batch / c.step_s:>11.1f}"
             f"{tf:>9.1f}{mfu:>6}{c.tflops(r.devices, True):>9.1f}{c.total_bytes / 1e9:>8.1f}"
             f"{100 * parts['compute'] / c.step_s:>7.1f}"
             f"{100 * parts['exposed_comm'] / c.step_s:>7.1f}"
@@ -571,7 +577,7 @@ def format_scaling(results: list[SearchResult]) -> str:
         ref = ref or (per_dev, r.devices)
         eff = per_dev / ref[0]
         lines.append(
-            f"  {r.devices:>8} {r.global_batch:>12}  {_layout(b):<40}{b.step_s:>9.3f}"
+            f"  {r.devices:>8} {r.global_batch:>12}  {_layout(b):<40}{_secs(b.step_s):>9}"
             f"{r.global_batch / b.step_s:>11.1f}{b.tflops(r.devices):>12.1f}"
             f"{100 * eff:>10.1f}%{r.seconds:>9.2f}"
         )
