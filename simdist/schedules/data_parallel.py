@@ -31,6 +31,7 @@ from simdist.comm.topology import Placement, placement
 from simdist.config import ConfigError
 from simdist.data.datasets import build_dataset
 from simdist.data.sampler import DistributedSampler
+from simdist.device.estimate import simulated_line
 from simdist.faults import describe_nonfinite
 from simdist.input_workers import device_input, input_report
 from simdist.kernels.blas import half_operands
@@ -580,12 +581,9 @@ class DataParallel(Schedule):
         peak_rss = max(self.comm.allgather(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss))
         sent = self.coll.bytes_sent - self._bytes_at_start
         simulated = self.sim.finish(run.model_dir, run.global_batch)  # collective
-        if simulated and simulated["est_samples_per_sec"]:
-            run.log(
-                f"Simulated on {simulated['device_profile']}: "
-                f"{simulated['est_samples_per_sec']:.2f} samples/second "
-                f"({1e3 * simulated['est_step_time_s']:.3f} ms per step)."
-            )
+        line = simulated_line(simulated)
+        if line:
+            run.log(line)
         inputs = input_report(  # collective: how long replicas waited on their input
             self.comm,
             getattr(self.data, "wait_s", 0.0),

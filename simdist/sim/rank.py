@@ -57,6 +57,7 @@ from simdist.comm import partition
 from simdist.comm.topology import Placement, placement
 from simdist.device import Device, write_chrome_trace
 from simdist.device.collective import STAGED_OPS, Network
+from simdist.device.estimate import est_fields, memory_fields
 from simdist.device.profile import DeviceProfile
 from simdist.memplan import scratch_bytes, setup_for
 
@@ -376,10 +377,6 @@ class Simulation:
         parts = picked.mean(axis=0)
         walls = np.stack([e["walls"] for e in every]).max(axis=0)  # slowest rank per step
         shares = [e["input_s"] / e["measured_s"] if e["measured_s"] > 0 else 0.0 for e in every]
-        peaks: dict[str, int] = {}
-        for e in every:
-            for cat, b in e["memory"]["peak_bytes"].items():
-                peaks[cat] = max(peaks.get(cat, 0), int(b))
         notes = list(dict.fromkeys(n for e in every for n in e["notes"]))
         prof = self.profile
 
@@ -387,16 +384,12 @@ class Simulation:
             return {k: v / steps for k, v in table.items()}
 
         return {
-            "device_profile": prof.name,
-            "device_profile_sha256": prof.sha256,
-            "device_profile_path": prof.path,
-            "est_samples_per_sec": global_batch / est if est > 0 else None,
-            "est_step_time_s": est,
-            "est_step_time_breakdown_s": {
-                "compute": float(parts[1]),
-                "exposed_comm": float(parts[2]),
-                "other": float(parts[3]),
-            },
+            **est_fields(
+                prof,
+                global_batch,
+                est,
+                {"compute": parts[1], "exposed_comm": parts[2], "other": parts[3]},
+            ),
             # other = host time the device waits for, measured: the input fetch and the
             # loop's own work between the hooked calls (rank 0, mean per step)
             "est_other_breakdown_s": {
@@ -435,9 +428,7 @@ class Simulation:
             "input_time_share": max(shares),
             "input_bottleneck_threshold": INPUT_BOTTLENECK_SHARE,
             "suspected_input_bottleneck": max(shares) > INPUT_BOTTLENECK_SHARE,
-            "device_memory_peak_bytes": peaks,
-            "device_memory_capacity_bytes": int(prof.memory_bytes),
-            "device_memory_rank0": every[0]["memory"],
+            **memory_fields([e["memory"] for e in every], prof.memory_bytes),
             "simulation": {
                 "dtype": self.dtype,
                 "link_class": self.link_class,
