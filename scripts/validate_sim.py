@@ -269,7 +269,9 @@ def measured_parallel(
     rows = []
     for label, perfs in runs.items():
         np_ = cases[label][2]
-        parts = perfs[0]["est_step_time_breakdown_s"]
+        # a pipeline's phases (forward_backward, gradient_sync_exposed, ...), where it has
+        # them; else compute / exposed_comm / other
+        parts = perfs[0].get("est_step_phases_s") or perfs[0]["est_step_time_breakdown_s"]
         rows.append(
             _row(
                 f"step {label} np {np_}",

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from model_runs import assert_same_state
 from mpi_launch import run_mpi
+from perf_fields import assert_simulated_fields
 from test_train import final_state
 
 from simdist.schedules.pipeline import (
@@ -241,6 +242,23 @@ def test_dp2_x_pp2_zero2_equals_zero0_and_data_parallel_zero2(tmp_path):
         owned[rank % 2] += own
     # each stage's two replicas hold disjoint slices covering its range
     assert owned == [hi - lo for lo, hi in (x["flat_range"] for x in perf["pipeline_split"])]
+
+
+def test_performance_json_has_the_simulated_fields_of_data_parallelism(tmp_path):
+    """A pipeline run reports the simulated device as a data-parallel run does (throughput,
+    step, compute / exposed communication / bubble / other, profile, peak memory, input
+    bottleneck, the log line), from its own simulated step, with its phases beside them."""
+    d = tmp_path / "run"
+    out = train(2, d, FC, "--runconfig.max_steps=2", "--pipeline-parallel=2")
+    perf = json.loads((d / "performance.json").read_text())
+    assert_simulated_fields(perf, out.stdout, {"compute", "exposed_comm", "bubble", "other"})
+    parts, phases = perf["est_step_time_breakdown_s"], perf["est_step_phases_s"]
+    assert phases["other"] == parts["other"]  # both: the measured host time
+    assert perf["est_step_time_s"] == pytest.approx(sum(phases.values()), rel=1e-9)
+    assert perf["est_device_step_time_s"] + parts["other"] == perf["est_step_time_s"]
+    # 4 micro-batches on 2 stages: the critical stage idles for part of the step
+    assert parts["bubble"] > 0 and perf["est_breakdown_stage"] in (0, 1)
+    assert len(perf["device_memory_rank0"]["peak_bytes"]) > 1
 
 
 def test_timeline_has_every_micro_batch_on_each_stage_in_1f1b_order(tmp_path):

@@ -167,7 +167,7 @@ def test_memory_gathers_trace_and_plan_of_a_zero3_pipeline(tmp_path):
     )  # fmt: skip
     assert any("simdist's own pipeline step" in x for x in r.notes), r.notes
     assert r.step_s == pytest.approx(p["est_device_step_time_s"], rel=1e-9)
-    for key, value in p["est_step_time_breakdown_s"].items():
+    for key, value in p["est_step_phases_s"].items():
         if key != "other":  # the run's measured host time
             assert r.breakdown_s[key] == pytest.approx(value, rel=1e-9, abs=1e-15), key
     largest = max(p["memory_bytes_per_rank"], key=lambda x: sum(x.values()))

@@ -85,7 +85,9 @@ from simdist.config import ConfigError
 from simdist.data.datasets import build_dataset
 from simdist.data.sampler import DistributedSampler
 from simdist.device import DeviceMemory, SimulatedOutOfMemoryError
+from simdist.device.estimate import busy_split, est_fields, memory_fields, simulated_line
 from simdist.faults import nonfinite_text
+from simdist.input_workers import MeasuredInput, input_report
 from simdist.kernels.blas import half_operands
 from simdist.kernels.half import pack_half, unpack_half
 from simdist.loss_scale import describe_scaling, scaler_for, scaler_report
@@ -111,6 +113,7 @@ from simdist.schedules.tensor_parallel import (
 )
 from simdist.sim.pp_schedule import (
     StagePlan,
+    pipeline_trace,
     schedule_ops,
     simulate_pipeline,
     slots_needed,
@@ -682,6 +685,8 @@ class Pipeline(WholeTensorCheckpoint, Schedule):
             views[n] = region[start : start + specs[n].numel].reshape(specs[n].shape)
 
     def feed(self, run) -> None:
+        if not isinstance(self.data, MeasuredInput):  # every stage reads its micro-batches:
+            self.data = MeasuredInput(self.data)  # the time it takes is input_report's wait
         self._send_tied()  # a resumed owner's values reach the copies
         if self.weight:
             self._staging(0)  # release the resume staging
@@ -1182,10 +1187,26 @@ class Pipeline(WholeTensorCheckpoint, Schedule):
                     "replica's stage runs the same ops at the same simulated times",
                 },
             )
+        compute, exposed, bubble, stage = device_split(est, self.P)
         return {
-            "est_step_time_s": est.step_s + host_s,
+            # the documented fields, as data parallelism's: the critical stage's compute,
+            # its communication not hidden behind compute, its idle time (the bubble: waiting
+            # on other stages) and the measured host time; they sum to est_step_time_s
+            **est_fields(
+                prof,
+                run.global_batch,
+                est.step_s + host_s,
+                {
+                    "compute": compute,
+                    "exposed_comm": exposed,
+                    "bubble": bubble,
+                    "other": host_s,
+                },
+            ),
+            "est_breakdown_stage": stage,
             "est_device_step_time_s": est.step_s,
-            "est_step_time_breakdown_s": {**est.breakdown(), "other": host_s},
+            # the step's phases (plan mode's breakdown_s for the same configuration)
+            "est_step_phases_s": {**est.breakdown(), "other": host_s},
             "est_forward_backward_s": est.forward_backward_s,
             "est_bubble_fraction": est.bubble_fraction,
             "est_stage_compute_s": est.stage_compute_s,
@@ -1249,16 +1270,21 @@ class Pipeline(WholeTensorCheckpoint, Schedule):
             "comm_bytes_sent_per_step": sent / per,
             "group_bytes_per_step": group / per,
             "memory_bytes": dict(self.memory.bytes),
+            "device_memory": self.memory.device_memory.summary(),
             "host_parameter_bytes": self.host_parameter_bytes(),
             "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             "loss_scale": self.scaler.scale if self.scaler else None,
             "skipped_steps": self.scaler.skipped_steps if self.scaler else None,
         }
+        inputs = input_report(self.comm, self.data.wait_s, t.train_time, 0)  # collective
         ranks = self.comm.gather(mine, root=0)
         if ranks is None:
             return None
         host = max(x["host_s"] for x in ranks)
         simulated = self._simulate(run, steps, host) if steps else {}  # views are set
+        line = simulated_line(simulated)
+        if line:
+            run.log(line)
         return {
             **common,
             "execution_mode": "pipelined",
@@ -1309,6 +1335,8 @@ class Pipeline(WholeTensorCheckpoint, Schedule):
             # the weights on each host (16-bit words and a float32 window, or float32 words)
             "host_parameter_bytes_per_rank": [x["host_parameter_bytes"] for x in ranks],
             "peak_memory_bytes_per_rank": max(sum(x["memory_bytes"].values()) for x in ranks),
+            # the simulated devices' accounted peaks, as data parallelism reports them
+            **memory_fields([x["device_memory"] for x in ranks], run.profile.memory_bytes),
             "peak_rss_bytes": max(x["peak_rss_bytes"] for x in ranks),
             "comm_bytes_sent_per_step": max(x["comm_bytes_sent_per_step"] for x in ranks),
             "pipeline_bytes_sent_per_step": [x["p2p_bytes_per_step"] for x in ranks],
@@ -1317,12 +1345,33 @@ class Pipeline(WholeTensorCheckpoint, Schedule):
                 if self.zero_level == 3
                 else {}
             ),
+            **inputs,
             "host": socket.gethostname(),
         }
 
 
+def device_split(est: Any, P: int) -> tuple[float, float, float, int]:
+    """(compute, exposed communication, idle, stage) of a simulated pipeline step on its
+    critical stage: the one computing longest (the bottleneck; the lowest on a tie). Its
+    compute-track events (forward and backward segments, accumulation, norm, optimizer)
+    are compute; its communication-track events (activation sends and receives, ZeRO-3's
+    gathers, weight mode's group collectives, gradient sync, agreement, all-gather, tied
+    parameters) where they do not overlap its compute are exposed communication; the rest
+    of ``est.step_s`` the stage idles (the bubble)."""
+    per_stage = pipeline_trace(est, P, 1, P, 1)
+    splits = []
+    for events in per_stage:
+        spans = {"compute": [], "comm": []}
+        for e in events:
+            spans["compute" if e["track"] == "compute" else "comm"].append((e["start"], e["dur"]))
+        splits.append(busy_split(spans["compute"], spans["comm"], est.step_s))
+    stage = max(range(P), key=lambda s: (splits[s][0], -s))
+    return (*splits[stage], stage)
+
+
 __all__ = [
     "Pipeline",
+    "device_split",
     "StagePlan",
     "measured_bubble",
     "predicted_bubble",
