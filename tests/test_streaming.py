@@ -15,6 +15,7 @@ import h5py
 import numpy as np
 import pytest
 from mpi_launch import run_mpi
+from perf_fields import assert_simulated_fields
 from simdist.kernels.optim import sum_of_squares
 
 from simdist.arena import Layout
@@ -296,6 +297,14 @@ def test_demo_model_fails_pipelined_and_trains_streamed(tmp_path):
     assert perf["device_peak_bytes"] == predicted <= cap
     assert perf["exposed_streaming_time_s"] > 0
     assert perf["simulated_step_time_s"] >= perf["simulated_compute_s_per_step"]
+    # the documented simulated-device fields, as data parallelism's, from the same step
+    assert_simulated_fields(perf, out.stdout, {"compute", "exposed_comm"})
+    assert perf["est_step_time_s"] == perf["simulated_step_time_s"]
+    parts = perf["est_step_time_breakdown_s"]
+    assert parts["compute"] == perf["simulated_compute_s_per_step"]
+    assert parts["exposed_comm"] == pytest.approx(perf["exposed_streaming_time_s"], rel=1e-12)
+    assert perf["device_memory_peak_bytes"]["total"] == perf["device_peak_bytes"]
+    assert perf["device_memory_capacity_bytes"] == cap
     shutil.rmtree(d)
 
 

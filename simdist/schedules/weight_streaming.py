@@ -40,6 +40,7 @@ from simdist.config import ConfigError
 from simdist.data.datasets import build_dataset
 from simdist.data.sampler import DistributedSampler
 from simdist.device import DeviceMemory, format_bytes
+from simdist.device.estimate import est_fields, memory_fields, simulated_line
 from simdist.faults import nonfinite_text
 from simdist.input_workers import device_input, input_report
 from simdist.kernels.blas import BACKEND, half_operands
@@ -447,6 +448,26 @@ class WeightStreaming(Schedule):
             j += 1
         return np.array([loss_sum, correct, *meta], np.float64)
 
+    def _estimate(self, run, devices: list[dict[str, Any]], per: int) -> dict[str, Any]:
+        """performance.json's simulated-device fields (``simdist.device.estimate``), from
+        the devices' simulated steps (``device_times``): the step is the slowest device's
+        (all replay the same stage list, so it is ``simulated_step_time_s``), split into
+        compute and exposed streaming (weights in, gradients out: the mode's
+        communication). No ``other``: the streaming replay simulates the device alone and
+        this mode measures no host time the device would wait for, so the estimate holds
+        no measured part (data parallelism and pipelines add theirs)."""
+        slow = max(devices, key=lambda d: d["sim_total_s"])
+        total, compute = slow["sim_total_s"] / per, slow["sim_compute_s"] / per
+        out = est_fields(
+            self.profile,
+            run.global_batch,
+            total,
+            {"compute": compute, "exposed_comm": total - compute},
+        )
+        mem = memory_fields([d["memory"] for d in devices], devices[0]["memory"]["capacity_bytes"])
+        del mem["device_memory_rank0"]  # rank 0 is a weight server: device_memory has each device's
+        return {**out, **mem}
+
     def performance(self, run, common: dict[str, Any]) -> dict[str, Any] | None:
         t, steps = run.timers, common["steps"]
         dev = {}
@@ -481,6 +502,10 @@ class WeightStreaming(Schedule):
         per = max(steps, 1)
         analysis = {k: self.word * v for k, v in self.plan.streamed_elements(self.accum).items()}
         d0 = devices[0]
+        simulated = self._estimate(run, devices, per) if steps else {}
+        line = simulated_line(simulated)
+        if line:
+            run.log(line)
         return {
             "execution_mode": "weight_streaming",
             "weight_servers": self.roles.servers,
@@ -527,6 +552,7 @@ class WeightStreaming(Schedule):
             # a device's weight slots on this host (16-bit words: and one float32 copy)
             "host_window_bytes": d0["host_window_bytes"],
             "server_memory_bytes": self.memory.summary()["peak_bytes"]["total"],
+            **simulated,
             "peak_rss_bytes": max(rss for _, _, rss in gathered),
             **inputs,
             "host": socket.gethostname(),
