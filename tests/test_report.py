@@ -215,6 +215,49 @@ def test_scaling_plot_of_the_three_runs(inputs, rendered):
         assert ideal["y"] == pytest.approx([values[0] * n for n in SIZES])
 
 
+def test_pipeline_and_weight_streaming_runs_get_the_simulated_bar_and_memory(mpl, tmp_path):
+    """A pipeline run (FC-MNIST at P 2) and a weight-streaming one (1 server, 2 devices):
+    both write est_samples_per_sec, so the throughput plot draws their simulated bars from
+    it; the step plot stacks their breakdown (the pipeline's bubble included), and the
+    memory plot has each one's device (the pipeline's rank 0, the first streaming device)."""
+    args = ["-m", "simdist.train", *SMALL[:1], "--runconfig.max_steps=3",
+            "--runconfig.save_summary_steps=1", "--runconfig.progress_bar=false",
+            "--runconfig.mode=train"]  # fmt: skip
+    pp, ws = tmp_path / "pp", tmp_path / "ws"
+    cases = [
+        (2, pp, ["--pipeline-parallel=2", "--optimizer.grad_accum_steps=2"]),
+        (3, ws, ["--execution_mode=weight_streaming", "--weight_servers=1"]),
+    ]
+    for n, d, extra in cases:
+        proc = run_mpi(n, [*args, *extra, f"--runconfig.model_dir={d}"], 240)
+        assert proc.returncode == 0, proc.stdout
+    out = tmp_path / "out"
+    assert report.main([str(pp), str(ws), "--out", str(out)]) == 0
+    perfs = [_perf(pp), _perf(ws)]
+    sim = _series(_plot(out, "runs_throughput"), "simulated")
+    assert sim["x"] == ["pp", "ws"] and sim["y"] == [p["est_samples_per_sec"] for p in perfs]
+    assert sim["source"] == "performance.json:est_samples_per_sec"
+    step = _plot(out, "runs_step")
+    for label, key in (("compute", "compute"), ("exposed communication", "exposed_comm")):
+        s = _series(step, label)
+        assert s["y"] == [1e3 * p["est_step_time_breakdown_s"][key] for p in perfs]
+    bubble = _series(step, "pipeline bubble")
+    assert bubble["x"] == ["pp"] and bubble["y"] == [
+        1e3 * perfs[0]["est_step_time_breakdown_s"]["bubble"]
+    ]
+    mem = _plot(out, "runs_memory")
+    bars = [s for p in mem["panels"] for s in p["series"] if s["kind"] == "bar"]
+    assert {x for s in bars for x in s["x"]} == {"pp", "ws"}
+    for label, want in (
+        ("pp", perfs[0]["device_memory_rank0"]["peak_bytes"]["total"]),
+        ("ws", perfs[1]["device_memory"][0]["peak_bytes"]["total"]),
+    ):
+        got = sum(
+            y * s["scale"] for s in bars for x, y in zip(s["x"], s["y"], strict=True) if x == label
+        )
+        assert got == pytest.approx(want)
+
+
 def test_plan_series_and_ranked_table(inputs, rendered):
     page = (rendered / "report.html").read_text()
     plans = inputs["plans"]

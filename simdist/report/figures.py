@@ -247,8 +247,10 @@ def _run_plots(runs: list[RunData]) -> list[Plot]:
                 cols=1,
                 panel_size=(max(5.2, 1.4 * len(runs) + 2), 3.8),
                 caption="Simulated step of the slowest rank per step: compute, communication "
-                "not hidden behind compute, and other (host time the device waits for: input "
-                "and the loop itself, measured). Grey: the measured step beside it.",
+                "not hidden behind compute (weight streaming: weights in, gradients out), a "
+                "pipeline's bubble (its busiest stage idle, waiting on the others) and other "
+                "(host time the device waits for: input and the loop itself, measured). "
+                "Grey: the measured step beside it.",
             )
         )
 

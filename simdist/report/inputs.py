@@ -142,7 +142,7 @@ def sim_samples_per_sec(perf: dict[str, Any]) -> tuple[float | None, str]:
     if perf.get("est_samples_per_sec"):
         return float(perf["est_samples_per_sec"]), "est_samples_per_sec"
     step, gb = perf.get("simulated_step_time_s"), perf.get("global_batch_size")
-    if step and gb:  # weight streaming records the step only
+    if step and gb:  # older weight-streaming runs recorded the step only
         return gb / step, "global_batch_size/simulated_step_time_s"
     return None, ""
 
@@ -150,17 +150,20 @@ def sim_samples_per_sec(perf: dict[str, Any]) -> tuple[float | None, str]:
 def sim_breakdown(perf: dict[str, Any]) -> dict[str, tuple[float, str]]:
     """Simulated step parts in seconds: compute / exposed communication / other."""
     b = perf.get("est_step_time_breakdown_s")
-    if isinstance(b, dict):
-        return {
+    if isinstance(b, dict) and "compute" in b:  # every mode writes it (simdist.device.estimate)
+        out = {
             "compute": (float(b.get("compute", 0.0)), "est_step_time_breakdown_s.compute"),
             "exposed communication": (
                 float(b.get("exposed_comm", 0.0)),
                 "est_step_time_breakdown_s.exposed_comm",
             ),
-            "other": (float(b.get("other", 0.0)), "est_step_time_breakdown_s.other"),
         }
+        if "bubble" in b:  # a pipeline's critical stage idling on the others
+            out["pipeline bubble"] = (float(b["bubble"]), "est_step_time_breakdown_s.bubble")
+        out["other"] = (float(b.get("other", 0.0)), "est_step_time_breakdown_s.other")
+        return out
     step = perf.get("simulated_step_time_s")
-    if step:  # weight streaming: compute, exposed streaming, and the rest of the step
+    if step:  # older weight-streaming runs: compute, exposed streaming, the rest of the step
         compute = float(perf.get("simulated_compute_s_per_step") or 0.0)
         comm = float(perf.get("exposed_streaming_time_s") or 0.0)
         return {
