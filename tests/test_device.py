@@ -957,3 +957,26 @@ def test_model_kernel_costs_mark_their_serial_flops():
     serial = {k.name.split(".")[-1] for k in gpt2 if k.serial_flops}
     assert {"ln_1", "ln_2", "softmax", "bwd", "softmax_ce"} <= serial
     assert any(k.serial_flops for k in fc if k.name == "softmax_ce")
+
+
+def test_estimate_fields_split_and_log_line():
+    """``simdist.device.estimate``: the shared performance.json fields of every mode."""
+    from simdist.device import load_profile
+    from simdist.device.estimate import busy_split, est_fields, peak_by_category, simulated_line
+
+    # compute [0, 2) and [1, 3); comm [2.5, 4) and [5, 5.5): 3 s computing, 1.5 s exposed
+    assert busy_split([(0, 2), (1, 2)], [(2.5, 1.5), (5, 0.5)], 10.0) == (3.0, 1.5, 5.5)
+    assert busy_split([], [(0, 1)], 1.0) == (0.0, 1.0, 0.0)
+    prof = load_profile("a100-80gb")
+    f = est_fields(prof, 32, 0.5, {"compute": 0.4, "exposed_comm": 0.1})
+    assert f["est_samples_per_sec"] == 64.0 and f["est_step_time_s"] == 0.5
+    assert f["device_profile"] == "a100-80gb" and f["device_profile_sha256"] == prof.sha256
+    assert (
+        simulated_line(f) == "Simulated on a100-80gb: 64.00 samples/second (500.000 ms per step)."
+    )
+    none = est_fields(prof, 32, 0.0, {"compute": 0.0})
+    assert none["est_samples_per_sec"] is None and simulated_line(none) is None
+    peaks = peak_by_category(
+        [{"peak_bytes": {"a": 1, "total": 3}}, {"peak_bytes": {"a": 2, "total": 2}}]
+    )
+    assert peaks == {"a": 2, "total": 3}
