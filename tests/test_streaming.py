@@ -305,6 +305,28 @@ def test_demo_model_fails_pipelined_and_trains_streamed(tmp_path):
     assert parts["exposed_comm"] == pytest.approx(perf["exposed_streaming_time_s"], rel=1e-12)
     assert perf["device_memory_peak_bytes"]["total"] == perf["device_peak_bytes"]
     assert perf["device_memory_capacity_bytes"] == cap
+    # timeline.json: the same replay as events, per device (2 here), 3 steps (trace_steps)
+    from simdist.device import validate_chrome_trace
+
+    trace = json.loads((d / "timeline.json").read_text())
+    validate_chrome_trace(trace)
+    spans = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert {e["pid"] for e in spans} == {0, 1}
+    mine = [e for e in spans if e["pid"] == 0]
+    assert {e["args"]["step"] for e in mine} == {0, 1, 2}
+    first = [e for e in mine if e["args"]["step"] == 0]
+    compute = sorted((e["ts"], e["dur"]) for e in first if e["tid"] == 2)
+    # each stage forward and backward per micro-batch, one after another
+    assert len(compute) == 2 * len(model.stages()) * perf["grad_accum_steps"]
+    assert all(
+        a + da <= b * (1 + 1e-12) for (a, da), (b, _) in zip(compute[:-1], compute[1:], strict=True)
+    )
+    us = 1e6 * perf["simulated_compute_s_per_step"]
+    assert sum(dur for _, dur in compute) == pytest.approx(us, rel=1e-9)
+    end = max(e["ts"] + e["dur"] for e in first)  # the last gradient out: the step's end
+    assert end == pytest.approx(1e6 * perf["simulated_step_time_s"], rel=1e-9)
+    assert any(e["tid"] == 3 and e["name"].startswith("weights ") for e in first)
+    assert any(e["tid"] == 3 and e["name"].startswith("gradients ") for e in first)
     shutil.rmtree(d)
 
 

@@ -39,7 +39,7 @@ from simdist.comm.groups import DEVICE, SERVER, Groups, Roles
 from simdist.config import ConfigError
 from simdist.data.datasets import build_dataset
 from simdist.data.sampler import DistributedSampler
-from simdist.device import DeviceMemory, format_bytes
+from simdist.device import DeviceMemory, format_bytes, write_chrome_trace
 from simdist.device.estimate import est_fields, memory_fields, simulated_line
 from simdist.faults import nonfinite_text
 from simdist.input_workers import device_input, input_report
@@ -56,6 +56,7 @@ from simdist.sim.streaming_step import (
     device_compute,
     device_step,
     stage_traffic,
+    step_events,
 )
 from simdist.streaming import StreamingOptions, StreamPlan, warm_kernels
 
@@ -295,11 +296,35 @@ class WeightStreaming(Schedule):
         self.device_times.append(self._simulate())
         return loss
 
-    def _simulate(self) -> StepTime:
+    def _simulate(self, spans: list | None = None) -> StepTime:
         return device_step(
             self.traffic, self.fwd_s, self.bwd_s, self.accum, self.profile,
-            self.opts.prefetch_depth, self.word,
+            self.opts.prefetch_depth, self.word, spans,
         )  # fmt: skip
+
+    def _trace_events(self, steps: int) -> list[dict]:
+        """A device's first ``steps`` simulated steps as trace events (every step replays
+        the same stage list: the same spans, shifted)."""
+        spans: list = []
+        step = self._simulate(spans)
+        return step_events(spans, self.plan.stages, step.total_s, steps)
+
+    def _write_timeline(self, run, events: list[dict], steps: int, devices: int) -> None:
+        """Rank 0 (a server): ``model_dir/timeline.json`` from device 0's events, one
+        process per device (every device replays the same steps)."""
+        write_chrome_trace(
+            run.model_dir / "timeline.json",
+            [events] * devices,
+            rank_labels=[f"device {d} ({self.profile.name})" for d in range(devices)],
+            metadata={
+                "profile": self.profile.name,
+                "profile_sha256": self.profile.sha256,
+                "steps_traced": steps,
+                "note": "simulated weight-streaming steps (simdist.sim.streaming_step): "
+                "stages on the compute track, weights in and gradients out on the "
+                "communication track; every device replays the same steps",
+            },
+        )
 
     def _update(self, sumsq: float, n: int, rate: float) -> float | None:
         """Servers: clip as data parallelism does and apply the optimizer to their range."""
@@ -493,16 +518,20 @@ class WeightStreaming(Schedule):
             )
         peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         gathered = self.comm.gather((self.role, dev, peak_rss), root=0)
+        traced = min(self.params.runconfig.trace_steps, steps)
         if self.role == DEVICE and self.groups.index == 0:
-            self.comm.send(inputs, dest=0, tag=11)
+            events = self._trace_events(traced) if traced else []
+            self.comm.send((inputs, events), dest=0, tag=11)
         if not run.is_main:
             return None
-        inputs = self.comm.recv(source=self.roles.servers, tag=11)
+        inputs, events = self.comm.recv(source=self.roles.servers, tag=11)
         devices = [d for role, d, _ in gathered if role == DEVICE]
         per = max(steps, 1)
         analysis = {k: self.word * v for k, v in self.plan.streamed_elements(self.accum).items()}
         d0 = devices[0]
         simulated = self._estimate(run, devices, per) if steps else {}
+        if traced:
+            self._write_timeline(run, events, traced, len(devices))
         line = simulated_line(simulated)
         if line:
             run.log(line)

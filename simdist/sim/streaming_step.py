@@ -44,26 +44,31 @@ def simulate_step(
     bandwidth: float | None,
     latency: float = 0.0,
     gradient_slots: int = GRADIENT_SLOTS,
+    spans: list[tuple[str, int, float, float]] | None = None,
 ) -> StepTime:
     """Replay one step: ``work`` lists (weight bytes in, compute seconds, gradient bytes
     out) per stage execution, in order. A weight transfer starts when the inbound link is
     free and its slot is (the slot's previous stage, depth + 1 transfers back, has
     computed); a stage computes when the previous one is done and its weights have arrived;
     a stage that produces gradients also needs a free gradient slot (the transfer
-    ``gradient_slots`` groups back has left). ``bandwidth`` None: transfers take no time."""
+    ``gradient_slots`` groups back has left). ``bandwidth`` None: transfers take no time.
+    ``spans``: receives (what, execution index, start, seconds) of each weight transfer
+    ("weights"), computation ("compute") and gradient transfer ("gradients")."""
     t = StepTime()
     beta = 0.0 if not bandwidth else 1.0 / bandwidth
     slots = depth + 1
     in_free = out_free = end = 0.0
     weight_done: list[float] = []  # compute end of each stage that used a weight slot
     grad_out: list[float] = []  # transfer end of each gradient
-    for w_bytes, compute, g_bytes in work:
+    for x, (w_bytes, compute, g_bytes) in enumerate(work):
         ready = end
         if w_bytes > 0:
             i = len(weight_done)
             slot_free = weight_done[i - slots] if i >= slots else 0.0
             start = max(in_free, slot_free)
             in_free = start + latency + w_bytes * beta
+            if spans is not None:
+                spans.append(("weights", x, start, in_free - start))
             if in_free > ready:
                 t.weight_wait_s += in_free - ready
                 ready = in_free
@@ -77,10 +82,15 @@ def simulate_step(
         t.compute_s += compute
         if w_bytes > 0:
             weight_done.append(end)
+        if spans is not None:
+            spans.append(("compute", x, ready, compute))
         if g_bytes > 0:
-            out_free = max(out_free, end) + latency + g_bytes * beta
+            sent = max(out_free, end)
+            out_free = sent + latency + g_bytes * beta
             grad_out.append(out_free)
             t.gradients_out_bytes += g_bytes
+            if spans is not None:
+                spans.append(("gradients", x, sent, out_free - sent))
     t.total_s = max(end, out_free)
     t.drain_s = t.total_s - end
     return t
@@ -182,16 +192,40 @@ def device_step(
     profile: DeviceProfile,
     depth: int,
     word: int = 4,
+    spans: list[tuple[str, int, float, float]] | None = None,
 ) -> StepTime:
     """One device's step: the profile's streaming link (MemoryX to system; a profile
     without one streams over its host link, with that link's latency); ``word`` bytes per
-    streamed element (2 in mixed precision)."""
+    streamed element (2 in mixed precision); ``spans`` as ``simulate_step``'s."""
     if profile.streaming is not None:
         bandwidth, latency = profile.streaming.bandwidth, 0.0  # no latency published
     else:
         bandwidth, latency = profile.host.bandwidth, profile.host.latency
     work = step_work(traffic, fwd_s, bwd_s, accum, word)
-    return simulate_step(work, depth, bandwidth, latency)
+    return simulate_step(work, depth, bandwidth, latency, spans=spans)
+
+
+def step_events(
+    spans: list[tuple[str, int, float, float]], stages: list[Stage], step_s: float, steps: int
+) -> list[dict]:
+    """Chrome-trace events (``simdist.device.write_chrome_trace``) of ``steps`` consecutive
+    device steps from one step's ``spans`` (every step replays the same work): the stages'
+    forward and backward on the compute track, weights in and gradients out on the
+    communication track. Execution x of a step is micro-batch x // 2n, then stage x % 2n
+    forward, or backward counting down from n (``step_work``'s order)."""
+    n = len(stages)
+    events = []
+    for s in range(steps):
+        for what, x, start, dur in spans:
+            micro, k = divmod(x, 2 * n)
+            phase, k = ("forward", k) if k < n else ("backward", 2 * n - 1 - k)
+            name = stages[k].name if what == "compute" else f"{what} {stages[k].name}"
+            events.append({
+                "name": f"{name} {phase}", "track": "compute" if what == "compute" else "comm",
+                "start": s * step_s + start, "dur": dur,
+                "args": {"step": s, "micro_batch": micro, "stage": k},
+            })  # fmt: skip
+    return events
 
 
 def device_compute(
