@@ -217,28 +217,45 @@ def profile_path(name_or_path: str | Path) -> Path:
     )
 
 
-def _num(section: Mapping[str, Any], key: str, where: str, unknown: list[str]) -> float | None:
+def _number(value: Any, name: str, positive: bool = False, nullable: bool = True) -> float:
+    """``value`` as a finite float, >= 0 (> 0 with ``positive``: a rate or size the cost
+    model divides by or allocates against, where 0 would fail mid-run); a ProfileError
+    naming ``name`` otherwise. ``nullable``: the key may be null (not published)."""
+    null = " (null if not published)" if nullable else ""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ProfileError(
+            f"{name} must be a number{' or null' if nullable else ''}, got {value!r}"
+        )
+    if positive and value <= 0:
+        raise ProfileError(f"{name} must be > 0{null}, got {value}")
+    if value < 0:
+        raise ProfileError(f"{name} must be >= 0, got {value}")
+    return float(value)
+
+
+def _num(
+    section: Mapping[str, Any], key: str, where: str, unknown: list[str], positive: bool = False
+) -> float | None:
     if key not in section:
         raise ProfileError(f"{where}: missing key '{key}' (write null if it is not published)")
     value = section[key]
     if value is None:
         unknown.append(f"{where}.{key}")
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise ProfileError(f"{where}.{key} must be a number or null, got {value!r}")
-    if value < 0:
-        raise ProfileError(f"{where}.{key} must be >= 0, got {value}")
-    return float(value)
+    return _number(value, f"{where}.{key}", positive)
 
 
 def _table(raw: Any, where: str, scale: float) -> tuple[tuple[float, float], ...]:
     if raw is None:
         return ((0.0, 1.0),)
+    if not isinstance(raw, list | tuple) or not raw:
+        raise ProfileError(f"{where}: a list of [min_size, efficiency] rows, got {raw!r}")
     rows = []
     for row in raw:
         if not (isinstance(row, list | tuple) and len(row) == 2):
             raise ProfileError(f"{where}: rows must be [min_size, efficiency], got {row!r}")
-        size, eff = float(row[0]), float(row[1])
+        size = _number(row[0], f"{where}: min_size", nullable=False)
+        eff = _number(row[1], f"{where}: efficiency", nullable=False)
         if not 0.0 < eff <= 1.0:
             raise ProfileError(f"{where}: efficiency must be in (0, 1], got {eff}")
         rows.append((size * scale, eff))
@@ -261,19 +278,26 @@ def _link(raw: Mapping[str, Any] | None, name: str, unknown: list[str]) -> Link:
     if raw is None:
         unknown.append(where)
         return Link(name, None)
-    bw = _num(raw, "bandwidth_gbs", where, unknown)
+    if not isinstance(raw, Mapping):
+        raise ProfileError(f"{where} must be a mapping or null, got {raw!r}")
+    # bandwidth and efficiency are divisors (beta = 1 / (bandwidth * efficiency))
+    bw = _num(raw, "bandwidth_gbs", where, unknown, positive=True)
     lat = _num(raw, "latency_us", where, unknown)
-    eff = _num(raw, "efficiency", where, unknown)
+    eff = _num(raw, "efficiency", where, unknown, positive=True)
+    if eff is not None and eff > 1:
+        raise ProfileError(f"{where}.efficiency must be in (0, 1], got {eff}")
     gamma = raw.get("reduce_gbs")  # optional: reduction throughput for CPU-side reductions
+    if gamma is not None:  # a divisor too; absent or null: reductions are free
+        gamma = _number(gamma, f"{where}.reduce_gbs", positive=True)
     call = raw.get("call_overhead_us")  # optional: per collective call
-    if call is not None and float(call) < 0:
-        raise ProfileError(f"{where}.call_overhead_us: must be >= 0, got {call}")
+    if call is not None:
+        call = _number(call, f"{where}.call_overhead_us")
     return Link(
         name=name,
         bandwidth=None if bw is None else bw * 1e9,
         latency=0.0 if lat is None else lat * 1e-6,
         efficiency=1.0 if eff is None else eff,
-        gamma=0.0 if not gamma else 1.0 / (float(gamma) * 1e9),
+        gamma=0.0 if gamma is None else 1.0 / (gamma * 1e9),
         size_efficiency=_optional_table(raw, "size_efficiency", where),
         reduce_efficiency=_optional_table(raw, "reduce_efficiency", where),
         reducing_efficiency=_optional_table(raw, "reducing_efficiency", where),
@@ -340,28 +364,45 @@ def _scalar_table(compute: Mapping[str, Any]) -> dict:
     for dtype, value in raw.items():
         if value is None:
             continue
-        if float(value) <= 0:
-            raise ProfileError(f"compute.scalar_tflops.{dtype}: must be > 0, got {value}")
-        out[dtype] = float(value) * 1e12
+        out[dtype] = _number(value, f"compute.scalar_tflops.{dtype}", positive=True) * 1e12
     return out
 
 
 def _capacity(section: Mapping[str, Any], where: str) -> int:
-    if section.get("capacity_gib") is not None:
-        return int(round(float(section["capacity_gib"]) * 2**30))
-    if section.get("capacity_gb") is not None:
-        return int(round(float(section["capacity_gb"]) * 1e9))
+    """Bytes of ``capacity_gib`` or ``capacity_gb``: > 0 (a device of no memory cannot
+    hold a parameter; DeviceMemory would refuse it mid-run)."""
+    for key, unit in (("capacity_gib", 2**30), ("capacity_gb", 1e9)):
+        if section.get(key) is not None:
+            nbytes = int(
+                round(_number(section[key], f"{where}.{key}", positive=True, nullable=False) * unit)
+            )
+            if nbytes <= 0:  # positive but under half a byte
+                raise ProfileError(f"{where}.{key} must be at least 1 byte, got {section[key]}")
+            return nbytes
     raise ProfileError(f"{where}: give capacity_gib or capacity_gb")
 
 
+def _count(section: Mapping[str, Any], key: str, where: str) -> int:
+    """An optional count (devices or NICs per node): a positive integer, 1 when absent."""
+    value = section.get(key)
+    if value is None:
+        return 1
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ProfileError(f"{where}.{key} must be a positive integer, got {value!r}")
+    return value
+
+
 def _dtype_table(raw: Mapping[str, Any] | None, where: str, unknown: list[str]) -> dict:
+    if raw is not None and not isinstance(raw, Mapping):
+        raise ProfileError(f"{where} must be a mapping of dtype to TFLOP/s, got {raw!r}")
     out: dict[str, float] = {}
     for dtype in DTYPES:
         value = None if raw is None else raw.get(dtype)
         if value is None:
             unknown.append(f"{where}.{dtype}")
             continue
-        out[dtype] = float(value) * 1e12
+        # a peak divides the kernel's FLOPs: 0 is no rate at all (null: not published)
+        out[dtype] = _number(value, f"{where}.{dtype}", positive=True) * 1e12
     if raw is not None:
         if raw.get("fp64") is not None and where == "compute.vector_tflops":
             raise ProfileError(
@@ -427,12 +468,14 @@ def load_profile(name_or_path: str | Path) -> DeviceProfile:
     if launch_mode not in ("hidden", "serial"):
         raise ProfileError(f"{path}: compute.launch_mode must be hidden or serial")
     launch = _num(compute, "kernel_launch_us", "compute", unknown)
-    mem_bw = _num(memory, "bandwidth_gbs", "memory", unknown)
+    mem_bw = _num(memory, "bandwidth_gbs", "memory", unknown, positive=True)
 
     streaming = None
     if doc.get("streaming") is not None:
         s = doc["streaming"]
-        sbw = _num(s, "bandwidth_gbs", "streaming", unknown)
+        if not isinstance(s, Mapping):
+            raise ProfileError(f"{path}: streaming must be a mapping or null")
+        sbw = _num(s, "bandwidth_gbs", "streaming", unknown, positive=True)
         if sbw is None:
             raise ProfileError(f"{path}: streaming.bandwidth_gbs is required for streaming")
         streaming = Streaming(bandwidth=sbw * 1e9, capacity_bytes=_capacity(s, "streaming"))
@@ -442,6 +485,8 @@ def load_profile(name_or_path: str | Path) -> DeviceProfile:
     if execution == "weight_streaming" and streaming is None:
         raise ProfileError(f"{path}: weight_streaming execution needs a streaming section")
 
+    inter_raw = links.get("inter")  # not a mapping: _link says so
+    inter_raw = inter_raw if isinstance(inter_raw, Mapping) else {}
     return DeviceProfile(
         name=str(doc.get("name", path.stem)),
         description=str(doc.get("description", "")).strip(),
@@ -459,8 +504,8 @@ def load_profile(name_or_path: str | Path) -> DeviceProfile:
         vector_efficiency=_table(compute.get("vector_efficiency"), "vector_efficiency", 1e9),
         memory_efficiency=_table(memory.get("efficiency"), "memory.efficiency", 1e6),
         memory_efficiency_key=keyed,
-        devices_per_node=int(links.get("devices_per_node") or 1),
-        nics_per_node=int((links.get("inter") or {}).get("nics_per_node") or 1),
+        devices_per_node=_count(links, "devices_per_node", "links"),
+        nics_per_node=_count(inter_raw, "nics_per_node", "links.inter"),
         intra=_link(links.get("intra"), "intra", unknown),
         inter=_link(links.get("inter"), "inter", unknown),
         host=_link(links.get("host"), "host", unknown),
