@@ -292,24 +292,30 @@ def report(cluster: Cluster, before: dict, after: dict, info: dict) -> dict:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    if "--" not in argv:
-        raise SystemExit("multihost: put the program after --")
-    cut = argv.index("--")
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
-    p.add_argument("--hosts", type=int, default=2)
-    p.add_argument("--ranks-per-host", type=int, default=1)
+    p = argparse.ArgumentParser(
+        prog="python scripts/multihost.py",
+        usage="%(prog)s [options] -- PROGRAM [ARGS...]",
+        description=__doc__.split("\n\n")[0]
+        + " PROGRAM (everything after --) runs as one MPI job across the hosts. Needs root.",
+        allow_abbrev=False,
+    )
+    p.add_argument("--hosts", type=int, default=2, help="simulated hosts (default 2)")
+    p.add_argument("--ranks-per-host", type=int, default=1, help="MPI ranks on each (default 1)")
     p.add_argument("--form", choices=("mpich", "openmpi"), default="mpich", help="hostfile form")
-    p.add_argument("--mpi", choices=("mpich", "openmpi"), default="mpich")
+    p.add_argument("--mpi", choices=("mpich", "openmpi"), default="mpich", help="MPI to launch")
     p.add_argument("--mpiexec", help="launcher (default: mpiexec beside this python / "
                    "mpirun.openmpi)")  # fmt: skip
     p.add_argument("--rate", help="tbf rate per link direction, e.g. 1gbit")
-    p.add_argument("--require-bytes", type=parse_size, default=0, metavar="N")
+    p.add_argument("--require-bytes", type=parse_size, default=0, metavar="N",
+                   help="exit 3 if fewer bytes cross the links (e.g. 8MiB)")  # fmt: skip
     p.add_argument("--timeout", type=float, default=600.0, help="seconds; then exit 124")
     p.add_argument("--json", type=Path, help="write the report here")
+    # the program's own flags follow "--" and are not ours to parse (its --help included)
+    cut = argv.index("--") if "--" in argv else len(argv)
     args = p.parse_args(argv[:cut])
     args.program = argv[cut + 1 :]
     if not args.program:
-        p.error("no program after --")
+        p.error("no program to run: put it after --, e.g. -- python prog.py")
     if args.hosts < 2:
         p.error("--hosts must be at least 2 (one host has no link to measure)")
     if args.hosts > 200 or args.ranks_per_host < 1:
