@@ -12,6 +12,7 @@ R's standard library serialisation format is read, so R itself is not needed.
 
 from __future__ import annotations
 
+import argparse
 import bz2
 import gzip
 import lzma
@@ -103,15 +104,39 @@ def _unpack_entry(chunk: bytes) -> bytes:
     return out
 
 
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python scripts/make_austen_text.py",
+        description=__doc__.split("\n\n")[0]
+        + " Get the package with `apt-get download r-cran-janeaustenr && dpkg-deb -x "
+        "r-cran-janeaustenr_*.deb x`; R itself is not needed.",
+    )
+    p.add_argument("rdb", type=Path, metavar="RDATA_RDB",
+                   help="janeaustenr/data/Rdata.rdb (Rdata.rdx must sit beside it)")  # fmt: skip
+    p.add_argument("book", nargs="?", default="emma", metavar="BOOK",
+                   help="the book's name in janeaustenr (default: emma)")  # fmt: skip
+    p.add_argument("out", type=Path, nargs="?", metavar="OUT",
+                   help="output file (default: simdist/data/text/BOOK.txt.gz)")  # fmt: skip
+    args = p.parse_args(argv)
+    for need in (args.rdb, args.rdb.with_suffix(".rdx")):
+        if not need.is_file():  # a user error: one line, exit 2, nothing written
+            p.error(f"{need} is not a file: give the path of janeaustenr's data/Rdata.rdb")
+    return args
+
+
 def main(argv: list[str]) -> None:
-    if not 1 <= len(argv) <= 3:
-        sys.exit(__doc__)
-    rdb = Path(argv[0])
-    book = argv[1] if len(argv) > 1 else "emma"
+    args = parse_args(argv)
+    rdb, book = args.rdb, args.book
     root = Path(__file__).parents[1]
-    out = Path(argv[2]) if len(argv) > 2 else root / f"simdist/data/text/{book}.txt.gz"
+    out = args.out or root / f"simdist/data/text/{book}.txt.gz"
 
     index = _RReader(gzip.decompress(rdb.with_suffix(".rdx").read_bytes())).item()
+    if book not in index["variables"]:  # a user error: one line, exit 2, nothing written
+        have = ", ".join(sorted(index["variables"]))
+        print(
+            f"make_austen_text.py: no book {book!r} in {rdb}; choose one of {have}", file=sys.stderr
+        )
+        sys.exit(2)
     offset, size = index["variables"][book]
     lines = _RReader(_unpack_entry(rdb.read_bytes()[offset : offset + size])).item()
     text = ("\n".join(lines) + "\n").encode("utf-8")

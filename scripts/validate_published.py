@@ -24,6 +24,7 @@ Sources of the published values:
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import sys
 from collections.abc import Callable
@@ -332,5 +333,17 @@ def print_175b() -> None:
         )
 
 
-if __name__ == "__main__":
+def main(argv: list[str]) -> None:
+    argparse.ArgumentParser(
+        prog="python scripts/validate_published.py",
+        description="Print where the time goes, term by term, in plan mode's predicted step "
+        "for the two GPT-3 175B layouts with published step times (Narayanan et al. 2021 "
+        "section 5.1; Korthikanti et al. 2022 Table 5), against those times. Takes no "
+        "arguments. The published-figure rows defined here (run()) are checked by "
+        "scripts/validate_sim.py.",
+    ).parse_args(argv)
     print_175b()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
