@@ -343,6 +343,18 @@ def _unfinished(base: Path) -> Path:
     return d
 
 
+@pytest.mark.parametrize("below", ["", "sub"])
+def test_out_that_is_a_file_is_one_line_exit_2(mpl, tmp_path, capsys, below):
+    plan = _write(tmp_path / "plan.json", json.dumps(_plan("--model", "gpt2", "--devices", "8")))
+    existing = _write(tmp_path / "out.txt", "mine\n")
+    out = existing / below if below else existing
+    assert report.main([str(plan), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{existing} is an existing file" in err, err
+    assert "--out" in err and "folder" in err
+    assert existing.read_text() == "mine\n" and sorted(tmp_path.iterdir()) == [existing, plan]
+
+
 def test_missing_matplotlib_is_one_line_exit_2(tmp_path, capsys, monkeypatch):
     plan = _write(tmp_path / "plan.json", json.dumps(_plan("--model", "gpt2", "--devices", "8")))
     for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:

@@ -250,6 +250,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--title", default="simdist report")
     args = ap.parse_args(argv)
+    out = Path(args.out)
+    # checked before anything is read or written: mkdir would raise FileExistsError mid-way
+    blocker = next((p for p in (out, *out.parents) if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        print(
+            f"simdist.report: error: --out {out}: {blocker} is an existing file, but --out is "
+            "the folder the page and figures go in; give a folder (new or existing)",
+            file=sys.stderr,
+        )
+        return 2
     try:
         paths = list(dict.fromkeys(Path(p) for p in args.paths))
         inputs = [load_input(p) for p in paths]
@@ -258,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
         runs = [x for x in inputs if isinstance(x, RunData)]
         plans = [x for x in inputs if isinstance(x, PlanData)]
         require_matplotlib()  # before anything is written
-        path = write_report(runs, plans, Path(args.out), args.title)
+        path = write_report(runs, plans, out, args.title)
     except (ReportError, MatplotlibMissing) as e:
         print(f"simdist.report: error: {e}", file=sys.stderr)
         return 2
