@@ -111,8 +111,22 @@ def _mpi_comm() -> Any | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default=str(DEFAULT_OUT), help="profile YAML to write")
+    ap = argparse.ArgumentParser(
+        # how README runs it: under mpiexec it also measures the MPI link
+        prog="python -m simdist.calibrate",
+        usage="%(prog)s [options]\n       mpiexec -n 2 %(prog)s [options]  (also the MPI link)",
+        description="Measure this machine and write the host device profile. Under "
+        "`mpiexec -n 2` it also measures the MPI link and shared memory; run serially, the "
+        "previous profile's link figures are kept.",
+    )
+    ap.add_argument(
+        "--out",
+        default=str(DEFAULT_OUT),
+        metavar="YAML",
+        help="profile YAML to write (default: the packaged host profile, "
+        f"{DEFAULT_OUT.relative_to(DEFAULT_OUT.parents[3])}, which it OVERWRITES: "
+        "every run with --profile host then uses this machine's figures)",
+    )
     ap.add_argument("--repeats", type=int, default=5, help="best-of-N samples per point")
     ap.add_argument("--rounds", type=int, default=3, help="sweeps over all sizes (best kept)")
     ap.add_argument("--quick", action="store_true", help="fewer sizes and rounds (for tests)")

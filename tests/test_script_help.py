@@ -70,3 +70,15 @@ def test_make_mnist5k_still_converts_a_csv(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "train: 4000 images" in proc.stdout and "t10k: 1000 images" in proc.stdout
     assert len(list(out.glob("*-ubyte.gz"))) == 4
+
+
+def test_calibrate_help_names_its_command_and_that_the_default_overwrites_host(capsys):
+    from simdist.calibrate import main as calibrate
+
+    with pytest.raises(SystemExit) as done:
+        calibrate(["--help"])
+    assert done.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    assert text.startswith("usage: python -m simdist.calibrate [options]")
+    assert "mpiexec -n 2 python -m simdist.calibrate" in text
+    assert "simdist/device/profiles/host.yaml, which it OVERWRITES" in text
