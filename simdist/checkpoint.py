@@ -180,6 +180,31 @@ def _attr(value):
     return value.item() if isinstance(value, np.generic) else value
 
 
+def _missing_error(path: Path, missing: list[str]) -> CheckpointError:
+    """The one message for shard files that are not next to their main file (copied alone,
+    or deleted): which ones, and the two ways out."""
+    one = len(missing) == 1
+    return CheckpointError(
+        f"checkpoint {path}: file{'' if one else 's'} {', '.join(missing)} "
+        f"{'is' if one else 'are'} missing (ZeRO optimizer shards travel with the main file); "
+        f"copy {'it' if one else 'them'} into {str(path.parent) or '.'}, or run "
+        f"python -m simdist.checkpoint consolidate {path.name} OUT where they are, for one "
+        "self-contained file"
+    )
+
+
+def require_shards(path: Path, attrs: dict) -> None:
+    """Every optimizer shard the main file lists must sit next to it (checked here, not
+    left to h5py: a lone main file has no index to notice it)."""
+    path = Path(path)
+    missing = [f for f in attrs.get("optimizer_shards") or [] if not (path.parent / f).is_file()]
+    if missing:
+        raise _missing_error(path, missing)
+
+
+SHARD_ATTRS = ("rank", "world", "lo", "hi")  # what save_optimizer_shard writes, a main file not
+
+
 def verify(path: Path) -> dict:
     """Check every file of the checkpoint against the SHA-256 in the index; return attrs."""
     path = Path(path)
@@ -187,10 +212,12 @@ def verify(path: Path) -> dict:
         raise CheckpointError(f"checkpoint {path} does not exist")
     entry = next((e for e in read_index(path.parent) if e["file"] == path.name), None)
     if entry is not None:
-        for fname, digest in entry.get("files", {entry["file"]: entry["sha256"]}).items():
+        files = entry.get("files", {entry["file"]: entry["sha256"]})
+        missing = [f for f in files if not (path.parent / f).is_file()]
+        if missing:
+            raise _missing_error(path, missing)
+        for fname, digest in files.items():
             fpath = path.parent / fname
-            if not fpath.is_file():
-                raise CheckpointError(f"checkpoint {path}: file {fname} is missing")
             if sha256(fpath) != digest:
                 raise CheckpointError(
                     f"checkpoint file {fpath} does not match the SHA-256 recorded in {INDEX}: "
@@ -199,15 +226,28 @@ def verify(path: Path) -> dict:
                 )
     try:
         with h5py.File(path, "r") as f:
-            return {k: _attr(f.attrs[k]) for k in f.attrs}
+            attrs = {k: _attr(f.attrs[k]) for k in f.attrs}
     except OSError as e:
         raise CheckpointError(f"checkpoint {path} cannot be read as HDF5: {e}") from None
+    if all(k in attrs for k in SHARD_ATTRS) and "layout" not in attrs:
+        # every reader (load, consolidate, export) would fail later with a KeyError or
+        # "model None": say what the file is and which one to pass
+        main = f"checkpoint_{attrs.get('global_step', '<step>')}.h5"
+        raise CheckpointError(
+            f"{path} is an optimizer shard of {main} (rank {attrs['rank']} of "
+            f"{attrs['world']}), not a checkpoint; pass {path.parent / main}"
+        )
+    return attrs
 
 
-def load(path: Path, expected: dict[str, tuple[int, ...]], model_name: str):
-    """Verify and read parameters; returns (step, tensors, attrs)."""
+def load(path: Path, expected: dict[str, tuple[int, ...]], model_name: str, optimizer: bool = True):
+    """Verify and read parameters; returns (step, tensors, attrs). ``optimizer``: the caller
+    will read the optimizer state too, so its shards must be there (checked before the
+    parameters are read; False for a weights-only reader such as eval)."""
     path = Path(path)
     attrs = verify(path)
+    if optimizer:
+        require_shards(path, attrs)
     if attrs.get("model") != model_name:
         raise CheckpointError(
             f"checkpoint {path} is for model {attrs.get('model')!r}, not {model_name!r}"
@@ -244,6 +284,7 @@ def read_optimizer_range(path: Path, attrs: dict, key: str, lo: int, hi: int) ->
     out = np.zeros(hi - lo, np.float32)
     shards = attrs.get("optimizer_shards") or []
     if shards:
+        require_shards(path, attrs)
         for fname in shards:
             with h5py.File(path.parent / fname, "r") as f:
                 if key not in f:
@@ -272,6 +313,7 @@ def read_optimizer_range(path: Path, attrs: dict, key: str, lo: int, hi: int) ->
 
 def optimizer_keys(path: Path, attrs: dict) -> list[str]:
     shards = attrs.get("optimizer_shards") or []
+    require_shards(path, attrs)
     with h5py.File(Path(path).parent / shards[0] if shards else path, "r") as f:
         return sorted(f.keys()) if shards else sorted(f.get("optimizer", {}).keys())
 
