@@ -318,11 +318,47 @@ def optimizer_keys(path: Path, attrs: dict) -> list[str]:
         return sorted(f.keys()) if shards else sorted(f.get("optimizer", {}).keys())
 
 
+def _same_file(a: Path, b: Path) -> bool:
+    if a.exists() and b.exists():
+        return os.path.samefile(a, b)
+    return a.resolve() == b.resolve()
+
+
+def check_output(path: Path, out: Path, attrs: dict) -> None:
+    """Refuse an OUT that cannot be written, or whose replacement would break a checkpoint:
+    before any work, so nothing is written."""
+    if out.is_dir():  # also "." (what Path("") becomes: main reports "" itself)
+        raise CheckpointError(
+            f"OUT {out} is a directory; give a file name in it, such as {out / 'consolidated.h5'}"
+        )
+    if not out.parent.is_dir():
+        raise CheckpointError(
+            f"OUT {out}: directory {out.parent} does not exist; create it or choose another OUT"
+        )
+    if out.name == INDEX:
+        raise CheckpointError(f"OUT {out} would replace a checkpoint index; choose another name")
+    # overwriting a file a checkpoints.json lists breaks that checkpoint's SHA-256 check (the
+    # next resume refuses it); overwriting the input or its shards loses the original
+    protected = [path, *(path.parent / f for f in attrs.get("optimizer_shards") or [])]
+    for e in read_index(out.parent):
+        protected += [out.parent / f for f in e.get("files", {e["file"]: None})]
+    for p in protected:
+        if _same_file(out, p):
+            raise CheckpointError(
+                f"OUT {out} is {p.name}, a file of a checkpoint (the input, or listed in "
+                f"{out.parent / INDEX}); write to another name, e.g. "
+                f"{out.with_name(out.stem + '.consolidated.h5')}"
+            )
+
+
 def consolidate(path: Path, out: Path, **set_attrs: Any) -> Path:
     """One self-contained file: full parameters and full optimizer state (shards merged);
     ``set_attrs`` replace attributes (``reshard``)."""
     path, out = Path(path), Path(out)
     attrs = verify(path)
+    if "layout" not in attrs:
+        raise CheckpointError(f"{path} has no flat layout attribute: not a simdist checkpoint")
+    check_output(path, out, attrs)
     layout = attrs["layout"]
     numel = int(layout["numel"])
     state = {}
@@ -335,19 +371,24 @@ def consolidate(path: Path, out: Path, **set_attrs: Any) -> Path:
     with h5py.File(path, "r") as f:
         tensors = {k: f["model"][k][...] for k in f["model"]}
     tmp = out.with_name(f".{out.name}.tmp")
-    with h5py.File(tmp, "w") as f:
-        g = f.create_group("model")
-        for k, v in tensors.items():
-            g.create_dataset(k, data=v)
-        o = f.create_group("optimizer")
-        for key, per_name in state.items():
-            s = o.create_group(key)
-            for k, v in per_name.items():
-                s.create_dataset(k, data=v)
-        merged = {**attrs, "optimizer_shards": [], "consolidated_from": str(path), **set_attrs}
-        for k, v in merged.items():
-            f.attrs[k] = json.dumps(v) if isinstance(v, dict | list) else v
-    _commit(tmp, out)
+    try:
+        with h5py.File(tmp, "w") as f:
+            g = f.create_group("model")
+            for k, v in tensors.items():
+                g.create_dataset(k, data=v)
+            o = f.create_group("optimizer")
+            for key, per_name in state.items():
+                s = o.create_group(key)
+                for k, v in per_name.items():
+                    s.create_dataset(k, data=v)
+            merged = {**attrs, "optimizer_shards": [], "consolidated_from": str(path), **set_attrs}
+            for k, v in merged.items():
+                f.attrs[k] = json.dumps(v) if isinstance(v, dict | list) else v
+        _commit(tmp, out)
+    except OSError as e:  # full disk, no permission, OUT replaced by a directory meanwhile
+        raise CheckpointError(f"cannot write OUT {out}: {e}") from None
+    finally:
+        tmp.unlink(missing_ok=True)  # a failure (or Ctrl-C) leaves no half-written file
     return out
 
 
@@ -387,6 +428,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--tensor-parallel-mode", default=None, help="default: the recorded mode")
     args = parser.parse_args(argv)
     try:
+        if args.cmd in ("consolidate", "reshard") and not args.out:  # Path("") is "."
+            raise CheckpointError("OUT is empty; give a file name such as consolidated.h5")
         if args.cmd == "consolidate":
             print(consolidate(Path(args.checkpoint), Path(args.out)))
         elif args.cmd == "reshard":

@@ -78,6 +78,54 @@ def test_main_file_without_its_shards_is_a_clear_error(tmp_path, capsys):
     assert "optim-0-of-2" not in line
 
 
+@pytest.mark.parametrize(
+    "out,words",
+    [
+        (".", "is a directory"),
+        ("run", "is a directory"),
+        ("nodir/o.h5", "does not exist"),
+        ("", "OUT is empty"),
+    ],
+)
+def test_consolidate_refuses_an_unwritable_out(tmp_path, capsys, monkeypatch, out, words):
+    src = write_zero(tmp_path / "run")
+    monkeypatch.chdir(tmp_path)
+    before = listing(tmp_path / "run")
+    rc, err = run_cli(capsys, "consolidate", str(src), out)
+    assert rc == 2 and words in one_error_line(err)
+    assert listing(tmp_path / "run") == before  # no .tmp left
+    assert listing(tmp_path) == {"run"}
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["checkpoint_7.h5", "checkpoint_7.optim-1-of-2.h5", "checkpoint_5.h5", "checkpoints.json"],
+)
+def test_consolidate_refuses_to_replace_a_checkpoint_file(tmp_path, capsys, name):
+    run = tmp_path / "run"
+    write_zero(run, step=5)
+    src = write_zero(run, step=7)
+    digests = {p.name: checkpoint.sha256(p) for p in run.iterdir()}
+    rc, err = run_cli(capsys, "consolidate", str(src), str(run / name))
+    line = one_error_line(err)
+    assert rc == 2 and str(run / name) in line
+    assert "another name" in line
+    assert {p.name: checkpoint.sha256(p) for p in run.iterdir()} == digests
+    checkpoint.verify(run / "checkpoint_5.h5")  # both still pass their SHA-256 check
+    checkpoint.verify(src)
+
+
+def test_consolidate_refuses_a_file_of_another_index(tmp_path, capsys):
+    src = write_zero(tmp_path / "a")
+    other = write_zero(tmp_path / "b", step=3)
+    digest = checkpoint.sha256(other)
+    rc, err = run_cli(capsys, "consolidate", str(src), str(other))
+    assert rc == 2 and "checkpoints.json" in one_error_line(err)
+    assert checkpoint.sha256(other) == digest
+    # a name the index does not list is fine
+    assert checkpoint.main(["consolidate", str(src), str(tmp_path / "b" / "c.h5")]) == 0
+
+
 def test_an_optimizer_shard_is_not_a_checkpoint(tmp_path, capsys):
     src = write_zero(tmp_path / "run")
     shard = src.parent / checkpoint.shard_name(7, 1, 2)
@@ -88,3 +136,16 @@ def test_an_optimizer_shard_is_not_a_checkpoint(tmp_path, capsys):
     assert not (tmp_path / "c.h5").exists()
     with pytest.raises(checkpoint.CheckpointError, match="optimizer shard of checkpoint_7.h5"):
         checkpoint.load(shard, SHAPES, "toy")  # what a resume from it reads
+
+
+def test_a_failed_write_leaves_no_temp_file(tmp_path, capsys, monkeypatch):
+    src = write_zero(tmp_path / "run")
+    before = listing(src.parent)
+
+    def full_disk(tmp, final):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(checkpoint, "_commit", full_disk)
+    rc, err = run_cli(capsys, "consolidate", str(src), str(src.parent / "c.h5"))
+    assert rc == 2 and "No space left" in one_error_line(err)
+    assert listing(src.parent) == before
