@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import tempfile
 from pathlib import Path
 
 import h5py
@@ -35,14 +37,30 @@ class InteropError(ValueError):
     pass
 
 
+def _umask_mode() -> int:
+    """The mode a new file gets from open() under this process's umask (read by setting it)."""
+    mask = os.umask(0o22)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
 def write_safetensors(path: Path, tensors: dict[str, np.ndarray], metadata: dict | None = None):
-    """Write ``tensors`` (and string ``metadata``, values converted with str) to ``path``."""
+    """Write ``tensors`` (and string ``metadata``, values converted with str) to ``path``:
+    through a temporary file in its directory, renamed when complete."""
+    path = Path(path)
     arrays = {k: np.ascontiguousarray(v) for k, v in tensors.items()}
     meta = {k: str(v) for k, v in metadata.items()} if metadata else None
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    tmp = Path(name)
     try:
-        safetensors.numpy.save_file(arrays, str(path), metadata=meta)
+        safetensors.numpy.save_file(arrays, name, metadata=meta)
+        os.chmod(tmp, _umask_mode())  # mkstemp's 0600 would make the export private
+        os.replace(tmp, path)
     except (SafetensorError, ValueError, TypeError) as e:
         raise InteropError(f"{path}: cannot write safetensors: {e}") from None
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def read_safetensors(path: Path) -> dict[str, np.ndarray]:

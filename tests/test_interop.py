@@ -110,3 +110,16 @@ def test_export_header_names_dtypes_shapes_and_metadata(tmp_path):
 def test_unwritable_dtype_is_an_interop_error(tmp_path):
     with pytest.raises(interop.InteropError, match="cannot write safetensors"):
         interop.write_safetensors(tmp_path / "o.safetensors", {"a": np.array(["x"])})
+
+
+@pytest.mark.parametrize("umask,mode", [(0o022, 0o644), (0o027, 0o640)])
+def test_safetensors_export_mode_follows_the_umask(tmp_path, umask, mode):
+    import os
+
+    old = os.umask(umask)
+    try:
+        interop.write_safetensors(tmp_path / "a.safetensors", {"a": np.ones(2, np.float32)})
+    finally:
+        os.umask(old)
+    assert (tmp_path / "a.safetensors").stat().st_mode & 0o777 == mode
+    assert [p.name for p in tmp_path.iterdir()] == ["a.safetensors"]  # no temp file left
