@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -125,6 +126,82 @@ def normalize_hf_t5(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 # model -> HF names to simdist's (else GPT-2's)
 HF_NORMALIZERS = {"bert": normalize_hf_bert, "t5": normalize_hf_t5}
+MODELS = ("fc_mnist", "gpt2", "bert", "t5", "transformer")  # simdist.models.build_model's
+
+
+def _template(name: str) -> str:
+    return re.sub(r"\d+", "#", name)  # h.11.attn.c_attn.weight -> h.#.attn.c_attn.weight
+
+
+def _configs(model: str) -> list:
+    """Every preset of ``model`` (and, for T5, its gated-FFN / untied-head variants): the
+    names a file of that model may hold are the union of theirs."""
+    if model == "gpt2":
+        from simdist.models import gpt2 as m
+
+        return list(m.PRESETS.values())
+    if model == "bert":
+        from simdist.models import bert_shapes as m
+    elif model == "t5":
+        from simdist.models import t5_shapes as m
+
+        return [
+            m.resolve_config(p, feed_forward_proj=ff, tie_word_embeddings=tie)
+            for p in m.PRESETS
+            for ff in ("relu", "gated-gelu")
+            for tie in (True, False)
+        ]
+    else:
+        from simdist.models import transformer_shapes as m
+    return [m.resolve_config(p) for p in m.PRESETS]
+
+
+def name_templates(model: str) -> tuple[set[str], set[str]]:
+    """(known, required): parameter names of ``model`` with layer numbers as ``#``; known
+    is any variant's, required every variant's."""
+    if model == "fc_mnist":  # sizes only in params.yaml; names fc1.weight, fc1.bias, ...
+        names = {"fc#.weight", "fc#.bias"}
+        return names, names
+    if model == "gpt2":
+        from simdist.models.gpt2 import parameter_specs
+    elif model == "bert":
+        from simdist.models.bert_shapes import parameter_specs
+    elif model == "t5":
+        from simdist.models.t5_shapes import parameter_specs
+    else:
+        from simdist.models.transformer_shapes import parameter_specs
+    sets = [{_template(s.name) for s in parameter_specs(c)} for c in _configs(model)]
+    return set.union(*sets), set.intersection(*sets)
+
+
+def check_names(src: Path, model: str, names: list[str]) -> None:
+    """Imported names (after normalising) must be ``model``'s: else the file is another
+    model's, and training would fail later on "lacks parameter" or, worse, not at all."""
+    known, required = name_templates(model)
+    got = {_template(n) for n in names}
+    unknown = sorted(n for n in names if _template(n) not in known)
+    missing = sorted(required - got)
+    if not unknown and not missing:
+        return
+    fits = [m for m in MODELS if m != model and _fits(m, got)]
+    hint = (
+        f"it looks like a {fits[0]} file: pass --model {fits[0]}"
+        if fits
+        else ("is it a checkpoint of another model? pass --model " + "|".join(MODELS))
+    )
+    what = []
+    if unknown:
+        what.append(
+            f"{len(unknown)} tensor(s) {model} has no parameter for ({', '.join(unknown[:3])})"
+        )
+    if missing:
+        what.append(f"no {', '.join(sorted(missing)[:3])} (# = a layer number)")
+    raise InteropError(f"{src} is not a {model} state dict: {'; '.join(what)}; {hint}")
+
+
+def _fits(model: str, got: set[str]) -> bool:
+    known, required = name_templates(model)
+    return got <= known and required <= got
 
 
 def export(ckpt: Path, out: Path) -> Path:
@@ -148,13 +225,20 @@ def export(ckpt: Path, out: Path) -> Path:
 
 
 def import_(src: Path, out: Path, model: str = "gpt2") -> Path:
+    if model not in MODELS:
+        raise InteropError(
+            f"--model {model!r} is not a simdist model; use one of {', '.join(MODELS)}"
+        )
     if src.suffix != ".safetensors":
         # A .pt file needs unpickling, which simdist never does on what it reads. Convert
         # with PyTorch yourself and save it with safetensors.torch.save_file.
         raise InteropError(f"{src}: import reads .safetensors files only (no pickles)")
+    if out.is_dir():  # also "" (Path("") is "."): h5py would fail on the temp name
+        raise InteropError(f"OUT {out} is a directory; give a file name such as start.h5")
     tensors = read_safetensors(src)
     normalize = HF_NORMALIZERS.get(model, normalize_hf)
     tensors = {k: v.astype(np.float32) for k, v in normalize(tensors).items()}
+    check_names(src, model, list(tensors))
     names = list(tensors)
     shapes = [list(v.shape) for v in tensors.values()]
     offsets = np.concatenate([[0], np.cumsum([v.size for v in tensors.values()])[:-1]]).tolist()
@@ -176,13 +260,16 @@ def import_(src: Path, out: Path, model: str = "gpt2") -> Path:
         "imported_from": str(src),
     }
     tmp = out.with_name(f".{out.name}.tmp")
-    with h5py.File(tmp, "w") as f:
-        g = f.create_group("model")
-        for k, v in tensors.items():
-            g.create_dataset(k, data=v)
-        for k, v in {**attrs, "global_step": 0, "optimizer_shards": []}.items():
-            f.attrs[k] = json.dumps(v) if isinstance(v, dict | list) else v
-    tmp.replace(out)
+    try:
+        with h5py.File(tmp, "w") as f:
+            g = f.create_group("model")
+            for k, v in tensors.items():
+                g.create_dataset(k, data=v)
+            for k, v in {**attrs, "global_step": 0, "optimizer_shards": []}.items():
+                f.attrs[k] = json.dumps(v) if isinstance(v, dict | list) else v
+        tmp.replace(out)
+    finally:
+        tmp.unlink(missing_ok=True)  # a failed write leaves nothing behind
     return out
 
 

@@ -112,6 +112,56 @@ def test_unwritable_dtype_is_an_interop_error(tmp_path):
         interop.write_safetensors(tmp_path / "o.safetensors", {"a": np.array(["x"])})
 
 
+def _tiny_gpt2_file(path, drop: str | None = None):
+    from simdist.models.gpt2 import GPT2Config, parameter_specs
+
+    cfg = GPT2Config(n_layer=2, n_head=1, n_embd=4, block_size=3, vocab_size=5)
+    t = {s.name: np.zeros(s.shape, np.float32) for s in parameter_specs(cfg) if s.name != drop}
+    interop.write_safetensors(path, t)
+    return path
+
+
+def _cli(capsys, *argv) -> tuple[int, str]:
+    rc = interop.main([str(a) for a in argv])
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    return rc, err
+
+
+def test_import_refuses_an_unknown_model(tmp_path, capsys):
+    src = _tiny_gpt2_file(tmp_path / "g.safetensors")
+    rc, err = _cli(capsys, "import", src, tmp_path / "x.h5", "--model", "bogus")
+    assert rc == 2 and "'bogus' is not a simdist model" in err
+    assert all(m in err for m in ("gpt2", "bert", "t5", "transformer", "fc_mnist"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["g.safetensors"]
+
+
+def test_import_checks_names_against_the_model(tmp_path, capsys):
+    src = _tiny_gpt2_file(tmp_path / "g.safetensors")
+    rc, err = _cli(capsys, "import", src, tmp_path / "x.h5", "--model", "bert")
+    assert rc == 2 and "not a bert state dict" in err and "h.0.attn.c_attn.bias" in err
+    assert "pass --model gpt2" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["g.safetensors"]  # nothing written
+    short = _tiny_gpt2_file(tmp_path / "short.safetensors", drop="ln_f.weight")
+    rc, err = _cli(capsys, "import", short, tmp_path / "x.h5")
+    assert rc == 2 and "not a gpt2 state dict" in err and "no ln_f.weight" in err
+    assert interop.main(["import", str(src), str(tmp_path / "x.h5"), "--model", "gpt2"]) == 0
+    with h5py.File(tmp_path / "x.h5") as f:
+        assert f.attrs["model"] == "gpt2" and "h.1.mlp.c_proj.bias" in f["model"]
+
+
+def test_export_of_an_optimizer_shard_names_the_checkpoint(tmp_path, capsys):
+    from simdist import checkpoint
+
+    layout = {"padded": 4, "numel": 4}
+    name, _ = checkpoint.save_optimizer_shard(
+        tmp_path, 5, 0, 2, 0, 2, layout, {"exp_avg": np.zeros(2, np.float32)}
+    )
+    rc, err = _cli(capsys, "export", tmp_path / name, tmp_path / "sh.safetensors")
+    assert rc == 2 and "is an optimizer shard of checkpoint_5.h5" in err
+    assert not (tmp_path / "sh.safetensors").exists()
+
+
 @pytest.mark.parametrize("umask,mode", [(0o022, 0o644), (0o027, 0o640)])
 def test_safetensors_export_mode_follows_the_umask(tmp_path, umask, mode):
     import os
