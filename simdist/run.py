@@ -187,7 +187,11 @@ class Run:
         # a schedule whose ranks hold slices (tensor parallel) reads whole tensors
         layout = getattr(self.schedule, "checkpoint_layout", self.schedule.layout)
         shapes = {s.name: s.shape for s in layout.specs}
-        step, tensors, attrs = checkpoint.load(path, shapes, self.schedule.model.name)
+        # eval reads the weights only: a ZeRO checkpoint's optimizer shards may be absent
+        weights_only = r.mode == "eval"
+        step, tensors, attrs = checkpoint.load(
+            path, shapes, self.schedule.model.name, optimizer=not weights_only
+        )
         tp_was, tp = int(attrs.get("tensor_parallel", 1)), r.tensor_parallel
         # one rank holds the whole model in either mode: the mode matters from 2 ranks up
         mode_was = str(attrs.get("tensor_parallel_mode", "batch")) if tp_was > 1 else "batch"
@@ -209,8 +213,8 @@ class Run:
             off = layout.offsets[seg.name]
             flat = tensors[seg.name].reshape(-1)
             own.write_params(seg.lo, flat[seg.lo - off : seg.hi - off])
-        saved = set(checkpoint.optimizer_keys(path, attrs))
-        if not saved:  # weights only (e.g. imported)
+        saved = set() if weights_only else set(checkpoint.optimizer_keys(path, attrs))
+        if not saved and not weights_only:  # weights only (e.g. imported)
             self.log(f"{path} holds no optimizer state: the optimizer starts fresh")
         loaded = set()
         for key, buf in own.state.items():

@@ -324,6 +324,28 @@ def test_checkpoint_files_without_their_index_are_named_not_resumed(tmp_path):
     assert json.loads((d / "performance.json").read_text())["steps"] == 8
 
 
+def test_eval_reads_a_zero_checkpoint_without_its_shards_training_does_not(tmp_path):
+    """Eval needs the weights only: the main file of a ZeRO-2 checkpoint, copied alone,
+    scores as the whole checkpoint does; resuming training from it names the missing
+    optimizer shards (exit 2, nothing written)."""
+    d = tmp_path / "run"
+    train(2, d, "--runconfig.mode=train", "--runconfig.max_steps=6", "--zero_opt_level=2")
+    train(2, d, "--runconfig.mode=eval")
+    whole = json.loads((d / "eval.json").read_text())
+    lone = tmp_path / "lone"
+    lone.mkdir()
+    shutil.copy(d / "checkpoint_6.h5", lone)
+    e = tmp_path / "eval"
+    train(2, e, "--runconfig.mode=eval", f"--runconfig.checkpoint_path={lone / 'checkpoint_6.h5'}")
+    assert json.loads((e / "eval.json").read_text()) == whole
+    t = tmp_path / "train"
+    ckpt = f"--runconfig.checkpoint_path={lone / 'checkpoint_6.h5'}"
+    out = train(1, t, "--runconfig.mode=train", "--runconfig.max_steps=8", ckpt, check=False)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "checkpoint_6.optim-0-of-2.h5" in out.stdout + out.stderr
+    assert not t.exists()
+
+
 def test_eval_mode_uses_latest_checkpoint(tmp_path):
     d = tmp_path / "run"
     train(1, d, "--runconfig.max_steps=20", "--runconfig.mode=train")
