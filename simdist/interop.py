@@ -32,6 +32,7 @@ import safetensors.numpy
 from safetensors import SafetensorError
 
 from simdist import checkpoint
+from simdist.model_config import MODEL_CONFIGS
 
 
 class InteropError(ValueError):
@@ -126,7 +127,7 @@ def normalize_hf_t5(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 # model -> HF names to simdist's (else GPT-2's)
 HF_NORMALIZERS = {"bert": normalize_hf_bert, "t5": normalize_hf_t5}
-MODELS = ("fc_mnist", "gpt2", "bert", "t5", "transformer")  # simdist.models.build_model's
+MODELS = tuple(MODEL_CONFIGS)  # the models simdist builds (model.name's choices)
 
 
 def _template(name: str) -> str:

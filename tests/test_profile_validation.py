@@ -64,14 +64,23 @@ def test_bad_sizes_and_rates_are_rejected_at_load(tmp_path, old, new, words):
 
 
 def test_host_link_extras_and_scalar_rates_are_checked(tmp_path):
+    """On host.yaml, whatever figures `simdist.calibrate` last wrote into it: each key's
+    first value is replaced."""
+    import re
+
     path = tmp_path / "bad.yaml"
-    for old, new, words in [
-        ("reduce_gbs: 36.792", "reduce_gbs: 0", "links.intra.reduce_gbs must be > 0"),
-        ("call_overhead_us: 1.382", "call_overhead_us: -1", "call_overhead_us must be >= 0"),
-        ("call_overhead_us: 1.382", "call_overhead_us: x", "call_overhead_us must be a number"),
-        ("    fp32: 0.007359", "    fp32: 0", "scalar_tflops.fp32 must be > 0"),
+    scalar = HOST.index("scalar_tflops:")
+    for key, new, words in [
+        ("reduce_gbs", "0", "links.intra.reduce_gbs must be > 0"),
+        ("call_overhead_us", "-1", "call_overhead_us must be >= 0"),
+        ("call_overhead_us", "x", "call_overhead_us must be a number"),
+        ("fp32", "0", "scalar_tflops.fp32 must be > 0"),
     ]:
-        path.write_text(_edit(HOST, old, new))
+        start = scalar if key == "fp32" else 0  # the scalar table's fp32, not the GEMM's
+        head, tail = HOST[:start], HOST[start:]
+        edited, n = re.subn(rf"(\n\s*{key}:) [^\s#]+", rf"\1 {new}", tail, count=1)
+        assert n == 1, key
+        path.write_text(head + edited)
         with pytest.raises(ProfileError, match=words.replace(".", r"\.")):
             load_profile(path)
 
