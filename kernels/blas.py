@@ -40,7 +40,8 @@ CPU has bf16 dot products (AVX512_BF16 or AMX, read from /proc/cpuinfo) and a li
 them is installed (``SIMDIST_HALF_GEMM=auto``): oneMKL's ``gemm_bf16bf16f32`` (the ``mkl``
 extra) on an Intel CPU, else oneDNN's ``dnnl_gemm_bf16bf16f32`` (the ``onednn`` extra; the
 one AMD's Zen 4 and 5 get); ``mkl`` or ``onednn`` insists on one, ``fp32`` refuses both.
-The operands are then packed into 16-bit words per call (products with fewer than 96 rows
+The operands are then packed into 16-bit words per call, into two buffers kept between
+calls (products with fewer than 96 rows
 or columns stay on sgemm, where the native kernels are slower); products of halves are exact
 in float32, so the only difference from the float32-BLAS path is the order of the float32
 accumulation (tested).
@@ -59,7 +60,7 @@ from pathlib import Path
 import llvmlite.binding as ll
 import numpy as np
 from llvmlite import ir
-from numba import types
+from numba import carray, types
 from numba.core import cgutils
 from numba.extending import get_cython_function_address, intrinsic
 
@@ -72,6 +73,8 @@ _DNNL_SYMBOL = "simdist_dnnl_bf16"  # C dnnl_gemm_bf16bf16f32 (oneDNN): row-majo
 _DNNL_SGEMM_SYMBOL = "simdist_dnnl_sgemm"  # C dnnl_sgemm (oneDNN): row-major, by value
 _SGEMM64_SYMBOL = "simdist_sgemm64"  # Fortran sgemm, 64-bit integers (numpy's OpenBLAS)
 _MODE_SYMBOL = "simdist_gemm_half"  # int32: what gemm does with its operands (below)
+_SCRATCH_SYMBOL = "simdist_gemm_scratch"  # int64[4]: the packed operands' buffers (below)
+_ALLOC_SYMBOL, _FREE_SYMBOL = "simdist_aligned_alloc", "simdist_free"  # libc's
 # The mode word: the operands' format in its low bits (0: float32, BF16, F16), which native
 # product runs bf16 (packed into 16-bit words for oneMKL or oneDNN), whether to verify
 # that both operands hold half values, and the float32 library (oneDNN's sgemm for the
@@ -84,6 +87,13 @@ PLAIN, FORMAT_BITS, NATIVE_MKL, NATIVE_DNNL, CHECK, SGEMM_DNNL, SGEMM_ILP64 = 0,
 # scripts/bench_precision.py measures). Those products stay on the float32 BLAS: equal
 # products, float32 sums, a choice made by the shape alone (runs stay deterministic).
 _NATIVE_MIN = 96
+# oneMKL's bf16 kernel (AMX on a Xeon, family/model 6/207) beat its sgemm on the same halves
+# wherever C has 96 rows or more and the inner dimension is at least 64, whatever C's
+# columns (attention's per-head products at head size 64: 1.4-1.6x; a classifier's 10
+# columns: 1.7x), and lost where the inner dimension is small (k = 10-32: 0.4-0.8x), once
+# its operands are packed into reused buffers (``scripts/bench_kernels.py --native-grid``).
+# So on oneMKL the rule reads rows and inner dimension.
+_MKL_NATIVE_MIN_K = 64
 # oneDNN's sgemm (SIMDIST_BLAS=onednn) beat OpenBLAS's on Zen 4 where the inner dimension
 # and C's columns are both >= 64 with k * n >= 8192 (attention's per-head products at head
 # size 64 and up, every layer's) and at most one operand is transposed, and lost on smaller
@@ -218,6 +228,9 @@ def _bind() -> tuple[str, str | None]:
     c_bf16 = dnnl.dnnl_gemm_bf16bf16f32 if dnnl is not None else None
     ll.add_symbol(_DNNL_SYMBOL, _address(c_bf16) or ll.address_of_symbol(_SYMBOL))
     ll.add_symbol(_MODE_SYMBOL, ctypes.addressof(_MODE))
+    ll.add_symbol(_SCRATCH_SYMBOL, ctypes.addressof(_SCRATCH))
+    ll.add_symbol(_ALLOC_SYMBOL, _address(_LIBC.aligned_alloc))
+    ll.add_symbol(_FREE_SYMBOL, _address(_LIBC.free))
     backend = "mkl" if sgemm_ is not None else "onednn" if sgemm_dnnl is not None else "openblas"
     return backend, native
 
@@ -308,6 +321,13 @@ def _address(fn) -> int | None:
 
 _MODE = ctypes.c_int32(PLAIN)  # read by every gemm call (an external global of the kernels)
 _BASE_MODE = ctypes.c_int32(PLAIN)  # the float32 library's bit (SGEMM_DNNL), set by _bind
+# The native bf16 path's two packed operands live in buffers kept between calls (pointer and
+# capacity in 16-bit words, per operand), grown by the kernels with libc's aligned_alloc and
+# released by half_operands(None): fresh pages on every call cost more than the packing
+# itself (first-touch faults: 2 MB packed in 1.1 ms fresh, 0.26 ms reused, on a Xeon).
+# Only the main thread runs kernels (the watchdog thread computes nothing).
+_SCRATCH = (ctypes.c_int64 * 4)()
+_LIBC = ctypes.CDLL(None)
 BACKEND, NATIVE_BF16 = _bind()
 _MODE.value = _BASE_MODE.value
 NATIVE_BF16_AVAILABLE = NATIVE_BF16 is not None
@@ -325,6 +345,7 @@ def half_operands(fmt: int | None, native: bool = True) -> str:
     base = _BASE_MODE.value
     if fmt is None or fmt == 0:
         _MODE.value = base
+        _release_scratch()
         return f"fp32 {BACKEND} sgemm"
     if fmt not in (BF16, F16):
         raise ValueError(f"unknown half format {fmt}")
@@ -335,6 +356,16 @@ def half_operands(fmt: int | None, native: bool = True) -> str:
         return f"bf16 x bf16 -> fp32 ({_NATIVE_NAMES[NATIVE_BF16]})"
     _MODE.value = fmt | check | base
     return f"fp32 {BACKEND} sgemm on {name} operands"
+
+
+def _release_scratch() -> None:
+    """Free the native bf16 path's packing buffers (the kernels allocate them again)."""
+    free = _LIBC.free
+    free.argtypes = [ctypes.c_void_p]
+    for slot in (0, 2):
+        if _SCRATCH[slot]:
+            free(ctypes.c_void_p(_SCRATCH[slot]))
+        _SCRATCH[slot] = _SCRATCH[slot + 1] = 0
 
 
 def operand_format() -> int:
@@ -440,6 +471,100 @@ def _half_mode(typingctx):
     return types.int32(), codegen
 
 
+def _external_global(builder, name: str, llty):
+    try:
+        return builder.module.get_global(name)
+    except KeyError:
+        gv = ir.GlobalVariable(builder.module, llty, name)
+        gv.linkage = "external"
+        return gv
+
+
+@intrinsic
+def _scratch_word(typingctx, i):
+    """Word i of the packing buffers' table (``_SCRATCH``)."""
+
+    def codegen(context, builder, signature, args):
+        i64 = ir.IntType(64)
+        gv = _external_global(builder, _SCRATCH_SYMBOL, ir.ArrayType(i64, 4))
+        return builder.load(builder.gep(gv, [i64(0), args[0]]))
+
+    return types.int64(types.int64), codegen
+
+
+@intrinsic
+def _set_scratch_word(typingctx, i, value):
+    def codegen(context, builder, signature, args):
+        i64 = ir.IntType(64)
+        gv = _external_global(builder, _SCRATCH_SYMBOL, ir.ArrayType(i64, 4))
+        builder.store(args[1], builder.gep(gv, [i64(0), args[0]]))
+        return context.get_dummy_value()
+
+    return types.void(types.int64, types.int64), codegen
+
+
+@intrinsic
+def _aligned_alloc(typingctx, nbytes):
+    """libc aligned_alloc(64, nbytes) as an address (0: out of memory)."""
+
+    def codegen(context, builder, signature, args):
+        i64, i8p = ir.IntType(64), ir.IntType(8).as_pointer()
+        fn = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(i8p, [i64, i64]), _ALLOC_SYMBOL
+        )
+        return builder.ptrtoint(builder.call(fn, [i64(64), args[0]]), i64)
+
+    return types.int64(types.int64), codegen
+
+
+@intrinsic
+def _free(typingctx, address):
+    def codegen(context, builder, signature, args):
+        i8p = ir.IntType(8).as_pointer()
+        fn = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.VoidType(), [i8p]), _FREE_SYMBOL
+        )
+        builder.call(fn, [builder.inttoptr(args[0], i8p)])
+        return context.get_dummy_value()
+
+    return types.void(types.int64), codegen
+
+
+@intrinsic
+def _uint16_pointer(typingctx, address):
+    def codegen(context, builder, signature, args):
+        return builder.inttoptr(args[0], ir.IntType(16).as_pointer())
+
+    return types.CPointer(types.uint16)(types.int64), codegen
+
+
+@intrinsic
+def _float32_pointer(typingctx, address):
+    def codegen(context, builder, signature, args):
+        return builder.inttoptr(args[0], ir.FloatType().as_pointer())
+
+    return types.CPointer(types.float32)(types.int64), codegen
+
+
+@kernel
+def _scratch(slot, rows, cols):
+    """A (rows, cols) uint16 array in packing buffer ``slot`` (0 or 1), grown as needed."""
+    words = rows * cols
+    if _scratch_word(2 * slot + 1) < words:
+        old = _scratch_word(2 * slot)
+        if old != 0:
+            _free(old)
+        nbytes = (2 * words + 63) // 64 * 64
+        address = _aligned_alloc(nbytes)
+        if address == 0:
+            _set_scratch_word(2 * slot, 0)
+            _set_scratch_word(2 * slot + 1, 0)
+            raise MemoryError("gemm: no memory for the bf16 operand buffers")
+        _set_scratch_word(2 * slot, address)
+        _set_scratch_word(2 * slot + 1, nbytes // 2)
+    return carray(_uint16_pointer(_scratch_word(2 * slot)), (rows, cols))
+
+
 @kernel
 def _memory_rows(x):
     """x's 2-D memory as rows (at their stride): x itself ('N'), or x.T for a transposed
@@ -450,14 +575,15 @@ def _memory_rows(x):
 
 
 @kernel
-def _pack_bf16(x):
-    """x's memory rows as contiguous bf16 words, rounded to nearest even:
-    (words, op char, leading dim)."""
+def _pack_bf16(x, slot):
+    """x's memory rows as contiguous bf16 words, rounded to nearest even, in packing buffer
+    ``slot``: (words, op char, leading dim)."""
     rows, op = _memory_rows(x)
     R, C = rows.shape
-    out = np.empty((R, C), np.uint16)
+    out = _scratch(slot, R, C)
     for i in range(R):
-        src = rows[i]
+        # each memory row as a contiguous array, so the loop vectorises whatever x's layout
+        src = carray(_float32_pointer(rows.ctypes.data + i * rows.strides[0]), C)
         dst = out[i]
         for j in range(C):
             dst[j] = bf16_from_f32(src[j])
@@ -507,6 +633,37 @@ def on_onednn(k, n, a_transposed, b_transposed):
 
 
 @kernel
+def takes_native(mode, m, k, n):
+    """Whether gemm, in operand mode ``mode``, runs an m x k x n product on the native bf16
+    kernel (the shape rules above; fixed by the shape, so runs stay deterministic)."""
+    if mode & NATIVE_MKL:
+        return m >= _NATIVE_MIN and k >= _MKL_NATIVE_MIN_K
+    return (mode & NATIVE_DNNL) != 0 and k > 0 and m >= _NATIVE_MIN and n >= _NATIVE_MIN
+
+
+@kernel
+def gemm_native(a, b, c, alpha, beta, mode):
+    """gemm's bf16 product on the native kernel that ``mode`` names (NATIVE_MKL or
+    NATIVE_DNNL), whatever the shape: both operands packed into bf16 words (gemm checks
+    shapes and picks the path; ``bench_kernels.py --native-grid`` calls it directly)."""
+    m, k = a.shape
+    n = c.shape[1]
+    ldc = max(c.strides[0] // 4, n, 1)
+    ha, opa, lda = _pack_bf16(a, 0)
+    hb, opb, ldb = _pack_bf16(b, 1)
+    if mode & NATIVE_MKL:
+        _gemm_bf16(
+            opb, opa, np.int32(n), np.int32(m), np.int32(k), alpha, hb, ldb, ha, lda, beta, c,
+            np.int32(ldc),
+        )  # fmt: skip
+    elif _dnnl_gemm_bf16(
+        opa, opb, np.int64(m), np.int64(n), np.int64(k), alpha, ha, np.int64(lda), hb,
+        np.int64(ldb), beta, c, np.int64(ldc),
+    ) != 0:  # fmt: skip
+        raise RuntimeError("gemm: oneDNN dnnl_gemm_bf16bf16f32 failed")
+
+
+@kernel
 def gemm(a, b, c, alpha, beta):
     """c[m,n] = alpha * a[m,k] @ b[k,n] + beta * c (beta = 0: c is overwritten, not read).
 
@@ -532,16 +689,8 @@ def gemm(a, b, c, alpha, beta):
         _require_half(a, mode & FORMAT_BITS)
         _require_half(b, mode & FORMAT_BITS)
     m32, n32, k32 = np.int32(m), np.int32(n), np.int32(k)
-    if mode & (NATIVE_MKL | NATIVE_DNNL) and k > 0 and m >= _NATIVE_MIN and n >= _NATIVE_MIN:
-        ha, opa, lda = _pack_bf16(a)
-        hb, opb, ldb = _pack_bf16(b)
-        if mode & NATIVE_MKL:
-            _gemm_bf16(opb, opa, n32, m32, k32, alpha, hb, ldb, ha, lda, beta, c, ldc)
-        elif _dnnl_gemm_bf16(
-            opa, opb, np.int64(m), np.int64(n), np.int64(k), alpha, ha, np.int64(lda), hb,
-            np.int64(ldb), beta, c, np.int64(ldc),
-        ) != 0:  # fmt: skip
-            raise RuntimeError("gemm: oneDNN dnnl_gemm_bf16bf16f32 failed")
+    if takes_native(mode, m, k, n):
+        gemm_native(a, b, c, alpha, beta, mode)
     elif mode & SGEMM_DNNL and on_onednn(k, n, opa == 84, opb == 84):
         # float32 (or half values, exact in float32) on oneDNN: row-major as it is
         if _dnnl_sgemm(

@@ -2,8 +2,9 @@
 own matmul and (where installed) torch.mm (printed, never asserted).
 
     python scripts/bench_kernels.py [--reps 50] [--gemm-only]
-    python scripts/bench_kernels.py --blas-grid     # OpenBLAS against oneDNN's sgemm
+    python scripts/bench_kernels.py --blas-grid     # OpenBLAS (or oneMKL) against oneDNN's sgemm
     python scripts/bench_kernels.py --openblas-pair # numpy's OpenBLAS against SciPy's
+    python scripts/bench_kernels.py --native-grid   # bf16 products: native against sgemm
 
 One thread (simdist pins it). Forward is 2*B*C*OC FLOP; backward twice that (dinp and
 dweight). NumPy's reference runs the same three products with ``out=`` so neither side
@@ -16,10 +17,15 @@ less than wall time; run it once per ``SIMDIST_BLAS`` value to compare the libra
 ``--openblas-pair`` times the kernels' gemm on numpy's OpenBLAS and on SciPy's, alternating
 call by call in one process (the measurement behind the default).
 
-``--blas-grid`` times OpenBLAS's sgemm (the kernels' gemm with ``SIMDIST_BLAS=openblas``)
+``--blas-grid`` times OpenBLAS's sgemm (the kernels' gemm with ``SIMDIST_BLAS=openblas``;
+with ``SIMDIST_BLAS=mkl``, oneMKL's, the Intel kind's default where the extra is installed)
 and oneDNN's ``dnnl_sgemm`` (called through ctypes, about a microsecond more per call) on
 every layout of a grid of shapes, and says which library ``SIMDIST_BLAS=onednn`` gives each
 product (kernels/blas.py, ``on_onednn``): the measurement behind that rule.
+``--native-grid`` times, on operands holding bf16 values, the kernels' gemm on the float32
+BLAS and on the native bf16 kernel (oneMKL's or oneDNN's, packing included), alternating,
+and says which one a bf16 run gives each shape: the measurement behind ``_NATIVE_MIN``
+and ``_MKL_NATIVE_MIN_K``.
 """
 
 import simdist  # noqa: F401  (one thread per process, before numpy loads)
@@ -179,7 +185,8 @@ BLAS_GRID = [  # (m, k, n): attention heads, the models' layers, FC-MNIST's, the
 
 
 def bench_blas_grid(reps: int) -> None:
-    """OpenBLAS (the kernels' gemm) against oneDNN's dnnl_sgemm on BLAS_GRID, CPU time."""
+    """The kernels' gemm (OpenBLAS or oneMKL) against oneDNN's dnnl_sgemm on BLAS_GRID,
+    CPU time."""
     import ctypes
     import glob
     import sys
@@ -187,9 +194,9 @@ def bench_blas_grid(reps: int) -> None:
     from simdist.kernels import blas
 
     libs = sorted(glob.glob(os.path.join(sys.prefix, "lib", "libdnnl.so*")))
-    if BACKEND != "openblas" or not libs:
+    if BACKEND not in ("openblas", "mkl") or not libs:
         raise SystemExit(
-            "--blas-grid needs SIMDIST_BLAS=openblas and oneDNN installed "
+            "--blas-grid needs SIMDIST_BLAS=openblas or mkl and oneDNN installed "
             "(pip install onednn-cpu-gomp)"
         )
     f = ctypes.CDLL(libs[0]).dnnl_sgemm
@@ -198,7 +205,8 @@ def bench_blas_grid(reps: int) -> None:
     f.argtypes += [c.c_void_p, c.c_int64, c.c_float, c.c_void_p, c.c_int64]
     rng = np.random.default_rng(0)
     one, zero = F32(1.0), F32(0.0)
-    print(f"{'m x k x n op':>20} {'OpenBLAS':>9} {'oneDNN':>8} {'ratio':>6}  onednn rule")
+    name = "oneMKL" if BACKEND == "mkl" else "OpenBLAS"
+    print(f"{'m x k x n op':>20} {name:>9} {'oneDNN':>8} {'ratio':>6}  onednn rule")
     for m, k, n in BLAS_GRID:
         for layout in ("nn", "nt", "tn", "tt"):
             a = rng.standard_normal((m, k) if layout[0] == "n" else (k, m), dtype=F32)
@@ -219,6 +227,58 @@ def bench_blas_grid(reps: int) -> None:
             )
 
 
+NATIVE_GRID = [  # (m, k, n, layout): attention heads, the models' layers, classifiers
+    (128, 128, 64, "nn"), (128, 128, 64, "tn"), (128, 64, 128, "nt"), (128, 32, 128, "nt"),
+    (128, 64, 64, "nn"), (128, 32, 32, "nn"), (128, 128, 16, "nn"), (128, 16, 128, "nt"),
+    (64, 64, 64, "nn"), (16, 256, 256, "nn"), (32, 256, 256, "nn"), (96, 64, 10, "nn"),
+    (128, 512, 10, "nn"), (128, 10, 512, "nt"), (512, 128, 10, "tn"), (128, 784, 512, "nn"),
+    (128, 512, 512, "nn"), (512, 128, 512, "tn"), (1024, 256, 768, "nn"),
+    (1024, 1024, 256, "nn"), (1024, 768, 256, "nt"), (256, 1024, 1024, "tn"),
+]  # fmt: skip
+
+
+def bench_native_grid(reps: int) -> None:
+    """bf16 products: the float32 BLAS against the native kernel, CPU time, alternating."""
+    from simdist.kernels import blas
+    from simdist.kernels.half import BF16, round_half
+
+    if blas.NATIVE_BF16 is None:
+        raise SystemExit("--native-grid needs a native bf16 kernel (the mkl or onednn extra)")
+    rng = np.random.default_rng(0)
+    one, zero = F32(1.0), F32(0.0)
+    name = {"mkl": "oneMKL", "onednn": "oneDNN"}[blas.NATIVE_BF16]
+    print(f"{'m x k x n op':>20} {'sgemm':>8} {name:>8} {'ratio':>6}  bf16 runs take")
+    for m, k, n, layout in NATIVE_GRID:
+        a = rng.standard_normal((m, k) if layout[0] == "n" else (k, m), dtype=F32)
+        b = rng.standard_normal((k, n) if layout[1] == "n" else (n, k), dtype=F32)
+        round_half(a.reshape(-1), BF16)
+        round_half(b.reshape(-1), BF16)
+        av, bv = (a if layout[0] == "n" else a.T), (b if layout[1] == "n" else b.T)
+        out = np.empty((m, n), F32)
+        blas.half_operands(BF16)
+        native = blas._MODE.value
+        blas.half_operands(None)
+
+        def on_sgemm(av=av, bv=bv, out=out):  # the float32 BLAS on the halves
+            gemm(av, bv, out, one, zero)
+
+        def on_native(av=av, bv=bv, out=out, mode=native):
+            blas.gemm_native(av, bv, out, one, zero, mode)
+
+        calls = (on_sgemm, on_native)
+        best = [float("inf")] * 2
+        for _ in range(reps):  # alternate, so drifting load hits both alike
+            for i, call in enumerate(calls):
+                best[i] = min(best[i], cpu_seconds(call, 1))
+        taken = blas.takes_native(native, m, k, n)
+        flop = 2.0 * m * k * n
+        rates = [flop / t / 1e9 for t in best]
+        print(
+            f"{f'{m}x{k}x{n} {layout}':>20} {rates[0]:8.1f} {rates[1]:8.1f} "
+            f"{rates[1] / rates[0]:6.2f}  {name if taken else 'sgemm'}"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=50)
@@ -226,6 +286,9 @@ def main() -> None:
     parser.add_argument("--blas-grid", action="store_true", help="OpenBLAS against oneDNN")
     parser.add_argument(
         "--openblas-pair", action="store_true", help="numpy's OpenBLAS against SciPy's"
+    )
+    parser.add_argument(
+        "--native-grid", action="store_true", help="bf16 products: native against sgemm"
     )
     args = parser.parse_args()
     reps = args.reps
@@ -246,6 +309,9 @@ def main() -> None:
         return
     if args.openblas_pair:
         bench_openblas_pair(reps)
+        return
+    if args.native_grid:
+        bench_native_grid(max(3, reps // 10))
         return
     if not args.gemm_only:
         print(f"{'B x C x OC':>16} {'op':>9} {'kernel GF/s':>12} {'numpy GF/s':>11}")

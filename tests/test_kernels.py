@@ -425,6 +425,41 @@ def test_gemm_on_half_operands_accumulates_in_float32(name, fmt, native, monkeyp
     np.testing.assert_allclose(plain, a.astype(np.float64) @ bad, rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.skipif(not blas.NATIVE_BF16_AVAILABLE, reason="no native bf16 GEMM on this machine")
+def test_native_bf16_packing_buffers_are_reused_grown_and_released():
+    """The native bf16 path packs its operands into two buffers kept between calls: a
+    product of the same size reuses them, a larger one grows them (a smaller one after it
+    reads only its own words), every result the exact float64 product's to float32
+    accumulation, and half_operands(None) frees them."""
+    rng = np.random.default_rng(5)
+
+    def halves(r, c):
+        x = randn(rng, r, c).reshape(-1)
+        round_half(x, BF16)
+        return x.reshape(r, c)
+
+    def product(m, k, n):
+        a, b = halves(m, k), halves(k, n)
+        c = np.zeros((m, n), F32)
+        gemm(a, b, c, F32(1.0), F32(0.0))
+        ref = a.astype(np.float64) @ b.astype(np.float64)
+        bound = k * EPS * (np.abs(a) @ np.abs(b)).astype(np.float64)
+        assert (np.abs(c - ref) <= bound).all(), (m, k, n)
+        return [blas._SCRATCH[i] for i in range(4)]  # (address, words) of each operand
+
+    try:
+        assert "bf16 x bf16" in blas.half_operands(BF16)
+        first = product(128, 96, 128)
+        assert first[0] and first[2] and first[1] >= 128 * 96 and first[3] >= 96 * 128
+        assert product(128, 96, 128) == first  # reused, not allocated again
+        grown = product(256, 160, 192)
+        assert grown[1] >= 256 * 160 and grown[3] >= 160 * 192
+        assert product(128, 96, 128) == grown  # a smaller product keeps the larger buffers
+    finally:
+        blas.half_operands(None)
+    assert [blas._SCRATCH[i] for i in range(4)] == [0, 0, 0, 0]
+
+
 # ------------------------------------------------------------------ softmax + CE loss
 
 
