@@ -80,6 +80,7 @@ _ALLOC_SYMBOL, _FREE_SYMBOL = "simdist_aligned_alloc", "simdist_free"  # libc's
 # that both operands hold half values, and the float32 library (oneDNN's sgemm for the
 # products on_onednn gives it; numpy's ILP64 OpenBLAS instead of the int32 symbol).
 PLAIN, FORMAT_BITS, NATIVE_MKL, NATIVE_DNNL, CHECK, SGEMM_DNNL, SGEMM_ILP64 = 0, 3, 4, 8, 16, 32, 64
+NATIVE_EVERY_SHAPE = 128  # benchmarks only: the native kernel for every bf16 product
 # The native bf16 kernels block C in wide panels: with fewer than about 96 rows or columns
 # of C (attention's per-head products at head size 64 or less, a classifier's 10 columns)
 # they ran slower than sgemm on the same halves on Zen 4 with oneDNN 3.2, and faster above
@@ -87,13 +88,15 @@ PLAIN, FORMAT_BITS, NATIVE_MKL, NATIVE_DNNL, CHECK, SGEMM_DNNL, SGEMM_ILP64 = 0,
 # scripts/bench_precision.py measures). Those products stay on the float32 BLAS: equal
 # products, float32 sums, a choice made by the shape alone (runs stay deterministic).
 _NATIVE_MIN = 96
-# oneMKL's bf16 kernel (AMX on a Xeon, family/model 6/207) beat its sgemm on the same halves
-# wherever C has 96 rows or more and the inner dimension is at least 64, whatever C's
-# columns (attention's per-head products at head size 64: 1.4-1.6x; a classifier's 10
-# columns: 1.7x), and lost where the inner dimension is small (k = 10-32: 0.4-0.8x), once
-# its operands are packed into reused buffers (``scripts/bench_kernels.py --native-grid``).
-# So on oneMKL the rule reads rows and inner dimension.
-_MKL_NATIVE_MIN_K = 64
+# oneMKL's bf16 kernel (AMX on a Xeon, family/model 6/207), its operands packed into reused
+# buffers, beat its sgemm on the same halves 1.5-3.4x on the models' layers (>= 128 rows,
+# k and n >= 256) and lost where the inner dimension is small (k = 10-32: 0.4-0.8x), in
+# isolation (``scripts/bench_kernels.py --native-grid``). Inside attention, between its
+# softmax passes, the per-head products (128x64x128 and the like, 1M multiply-adds) ran
+# slower on it than on sgemm (``scripts/bench_kernels.py --attention``), although alone
+# they ran faster. So on oneMKL: >= 96 rows, inner dimension >= 64, and >= 2^21
+# multiply-adds.
+_MKL_NATIVE_MIN_K, _MKL_NATIVE_MIN_VOLUME = 64, 1 << 21
 # oneDNN's sgemm (SIMDIST_BLAS=onednn) beat OpenBLAS's on Zen 4 where the inner dimension
 # and C's columns are both >= 64 with k * n >= 8192 (attention's per-head products at head
 # size 64 and up, every layer's) and at most one operand is transposed, and lost on smaller
@@ -337,11 +340,13 @@ _NATIVE_NAMES = {
 }
 
 
-def half_operands(fmt: int | None, native: bool = True) -> str:
+def half_operands(fmt: int | None, native: bool = True, every_shape: bool = False) -> str:
     """From now on (this process), every gemm multiplies operands in the half format ``fmt``
     (``kernels.half.BF16`` / ``F16``), or plain float32 again (None); ``native=False`` keeps
-    bf16 products on the float32 BLAS. ``SIMDIST_HALF_GEMM_CHECK=1`` adds the check that the
-    operands hold half values. Returns how the products run, for the run's log."""
+    bf16 products on the float32 BLAS; ``every_shape=True`` (benchmarks) puts every bf16
+    product on the native kernel, whatever ``takes_native`` says. ``SIMDIST_HALF_GEMM_CHECK=1``
+    adds the check that the operands hold half values. Returns how the products run, for the
+    run's log."""
     base = _BASE_MODE.value
     if fmt is None or fmt == 0:
         _MODE.value = base
@@ -352,7 +357,9 @@ def half_operands(fmt: int | None, native: bool = True) -> str:
     check = CHECK if os.environ.get("SIMDIST_HALF_GEMM_CHECK", "0") not in ("", "0") else 0
     name = "bf16" if fmt == BF16 else "fp16"
     if fmt == BF16 and native and NATIVE_BF16 is not None:
-        _MODE.value = fmt | (NATIVE_MKL if NATIVE_BF16 == "mkl" else NATIVE_DNNL) | check | base
+        every = NATIVE_EVERY_SHAPE if every_shape else 0
+        lib = NATIVE_MKL if NATIVE_BF16 == "mkl" else NATIVE_DNNL
+        _MODE.value = fmt | lib | every | check | base
         return f"bf16 x bf16 -> fp32 ({_NATIVE_NAMES[NATIVE_BF16]})"
     _MODE.value = fmt | check | base
     return f"fp32 {BACKEND} sgemm on {name} operands"
@@ -636,8 +643,10 @@ def on_onednn(k, n, a_transposed, b_transposed):
 def takes_native(mode, m, k, n):
     """Whether gemm, in operand mode ``mode``, runs an m x k x n product on the native bf16
     kernel (the shape rules above; fixed by the shape, so runs stay deterministic)."""
+    if mode & NATIVE_EVERY_SHAPE:
+        return k > 0 and (mode & (NATIVE_MKL | NATIVE_DNNL)) != 0
     if mode & NATIVE_MKL:
-        return m >= _NATIVE_MIN and k >= _MKL_NATIVE_MIN_K
+        return m >= _NATIVE_MIN and k >= _MKL_NATIVE_MIN_K and m * k * n >= _MKL_NATIVE_MIN_VOLUME
     return (mode & NATIVE_DNNL) != 0 and k > 0 and m >= _NATIVE_MIN and n >= _NATIVE_MIN
 
 

@@ -5,6 +5,7 @@ own matmul and (where installed) torch.mm (printed, never asserted).
     python scripts/bench_kernels.py --blas-grid     # OpenBLAS (or oneMKL) against oneDNN's sgemm
     python scripts/bench_kernels.py --openblas-pair # numpy's OpenBLAS against SciPy's
     python scripts/bench_kernels.py --native-grid   # bf16 products: native against sgemm
+    python scripts/bench_kernels.py --attention     # GPT-2's attention, fp32 and bf16 paths
 
 One thread (simdist pins it). Forward is 2*B*C*OC FLOP; backward twice that (dinp and
 dweight). NumPy's reference runs the same three products with ``out=`` so neither side
@@ -25,7 +26,11 @@ product (kernels/blas.py, ``on_onednn``): the measurement behind that rule.
 ``--native-grid`` times, on operands holding bf16 values, the kernels' gemm on the float32
 BLAS and on the native bf16 kernel (oneMKL's or oneDNN's, packing included), alternating,
 and says which one a bf16 run gives each shape: the measurement behind ``_NATIVE_MIN``
-and ``_MKL_NATIVE_MIN_K``.
+and ``_MKL_NATIVE_MIN_K``. ``--attention`` times GPT-2's attention kernels (gpt2-mini's
+shape: batch 8, 128 positions, 4 heads of 64) in float32, in bf16 with every product on
+the float32 BLAS, with the shape rule, and with every product on the native kernel, the
+four alternating: the products in place, between the softmax passes, where
+``_MKL_NATIVE_MIN_VOLUME`` comes from.
 """
 
 import simdist  # noqa: F401  (one thread per process, before numpy loads)
@@ -279,6 +284,47 @@ def bench_native_grid(reps: int) -> None:
         )
 
 
+def bench_attention(reps: int, B: int = 8, T: int = 128, C: int = 256, NH: int = 4) -> None:
+    """attention_forward / attention_backward on each product path, wall time, alternating."""
+    from simdist.kernels import blas
+    from simdist.kernels.attention import attention_backward, attention_forward
+    from simdist.kernels.half import BF16, round_half
+
+    rng = np.random.default_rng(0)
+    qkv = rng.standard_normal((B, T, 3 * C), dtype=F32)
+    dout = rng.standard_normal((B, T, C), dtype=F32)
+    round_half(qkv.reshape(-1), BF16)
+    round_half(dout.reshape(-1), BF16)
+    out, att = np.zeros((B, T, C), F32), np.zeros((B, NH, T, T), F32)
+    dqkv, ds = np.zeros_like(qkv), np.zeros((T, T), F32)
+    paths = {
+        "fp32": lambda: blas.half_operands(None),
+        "bf16 on sgemm": lambda: blas.half_operands(BF16, native=False),
+        "bf16, shape rule": lambda: blas.half_operands(BF16),
+        "bf16, all native": lambda: blas.half_operands(BF16, every_shape=True),
+    }
+    if blas.NATIVE_BF16 is None:
+        paths = dict(list(paths.items())[:2])
+    best = {name: [float("inf")] * 2 for name in paths}
+    for _ in range(reps):
+        for name, select in paths.items():
+            select()
+            for i, call in enumerate(
+                (
+                    lambda: attention_forward(out, att, qkv, NH),
+                    lambda: attention_backward(dqkv, dout, qkv, att, ds, NH),
+                )
+            ):
+                call()
+                t = time.perf_counter()
+                call()
+                best[name][i] = min(best[name][i], time.perf_counter() - t)
+    blas.half_operands(None)
+    print(f"attention, batch {B}, {T} positions, {NH} heads of {C // NH}: ms (best of {reps})")
+    for name, (fwd, bwd) in best.items():
+        print(f"{name:>18}  forward {1e3 * fwd:6.2f}  backward {1e3 * bwd:6.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=50)
@@ -289,6 +335,9 @@ def main() -> None:
     )
     parser.add_argument(
         "--native-grid", action="store_true", help="bf16 products: native against sgemm"
+    )
+    parser.add_argument(
+        "--attention", action="store_true", help="GPT-2's attention on each product path"
     )
     args = parser.parse_args()
     reps = args.reps
@@ -312,6 +361,9 @@ def main() -> None:
         return
     if args.native_grid:
         bench_native_grid(max(3, reps // 10))
+        return
+    if args.attention:
+        bench_attention(max(3, reps // 2))
         return
     if not args.gemm_only:
         print(f"{'B x C x OC':>16} {'op':>9} {'kernel GF/s':>12} {'numpy GF/s':>11}")
