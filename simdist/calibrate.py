@@ -5,8 +5,8 @@
 
 What is measured (one thread, as each simdist rank runs):
 
-* GEMM: float32 ``np.dot(a, b, c)`` inside numba (the kernels' call) for n = 64 … 1024, best
-  of N; the best rate is the matrix peak and each size's fraction of it forms the size-keyed
+* GEMM: float32 ``kernels.blas.gemm`` (the kernels' call, on their library) for n = 64 … 1024,
+  best of N; the best rate is the matrix peak and each size's fraction of it forms the size-keyed
   efficiency table (so the host profile's table, unlike the GPU ones, is fitted to
   whole-kernel times and is used with the roofline max). A second sweep times GEMMs with one
   small dimension s = 4 … 512 (a pipeline's micro-batch of a few rows included; the other
@@ -91,6 +91,13 @@ from simdist.calibration.render import _mem_total, render
 from simdist.device.profile import PROFILE_DIR
 
 DEFAULT_OUT = PROFILE_DIR / "host.yaml"
+
+
+def _blas_library() -> str:
+    """The kernels' BLAS (``kernels.blas.library``), imported late: ``--help`` loads no numba."""
+    from simdist.kernels.blas import library
+
+    return library()
 
 
 def _compute_section(text: str) -> str:
@@ -204,6 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         "loadavg": f"{load:.2f}",
         "openblas_coretype": os.environ.get("OPENBLAS_CORETYPE", "(unset)"),
         "openblas_l2": os.environ.get("OPENBLAS_L2_SIZE", "(unset)"),
+        "blas": _blas_library(),  # the GEMM rates are this library's
         "gemm": gemm,
         "gemm_shapes": shapes,
         "memory": memory,

@@ -464,6 +464,29 @@ def test_plan_matches_the_pipeline_formula():
 # -- calibrate -----------------------------------------------------------------------------
 
 
+def test_calibrate_times_the_kernels_gemm_on_every_layout(monkeypatch):
+    """The GEMM sweeps time ``kernels.blas.gemm`` (the library the run's products use: oneMKL
+    or oneDNN where bound), not numba's np.dot (always SciPy's OpenBLAS), each layout as
+    the kernels pass it (a transposed operand as a .T view)."""
+    from simdist.kernels import blas
+
+    from simdist.calibration import compute
+
+    calls, gemm = [], blas.gemm
+
+    def counted(a, b, c, alpha, beta):
+        calls.append((a.flags.c_contiguous, b.flags.c_contiguous, a.shape, b.shape))
+        gemm(a, b, c, alpha, beta)
+
+    monkeypatch.setattr(blas, "gemm", counted)
+    rates = compute.measure_gemm([64], repeats=1)
+    assert rates[64] > 0 and calls and all(c[2] == c[3] == (64, 64) for c in calls)
+    calls.clear()
+    compute.measure_gemm_shapes([8], repeats=1)
+    layouts = {(a, b) for a, b, *_ in calls}
+    assert layouts == {(True, True), (True, False), (False, True)}  # nn, nt, tn
+
+
 def test_alpha_beta_fit_recovers_a_synthetic_link():
     from simdist.calibrate import fit_alpha_beta
 

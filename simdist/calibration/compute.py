@@ -32,7 +32,7 @@ def best_time(fn: Callable[[], Any], repeats: int, min_time: float = 0.02) -> fl
 
 
 def measure_gemm(sizes: list[int], repeats: int) -> dict[int, float]:
-    """FLOP/s of float32 n x n x n GEMM per size (numba's ``np.dot``, the kernels' call)."""
+    """FLOP/s of float32 n x n x n GEMM per size (``kernels.blas.gemm``, the kernels' call)."""
     nn = _gemm_kernels()["nn"]
     rng = np.random.default_rng(0)
     out = {}
@@ -49,22 +49,22 @@ SHAPE_BIG = 512  # the other two dimensions of the shape sweep
 
 
 def _gemm_kernels() -> dict[str, Callable]:
-    """``np.dot(a, b, c)`` inside numba, as simdist's kernels call BLAS, per layout."""
-    from numba import njit
+    """The kernels' ``blas.gemm`` per layout: the library the training run's products use
+    (oneMKL, oneDNN or OpenBLAS, ``blas.library()``), not numba's ``np.dot``, which always
+    calls SciPy's OpenBLAS (on an Intel CPU with the ``mkl`` extra that measured the GEMMs
+    slower than the run's, and so predicted its steps too long)."""
+    from simdist.kernels.blas import gemm
 
-    jit = njit(cache=False, nogil=True, error_model="numpy", boundscheck=False)
+    one, zero = np.float32(1.0), np.float32(0.0)
 
-    @jit
-    def nn(a, b, c):  # pragma: no cover - compiled
-        np.dot(a, b, c)
+    def nn(a, b, c):
+        gemm(a, b, c, one, zero)
 
-    @jit
-    def nt(a, b, c):  # pragma: no cover - compiled
-        np.dot(a, b.T, c)
+    def nt(a, b, c):
+        gemm(a, b.T, c, one, zero)
 
-    @jit
-    def tn(a, b, c):  # pragma: no cover - compiled
-        np.dot(a.T, b, c)
+    def tn(a, b, c):
+        gemm(a.T, b, c, one, zero)
 
     return {"nn": nn, "nt": nt, "tn": tn}
 
