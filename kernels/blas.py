@@ -89,8 +89,8 @@ NATIVE_EVERY_SHAPE = 128  # benchmarks only: the native kernel for every bf16 pr
 # products, float32 sums, a choice made by the shape alone (runs stay deterministic).
 _NATIVE_MIN = 96
 # oneMKL's bf16 kernel (AMX on a Xeon, family/model 6/207), its operands packed into reused
-# buffers, beat its sgemm on the same halves 1.5-3.4x on the models' layers (>= 128 rows,
-# k and n >= 256) and lost where the inner dimension is small (k = 10-32: 0.4-0.8x), in
+# buffers, beat its sgemm on the same halves 1.5-3.4x on the models' layers (128-1024 rows,
+# k >= 128) and lost on most products whose inner dimension is 10-32 (0.41-0.81x), in
 # isolation (``scripts/bench_kernels.py --native-grid``). Inside attention, between its
 # softmax passes, the per-head products (128x64x128 and the like, 1M multiply-adds) ran
 # slower on it than on sgemm (``scripts/bench_kernels.py --attention``), although alone
