@@ -41,10 +41,9 @@ them is installed (``SIMDIST_HALF_GEMM=auto``): oneMKL's ``gemm_bf16bf16f32`` (t
 extra) on an Intel CPU, else oneDNN's ``dnnl_gemm_bf16bf16f32`` (the ``onednn`` extra; the
 one AMD's Zen 4 and 5 get); ``mkl`` or ``onednn`` insists on one, ``fp32`` refuses both.
 The operands are then packed into 16-bit words per call, into two buffers kept between
-calls (products with fewer than 96 rows
-or columns stay on sgemm, where the native kernels are slower); products of halves are exact
-in float32, so the only difference from the float32-BLAS path is the order of the float32
-accumulation (tested).
+calls; small products stay on sgemm, where the native kernels are slower (``takes_native``,
+a rule on the shape alone). Products of halves are exact in float32, so the only difference
+from the float32-BLAS path is the order of the float32 accumulation (tested).
 """
 
 from __future__ import annotations
