@@ -325,8 +325,9 @@ _MODE = ctypes.c_int32(PLAIN)  # read by every gemm call (an external global of 
 _BASE_MODE = ctypes.c_int32(PLAIN)  # the float32 library's bit (SGEMM_DNNL), set by _bind
 # The native bf16 path's two packed operands live in buffers kept between calls (pointer and
 # capacity in 16-bit words, per operand), grown by the kernels with libc's aligned_alloc and
-# released by half_operands(None): fresh pages on every call cost more than the packing
-# itself (first-touch faults: 2 MB packed in 1.1 ms fresh, 0.26 ms reused, on a Xeon).
+# released by half_operands(None), so no call packs into freshly allocated pages (their
+# first-touch faults; with them, gpt2-mini's bf16 step was slower than fp32's on a Xeon:
+# README, scripts/bench_precision.py).
 # Only the main thread runs kernels (the watchdog thread computes nothing).
 _SCRATCH = (ctypes.c_int64 * 4)()
 _LIBC = ctypes.CDLL(None)
