@@ -6,6 +6,7 @@ own matmul and (where installed) torch.mm (printed, never asserted).
     python scripts/bench_kernels.py --openblas-pair # numpy's OpenBLAS against SciPy's
     python scripts/bench_kernels.py --native-grid   # bf16 products: native against sgemm
     python scripts/bench_kernels.py --attention     # GPT-2's attention, fp32 and bf16 paths
+    python scripts/bench_kernels.py --vector-width  # the loop kernels at 512- and 256-bit
 
 One thread (simdist pins it). Forward is 2*B*C*OC FLOP; backward twice that (dinp and
 dweight). NumPy's reference runs the same three products with ``out=`` so neither side
@@ -31,14 +32,22 @@ shape: batch 8, 128 positions, 4 heads of 64) in float32, in bf16 with every pro
 the float32 BLAS, with the shape rule, and with every product on the native kernel, the
 four alternating: the products in place, between the softmax passes, where
 ``_MKL_NATIVE_MIN_VOLUME`` comes from.
+``--vector-width`` times the loop kernels of a gpt2-mini step (GELU, the layernorms,
+attention, AdamW on 3.2M parameters) compiled as simdist compiles them (512-bit vectors on
+AVX-512, kernels/_jit.py) and as LLVM's tuning for the host would (``NUMBA_CPU_FEATURES`` set
+to the host's features), in child processes taking turns: the measurement behind
+``_wide_vectors``. Each child compiles into its own cache, so nothing is shared.
 """
 
 import simdist  # noqa: F401  (one thread per process, before numpy loads)
 
 # isort: split
 import argparse
+import json
 import os
 import platform
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 
@@ -325,6 +334,90 @@ def bench_attention(reps: int, B: int = 8, T: int = 128, C: int = 256, NH: int =
         print(f"{name:>18}  forward {1e3 * fwd:6.2f}  backward {1e3 * bwd:6.2f}")
 
 
+def time_loop_kernels(reps: int) -> dict[str, float]:
+    """Best wall time (ms) of each loop kernel at gpt2-mini's shapes (batch 8 x 128)."""
+    from simdist.kernels.attention import attention_backward, attention_forward
+    from simdist.kernels.gelu import gelu_backward, gelu_forward
+    from simdist.kernels.layernorm import (
+        layernorm_backward_accumulate,
+        residual_layernorm_forward,
+    )
+    from simdist.kernels.optim import adamw_update
+
+    rng = np.random.default_rng(0)
+    N, C, NH, B, T = 1024, 256, 4, 8, 128
+    x4 = rng.standard_normal(4 * N * C, dtype=F32)
+    y4, d4 = np.empty_like(x4), np.empty_like(x4)
+    a, b = rng.standard_normal((N, C), dtype=F32), rng.standard_normal((N, C), dtype=F32)
+    res, out, din = np.empty_like(a), np.empty_like(a), np.zeros_like(a)
+    mean, rstd = np.empty(N, F32), np.empty(N, F32)
+    w, bias, dw, db = (
+        rng.random(C, dtype=F32),
+        rng.random(C, dtype=F32),
+        np.empty(C, F32),
+        np.empty(C, F32),
+    )
+    qkv = rng.standard_normal((B, T, 3 * C), dtype=F32)
+    aout, att = np.empty((B, T, C), F32), np.empty((B, NH, T, T), F32)
+    dqkv, ds = np.empty_like(qkv), np.empty((T, T), F32)
+    n = 3_200_000
+    p, g = rng.standard_normal(n, dtype=F32), rng.standard_normal(n, dtype=F32)
+    m, v = np.zeros(n, F32), np.zeros(n, F32)
+    calls = {
+        "gelu_forward": lambda: gelu_forward(y4, x4),
+        "gelu_backward": lambda: gelu_backward(d4, x4, y4),
+        "residual_layernorm_forward": lambda: residual_layernorm_forward(
+            res, out, mean, rstd, a, b, w, bias
+        ),
+        "layernorm_backward_accumulate": lambda: layernorm_backward_accumulate(
+            din, dw, db, out, res, w, mean, rstd
+        ),
+        "attention_forward": lambda: attention_forward(aout, att, qkv, NH),
+        "attention_backward": lambda: attention_backward(dqkv, aout, qkv, att, ds, NH),
+        "adamw_update": lambda: adamw_update(p, g, m, v, 1e-4, 0.9, 0.999, 1e-8, 0.0, 1),
+    }
+    return {name: 1e3 * best_seconds(call, (), reps) for name, call in calls.items()}
+
+
+def bench_vector_width(reps: int, rounds: int = 5) -> None:
+    """The loop kernels at simdist's vector width and at LLVM's default, in turns."""
+    import llvmlite.binding as llvm
+
+    features = llvm.get_host_cpu_features()
+    if not features.get("avx512f"):
+        print("no AVX-512 on this CPU: both builds would be the same; nothing to compare")
+        return
+    builds = {
+        "512-bit (simdist)": {},
+        "LLVM default": {"NUMBA_CPU_FEATURES": features.flatten()},
+    }
+    best: dict[str, dict[str, float]] = {name: {} for name in builds}
+    for _ in range(rounds):
+        for name, extra in builds.items():
+            env = {k: val for k, val in os.environ.items() if k != "NUMBA_CPU_FEATURES"}
+            child = subprocess.run(
+                [sys.executable, __file__, "--loop-kernels-json", "--reps", str(reps)],
+                env={**env, **extra},
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+            for kernel, ms in json.loads(child.stdout.splitlines()[-1]).items():
+                best[name][kernel] = min(best[name].get(kernel, float("inf")), ms)
+    wide, default = best.values()
+    print(f"loop kernels, ms (best of {rounds} x {reps}); LLVM default / 512-bit")
+    print(f"{'kernel':>30} {'512-bit':>9} {'default':>9} {'ratio':>6}")
+    for kernel in wide:
+        print(
+            f"{kernel:>30} {wide[kernel]:9.3f} {default[kernel]:9.3f} "
+            f"{default[kernel] / wide[kernel]:6.2f}"
+        )
+    print(
+        f"{'sum':>30} {sum(wide.values()):9.3f} {sum(default.values()):9.3f} "
+        f"{sum(default.values()) / sum(wide.values()):6.2f}"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=50)
@@ -339,8 +432,15 @@ def main() -> None:
     parser.add_argument(
         "--attention", action="store_true", help="GPT-2's attention on each product path"
     )
+    parser.add_argument(
+        "--vector-width", action="store_true", help="loop kernels at 512- and 256-bit"
+    )
+    parser.add_argument("--loop-kernels-json", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     reps = args.reps
+    if args.loop_kernels_json:  # a --vector-width child
+        print(json.dumps(time_loop_kernels(reps)))
+        return
     from bench_train import cpu_info
 
     cpu = cpu_info()
@@ -364,6 +464,9 @@ def main() -> None:
         return
     if args.attention:
         bench_attention(max(3, reps // 2))
+        return
+    if args.vector_width:
+        bench_vector_width(max(3, reps // 5))
         return
     if not args.gemm_only:
         print(f"{'B x C x OC':>16} {'op':>9} {'kernel GF/s':>12} {'numpy GF/s':>11}")

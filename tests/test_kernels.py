@@ -10,6 +10,9 @@ import simdist  # noqa: F401  (pins one thread per rank before numpy/numba load)
 
 # isort: split
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -928,3 +931,88 @@ def test_kernel_caches_are_keyed_by_every_kernel_source(tmp_path, monkeypatch):
     before = _jit._sources_digest()
     (tmp_path / "blas.py").write_text("x = 3\n")  # the callee changes, the caller does not
     assert _jit._sources_digest() != before
+
+
+# ------------------------------------------------------------------ the vector width
+
+_LOOP_KERNEL_OUTPUTS = """
+import simdist, numpy as np
+from numba import njit
+from simdist.kernels.attention import attention_backward, attention_forward
+from simdist.kernels.gelu import gelu_backward, gelu_forward
+from simdist.kernels.layernorm import layernorm_backward_accumulate, residual_layernorm_forward
+from simdist.kernels.optim import adamw_update
+
+def widest_register(n=4096):
+    @njit(cache=False, error_model="numpy")  # uncached: its machine code can be read
+    def scale(x, y):
+        for i in range(x.size):
+            y[i] = x[i] * np.float32(3.0) + np.float32(1.0)
+    x = np.ones(n, np.float32)
+    scale(x, np.empty_like(x))
+    asm = next(iter(scale.inspect_asm().values()))
+    return "zmm" if "zmm" in asm else "ymm" if "ymm" in asm else "xmm"
+
+r = np.random.default_rng(7)
+f = lambda *s: r.standard_normal(s, dtype=np.float32)
+N, C, NH, B, T = 96, 64, 2, 3, 32
+x, out = f(N * 4 * C), {}
+out["gelu"] = np.empty_like(x); gelu_forward(out["gelu"], x)
+out["dgelu"] = np.empty_like(x); gelu_backward(out["dgelu"], x, f(N * 4 * C))
+a, b, w, bias = f(N, C), f(N, C), f(C), f(C)
+res, ln, mean, rstd = np.empty_like(a), np.empty_like(a), f(N), f(N)
+residual_layernorm_forward(res, ln, mean, rstd, a, b, w, bias)
+out["res"], out["ln"], out["mean"], out["rstd"] = res, ln, mean, rstd
+out["dln"], out["dw"], out["db"] = f(N, C), f(C), f(C)
+layernorm_backward_accumulate(out["dln"], out["dw"], out["db"], f(N, C), res, w, mean, rstd)
+qkv = f(B, T, 3 * C)
+out["att_out"], out["att"] = np.empty((B, T, C), np.float32), np.empty((B, NH, T, T), np.float32)
+attention_forward(out["att_out"], out["att"], qkv, NH)
+out["dqkv"] = np.empty_like(qkv)
+attention_backward(out["dqkv"], f(B, T, C), qkv, out["att"], np.empty((T, T), np.float32), NH)
+p, g, m, v = f(5003), f(5003), f(5003), np.abs(f(5003))
+adamw_update(p, g, m, v, 1e-3, 0.9, 0.999, 1e-8, 0.01, 3)
+out["p"], out["m"], out["v"] = p, m, v
+np.savez(PATH, **out)
+print(widest_register())
+"""
+
+
+@pytest.mark.skipif(
+    not __import__("llvmlite.binding").binding.get_host_cpu_features().get("avx512f"),
+    reason="no AVX-512 on this CPU: the kernels have one vector width",
+)
+def test_kernels_use_512_bit_vectors_on_avx512_with_the_same_bits(tmp_path):
+    """kernels/_jit.py lifts LLVM's 256-bit preference on AVX-512 CPUs; the loops then run
+    in zmm registers, and every kernel computes bitwise what the 256-bit build computes
+    (no fastmath: a lane's arithmetic does not depend on the width). Both builds run in
+    fresh interpreters: the width is fixed when numba creates its target machine."""
+    import llvmlite.binding as llvm
+
+    host = llvm.get_host_cpu_features().flatten()
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_CPU_FEATURES"}
+    widths = {}
+    for name, extra in (("wide", {}), ("default", {"NUMBA_CPU_FEATURES": host})):
+        code = _LOOP_KERNEL_OUTPUTS.replace("PATH", repr(str(tmp_path / f"{name}.npz")))
+        run = subprocess.run(
+            [sys.executable, "-c", code],
+            env={**env, **extra, "NUMBA_CACHE_DIR": str(tmp_path / f"cache_{name}")},
+            capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+        assert run.returncode == 0, run.stdout + run.stderr
+        widths[name] = run.stdout.split()[-1]
+    assert widths == {"wide": "zmm", "default": "ymm"}
+    wide, default = np.load(tmp_path / "wide.npz"), np.load(tmp_path / "default.npz")
+    assert sorted(wide.files) == sorted(default.files)
+    for key in wide.files:
+        assert wide[key].tobytes() == default[key].tobytes(), key
+
+
+def test_a_users_numba_cpu_features_are_left_as_they_are():
+    """NUMBA_CPU_FEATURES set by the user (a portable cache, a profiling build) wins."""
+    features = "+sse2,+avx,+avx2,+fma"
+    got = fresh_python(
+        "import simdist.kernels.gelu; from numba import config; print(config.CPU_FEATURES)",
+        NUMBA_CPU_FEATURES=features,
+    )
+    assert got.splitlines()[-1] == features
