@@ -41,6 +41,12 @@ oneMKL on Intel where installed, oneDNN on AMD's AVX-512 kind where installed, e
 OpenBLAS), and the single-core float32 GEMM rate
 measured in this run, both NumPy's and the kernels' (the better of the two is the ceiling
 for GPT-2's GFLOP/s, ``fraction_of_gemm_rate``).
+
+The floor (``floor_rate``, measured before and after each model's runs, the faster kept):
+every matrix product of the model's step timed alone with the kernels' BLAS, plus AdamW,
+as ``floor_samples_per_sec``. ``floor_vs_torch_eager_np1`` is the most any implementation
+calling this BLAS could reach against PyTorch eager (which calls it on the same products);
+``simdist_vs_floor_np1`` is how close simdist's step comes to it.
 Benchmarks run as on a user's machine: unset OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE
 together in the command (never in tests or CI).
 
@@ -174,6 +180,67 @@ def gemm_gflops(n: int = 1024, reps: int = 5) -> tuple[float, float]:
             best = min(best, time.perf_counter() - t)
         rates.append(2 * n**3 / best / 1e9)
     return rates[0], rates[1]
+
+
+def floor_rate(model: str, reps: int = 5) -> dict:
+    """The step's products and its optimizer alone, as fast as this BLAS runs them.
+
+    Every matrix product of a step (``kernel_costs``: the simulated device's list, with
+    each product's shape, layout and count) is timed with the kernels' ``blas.gemm`` on
+    its own operands, and AdamW over the parameter count, each the best of ``reps``; their
+    sum is the floor of the step. PyTorch calls the same BLAS on the same products and runs
+    the same AdamW, so ``floor / PyTorch eager`` bounds what ANY rewrite of the rest (the
+    elementwise passes, the framework) can reach against it on this machine. Best-of times
+    in a warm cache make the floor optimistic, which keeps the bound honest.
+    """
+    from simdist.kernels.blas import gemm
+    from simdist.kernels.optim import adamw_update
+
+    from simdist.config import load_params
+    from simdist.models import build_model
+
+    args, batch, *_ = MODELS[model]
+    net = build_model(load_params(args).model)
+    rng = np.random.default_rng(0)
+    one, zero = np.float32(1.0), np.float32(0.0)
+
+    def best(call) -> float:
+        call()
+        times = []
+        for _ in range(reps):
+            t = time.perf_counter()
+            call()
+            times.append(time.perf_counter() - t)
+        return min(times)
+
+    def operand(rows: int, cols: int, transposed: bool) -> np.ndarray:
+        if transposed:  # handed to BLAS as a transpose flag, as the kernels do
+            return rng.standard_normal((cols, rows), dtype=np.float32).T
+        return rng.standard_normal((rows, cols), dtype=np.float32)
+
+    seconds: dict[tuple, float] = {}
+    gemm_s = 0.0
+    for k in net.kernel_costs(batch, None):
+        if k.kind != "matmul":
+            continue
+        if k.shape not in seconds:
+            m, kk, n, layout = k.shape
+            a, b = operand(m, kk, layout == "tn"), operand(kk, n, layout == "nt")
+            c = np.empty((m, n), np.float32)
+            seconds[k.shape] = best(lambda a=a, b=b, c=c: gemm(a, b, c, one, zero))
+        gemm_s += k.count * seconds[k.shape]
+    numel = sum(int(np.prod(s.shape)) for s in net.parameter_specs())
+    p, g = (
+        rng.standard_normal(numel, dtype=np.float32),
+        rng.standard_normal(numel, dtype=np.float32),
+    )
+    m1, m2 = np.zeros(numel, np.float32), np.zeros(numel, np.float32)
+    adamw_s = best(lambda: adamw_update(p, g, m1, m2, 1e-3, 0.9, 0.999, 1e-8, 0.0, 1))
+    return {
+        "floor_gemm_ms": round(1e3 * gemm_s, 3),
+        "floor_adamw_ms": round(1e3 * adamw_s, 3),
+        "floor_samples_per_sec": round(batch / (gemm_s + adamw_s), 1),
+    }
 
 
 def simdist_args(model: str, steps: int, model_dir: str) -> list[str]:
@@ -533,6 +600,7 @@ def main() -> int:
         samples: dict[tuple[str, int], list[float]] = {k: [] for k in impls}
         whole: dict[tuple[str, int], list[float]] = {k: [] for k in impls}
         syncs: dict[tuple[str, int], list[float]] = {k: [] for k in impls}
+        floors = [floor_rate(model)]  # the step's products and AdamW alone, before and after
         for _ in range(args.repeats):  # interleaved, so load drifts hit every impl alike
             for impl, n in impls:
                 if impl.startswith("simdist"):
@@ -545,6 +613,8 @@ def main() -> int:
                     sps, run_sps = run_torch(model, n, steps)
                 samples[(impl, n)].append(sps)
                 whole[(impl, n)].append(run_sps)
+        floors.append(floor_rate(model))
+        floor = max(floors, key=lambda f: f["floor_samples_per_sec"])  # the faster: optimistic
         for (impl, n), values in samples.items():
             sps = statistics.median(values)
             row = {
@@ -560,6 +630,8 @@ def main() -> int:
                 row["tokens_per_sec"] = round(sps * tokens, 1)
             if syncs[(impl, n)]:  # gradient all-reduce inside the loop, ms per step
                 row["sync_ms"] = round(1e3 * statistics.median(syncs[(impl, n)]), 3)
+            if (impl, n) == ("simdist", 1):
+                row.update(floor)
             rows.append(row)
     summary = summarize(rows, gemm)
     print_table(rows, summary)
@@ -585,6 +657,7 @@ def summarize(rows: list[dict], gemm: float) -> list[dict]:
     by = {(r["impl"], r["model"], r["np"]): r["samples_per_sec"] for r in rows}
     whole = {(r["impl"], r["model"], r["np"]): r.get("run_samples_per_sec") for r in rows}
     runs = {(r["impl"], r["model"], r["np"]): r["runs"] for r in rows}
+    floors = {r["model"]: r["floor_samples_per_sec"] for r in rows if "floor_samples_per_sec" in r}
 
     def paired(model: str, impl: str) -> float:
         """Median over the repeats of (``impl`` at np 2) / (2 x simdist at np 1) within each
@@ -611,6 +684,10 @@ def summarize(rows: list[dict], gemm: float) -> list[dict]:
             entry["vs_torch_ddp_np2"] = round(s2 / by[("torch-ddp-gloo", model, 2)], 3)
             t1, t2 = by[("torch-eager", model, 1)], by[("torch-ddp-gloo", model, 2)]
             entry["torch_ddp_efficiency_np2"] = round(t2 / (2 * t1), 3)
+            if model in floors:  # the most any implementation on this BLAS could reach
+                entry["floor_vs_torch_eager_np1"] = round(floors[model] / t1, 3)
+        if model in floors:
+            entry["simdist_vs_floor_np1"] = round(s1 / floors[model], 3)
         if model.startswith("gpt2"):
             from simdist.models.gpt2 import PRESETS, flops_per_sample
 
