@@ -28,6 +28,7 @@ from kernel_checks import (
 )
 from numba import njit
 from simdist.kernels import blas, registry
+from simdist.kernels import optim as optim_kernels
 from simdist.kernels.activation import relu_backward, relu_forward
 from simdist.kernels.blas import gemm
 from simdist.kernels.half import BF16, F16, round_half
@@ -665,6 +666,36 @@ def test_adamw_scalars_match_torch_bitwise():
         tp.grad = torch.from_numpy(grad.copy())
         opt.step()
         assert max_ulp(p, tp.detach().numpy()) == 0, step
+
+
+@pytest.mark.skipif(not optim_kernels._X86, reason="FTZ/DAZ are bits of x86's MXCSR")
+def test_optimizer_updates_flush_subnormal_state_and_restore_the_register():
+    """A state that decays into the subnormal range (exp_avg of a weight whose gradient
+    stays 0: an MNIST border pixel, a dead ReLU unit) comes out of the update as exactly 0,
+    which keeps AdamW and SGD off the microcode-assisted path; the control register is
+    restored afterwards, so numpy goes on computing subnormals."""
+    n, half_tiny = 1001, np.finfo(F32).tiny / F32(2)  # half the smallest normal: subnormal
+    control = lambda: optim_kernels._mxcsr_with(0, True) & ~0x3F  # noqa: E731 (not flags)
+    before = control()
+    args = (1e-3, 0.9, 0.999, 1e-8, 0.0, 5)
+    p, g = np.ones(n, F32), np.zeros(n, F32)
+    m, v = np.full(n, half_tiny), np.full(n, 1e-20, F32)
+    unflushed = m.copy()  # the same update without the flush keeps a subnormal exp_avg
+    optim_kernels._adamw_kernel(
+        p.copy(), g, unflushed, v.copy(), *optim_kernels._adamw_scalars(*args)
+    )
+    assert (unflushed > 0).all() and (unflushed < np.finfo(F32).tiny).all()
+    adamw_update(p, g, m, v, *args)
+    assert (m == 0).all() and (v > 0).all() and (p == 1).all()
+    buf = np.full(n, half_tiny)
+    sgd_update(p, g, buf, 0.1, 0.9, 0.0, 2)  # buf = 0.9 * buf + 0
+    assert (buf == 0).all()
+    segs = np.array([[0, n, 1]], np.int64)
+    m = np.full(n, half_tiny)
+    adamw_update_segments(p, g, m, v, segs, *args)
+    assert (m == 0).all()
+    assert control() == before
+    assert F32(half_tiny) * F32(0.5) > 0  # outside the updates subnormals are computed
 
 
 @pytest.mark.parametrize("momentum,wd", SGD_CONFIGS)
