@@ -81,9 +81,11 @@ def _swap_mxcsr(typingctx, bits, keep):
     return types.uint32(types.uint32, types.boolean), codegen
 
 
-@kernel
-def _mxcsr_with(bits, keep):
-    return _swap_mxcsr(np.uint32(bits), keep)
+if _X86:  # a kernel only where it can compile (the registry warms every kernel)
+
+    @kernel
+    def _mxcsr_with(bits, keep):
+        return _swap_mxcsr(np.uint32(bits), keep)
 
 
 @contextmanager
