@@ -38,7 +38,13 @@ import time
 from pathlib import Path
 
 import numpy as np
-from bench_train import MODELS, machine_info, simdist_args, steady_rate
+from bench_train import (
+    MODELS,
+    machine_info,
+    simdist_args,
+    steady_rate,
+    torch_threads_and_subnormals,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 MPIEXEC = str(Path(sys.executable).parent / "mpiexec")
@@ -76,13 +82,13 @@ def run_torch(model: str, steps: int, precision: str) -> float:
 
 
 def torch_worker(model: str, steps: int, precision: str) -> None:
-    """PyTorch eager, one thread, fused AdamW; bf16 under CPU autocast. Prints samples/s
-    of the median step after the warm-up."""
+    """PyTorch eager, one thread, fused AdamW, subnormals flushed (as bench_train's);
+    bf16 under CPU autocast. Prints samples/s of the median step after the warm-up."""
     import torch
 
     from simdist.testing.torch_reference import TorchGPT2, TorchMLP
 
-    torch.set_num_threads(1)
+    torch_threads_and_subnormals(torch)
     torch.manual_seed(0)
     rng = np.random.default_rng(0)
     batch = MODELS[model][1]

@@ -5,9 +5,11 @@
         [--no-torch] [--repeats 3]
 
 Every measurement is a fresh process (one thread per process): simdist through
-``mpiexec -n {1,2} python -m simdist.train``, PyTorch eager in one process (fused AdamW:
-PyTorch at its fastest) and PyTorch DDP over gloo on 2 ranks, on the same model, batch and
-data. The runs are interleaved and repeated; the table shows the median of the repeats.
+``mpiexec -n {1,2} python -m simdist.train``, PyTorch eager in one process (fused AdamW
+and subnormals flushed to zero, as simdist's optimizers flush them: PyTorch at its fastest;
+``--torch-keep-subnormals``: as PyTorch runs by default) and PyTorch DDP over gloo on 2
+ranks, on the same model, batch and data. The runs are interleaved and repeated; the table
+shows the median of the repeats.
 
 Both sides are timed the same two ways. ``samples/s`` (every ratio below uses it): the
 global batch over the median step time, the steady state (simdist: performance.json's
@@ -340,6 +342,15 @@ def run_torch(model: str, np_: int, steps: int) -> tuple[float, float]:
     return rates["samples_per_sec"], rates["run_samples_per_sec"]
 
 
+def torch_threads_and_subnormals(torch) -> None:
+    """One thread, and subnormals flushed to zero as simdist's optimizers flush them
+    (kernels/optim.py): PyTorch at its fastest. By default PyTorch keeps them, and from
+    about 1,000 FC-MNIST steps on its AdamW slows down 5x on the subnormal exp_avg of
+    weights whose gradient stays 0; ``--torch-keep-subnormals`` measures it that way."""
+    torch.set_num_threads(1)
+    torch.set_flush_denormal(os.environ.get("BENCH_TORCH_SUBNORMALS") != "keep")
+
+
 def torch_worker(model: str, steps: int) -> None:
     """One PyTorch process (DDP when launched by mpiexec); prints samples/s as JSON: of
     the median step after the warm-up, and of all steps (warm-up included)."""
@@ -347,7 +358,7 @@ def torch_worker(model: str, steps: int) -> None:
 
     from simdist.testing.torch_reference import TorchGPT2, TorchMLP
 
-    torch.set_num_threads(1)
+    torch_threads_and_subnormals(torch)
     rank = int(os.environ.get("PMI_RANK", 0))
     world = int(os.environ.get("PMI_SIZE", 1))
     if world > 1:
@@ -490,7 +501,7 @@ def interleaved(model: str, steps: int) -> dict:
     from simdist.models.base import GradientViews
     from simdist.optim import Optimizer
 
-    torch.set_num_threads(1)
+    torch_threads_and_subnormals(torch)
     args, batch, _, tokens = MODELS[model]
     params = load_params(args)
     net, batch_at = _hf_model_and_batches(model, np.random.default_rng(0))
@@ -565,10 +576,16 @@ def main() -> int:
         "--interleaved", type=int, default=0, metavar="N",
         help="alternate N simdist / PyTorch steps in one process (see the docstring)",
     )  # fmt: skip
+    ap.add_argument(
+        "--torch-keep-subnormals", action="store_true",
+        help="PyTorch as by default (subnormals kept) instead of at its fastest (flushed)",
+    )  # fmt: skip
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--independent", help=argparse.SUPPRESS)
     ap.add_argument("--dir", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.torch_keep_subnormals:  # read by the PyTorch workers this process starts
+        os.environ["BENCH_TORCH_SUBNORMALS"] = "keep"
     if args.worker:
         torch_worker(args.worker, args.steps)
         return 0
