@@ -32,11 +32,11 @@ def _wide_vectors() -> None:
 
     LLVM's tuning for Intel's AVX-512 server cores sets ``prefer-256-bit`` (Skylake-SP lost
     clock speed on 512-bit instructions), so numba compiled our loops to 256-bit vectors on
-    the Xeons this project runs on. With the preference off, GELU ran 1.4x faster there and
-    the layernorms, attention and AdamW 2-6 % (``python scripts/bench_kernels.py
-    --vector-width``, Xeon 6/207/2). Results do not change: the kernels compile without
-    fastmath, so LLVM never reorders a floating-point sum, and a lane's arithmetic is the
-    same at any width.
+    the Xeons this project runs on (its Zen 4 and Zen 5 tuning already takes 512-bit). With
+    the preference off, GELU ran 1.4x faster there and the layernorms, attention and AdamW
+    2-6 % (``python scripts/bench_kernels.py --vector-width``, Xeon 6/207/2). Results do
+    not change: the kernels compile without fastmath, so LLVM never reorders a
+    floating-point sum, and a lane's arithmetic is the same at any width.
     A user's own ``NUMBA_CPU_FEATURES`` is left as it is. The features are part of numba's
     cache key, so both widths keep their own compiled code.
     """

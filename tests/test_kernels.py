@@ -1015,7 +1015,7 @@ print(widest_register())
 )
 def test_kernels_use_512_bit_vectors_on_avx512_with_the_same_bits(tmp_path):
     """kernels/_jit.py lifts LLVM's 256-bit preference on AVX-512 CPUs; the loops then run
-    in zmm registers, and every kernel computes bitwise what the 256-bit build computes
+    in zmm registers, and every kernel computes bitwise what LLVM's default build computes
     (no fastmath: a lane's arithmetic does not depend on the width). Both builds run in
     fresh interpreters: the width is fixed when numba creates its target machine."""
     import llvmlite.binding as llvm
@@ -1032,7 +1032,9 @@ def test_kernels_use_512_bit_vectors_on_avx512_with_the_same_bits(tmp_path):
         )  # fmt: skip
         assert run.returncode == 0, run.stdout + run.stderr
         widths[name] = run.stdout.split()[-1]
-    assert widths == {"wide": "zmm", "default": "ymm"}
+    # LLVM's Intel server tuning prefers ymm (the case this guards); its Zen 4/5 tuning
+    # already takes zmm, and then the two builds are the same code
+    assert widths["wide"] == "zmm" and widths["default"] in ("ymm", "zmm"), widths
     wide, default = np.load(tmp_path / "wide.npz"), np.load(tmp_path / "default.npz")
     assert sorted(wide.files) == sorted(default.files)
     for key in wide.files:
