@@ -36,7 +36,8 @@ four alternating: the products in place, between the softmax passes, where
 attention, AdamW on 3.2M parameters) compiled as simdist compiles them (512-bit vectors on
 AVX-512, kernels/_jit.py) and as LLVM's tuning for the host would (``NUMBA_CPU_FEATURES`` set
 to the host's features), in child processes taking turns: the measurement behind
-``_wide_vectors``. Each child compiles into its own cache, so nothing is shared.
+``_wide_vectors``. The features are part of numba's cache key, so each build runs its own
+compiled code.
 """
 
 import simdist  # noqa: F401  (one thread per process, before numpy loads)

@@ -41,6 +41,7 @@ import numpy as np
 from bench_train import (
     MODELS,
     machine_info,
+    mlp_sizes,
     simdist_args,
     steady_rate,
     torch_threads_and_subnormals,
@@ -97,7 +98,7 @@ def torch_worker(model: str, steps: int, precision: str) -> None:
 
         m = load_mnist()
         x_all, y_all = torch.from_numpy(m.x_train), torch.from_numpy(m.y_train).long()
-        net = TorchMLP([784, 512, 512, 10])
+        net = TorchMLP(mlp_sizes())
 
         def batch_at(i):
             idx = torch.from_numpy(rng.integers(0, len(x_all), batch))

@@ -61,7 +61,8 @@ step (median; both sides run on this one thread, so time spent descheduled by ot
 is left out) and samples/s (tokens/s) of each, and the ratios PyTorch / simdist. simdist's
 step there is the model and its optimizer only: a training run's per-step work around
 them (the gradient norm and the agreement on it, the simulated device's records) is not
-in it, so these ratios sit above the whole runs' by that work.
+in it, so these ratios sit above the whole runs' by that work. PyTorch's subnormal flush
+(below) is the thread's, so there it holds for simdist's side too.
 """
 
 from __future__ import annotations
@@ -198,6 +199,7 @@ def floor_rate(model: str, reps: int = 5) -> dict:
     elementwise passes, the framework) can reach against it on this machine. Best-of times
     in a warm cache make the floor optimistic, which keeps the bound honest.
     """
+    from bench_kernels import best_seconds  # scripts/, beside this one
     from simdist.kernels.blas import gemm
     from simdist.kernels.optim import adamw_update
 
@@ -208,15 +210,6 @@ def floor_rate(model: str, reps: int = 5) -> dict:
     net = build_model(load_params(args).model)
     rng = np.random.default_rng(0)
     one, zero = np.float32(1.0), np.float32(0.0)
-
-    def best(call) -> float:
-        call()
-        times = []
-        for _ in range(reps):
-            t = time.perf_counter()
-            call()
-            times.append(time.perf_counter() - t)
-        return min(times)
 
     def operand(rows: int, cols: int, transposed: bool) -> np.ndarray:
         if transposed:  # handed to BLAS as a transpose flag, as the kernels do
@@ -232,7 +225,7 @@ def floor_rate(model: str, reps: int = 5) -> dict:
             m, kk, n, layout = k.shape
             a, b = operand(m, kk, layout == "tn"), operand(kk, n, layout == "nt")
             c = np.empty((m, n), np.float32)
-            seconds[k.shape] = best(lambda a=a, b=b, c=c: gemm(a, b, c, one, zero))
+            seconds[k.shape] = best_seconds(gemm, (a, b, c, one, zero), reps)
         gemm_s += k.count * seconds[k.shape]
     numel = sum(int(np.prod(s.shape)) for s in net.parameter_specs())
     p, g = (
@@ -240,7 +233,9 @@ def floor_rate(model: str, reps: int = 5) -> dict:
         rng.standard_normal(numel, dtype=np.float32),
     )
     m1, m2 = np.zeros(numel, np.float32), np.zeros(numel, np.float32)
-    adamw_s = best(lambda: adamw_update(p, g, m1, m2, 1e-3, 0.9, 0.999, 1e-8, 0.0, 1))
+    # every model here trains with AdamW (its presets); its cost does not depend on the
+    # hyperparameters
+    adamw_s = best_seconds(adamw_update, (p, g, m1, m2, 1e-3, 0.9, 0.999, 1e-8, 0.0, 1), reps)
     return {
         "floor_gemm_ms": round(1e3 * gemm_s, 3),
         "floor_adamw_ms": round(1e3 * adamw_s, 3),
@@ -342,6 +337,14 @@ def run_torch(model: str, np_: int, steps: int) -> tuple[float, float]:
     return rates["samples_per_sec"], rates["run_samples_per_sec"]
 
 
+def mlp_sizes() -> list[int]:
+    """FC-MNIST's layer sizes, as its preset sets them (the PyTorch twin's)."""
+    from simdist.config import load_params
+
+    m = load_params(MODELS["fc_mnist"][0]).model
+    return [m.input_size, *m.hidden_sizes, m.num_classes]
+
+
 def torch_threads_and_subnormals(torch) -> None:
     """One thread, and subnormals flushed to zero as simdist's optimizers flush them
     (kernels/optim.py): PyTorch at its fastest. By default PyTorch keeps them, and from
@@ -372,7 +375,7 @@ def torch_worker(model: str, steps: int) -> None:
 
         m = load_mnist()
         x_all, y_all = torch.from_numpy(m.x_train), torch.from_numpy(m.y_train).long()
-        net, batch = TorchMLP([784, 512, 512, 10]), MODELS[model][1]
+        net, batch = TorchMLP(mlp_sizes()), MODELS[model][1]
 
         def batch_at(i):
             idx = torch.from_numpy(rng.integers(0, len(x_all), batch))
@@ -441,7 +444,7 @@ def _hf_model_and_batches(model: str, rng: np.random.Generator):
 
         params = load_params(MODELS[model][0])
         data = build_dataset(params, batch)
-        net = TorchMLP([784, 512, 512, 10]) if model == "fc_mnist" else TorchGPT2(PRESETS[model])
+        net = TorchMLP(mlp_sizes()) if model == "fc_mnist" else TorchGPT2(PRESETS[model])
 
         def batch_at(i):  # positional (x, y): the net computes its own loss
             x, y = data.train_batch(rng.integers(0, data.num_train, batch))
