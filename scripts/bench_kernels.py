@@ -6,6 +6,7 @@ own matmul and (where installed) torch.mm (printed, never asserted).
     python scripts/bench_kernels.py --openblas-pair # numpy's OpenBLAS against SciPy's
     python scripts/bench_kernels.py --native-grid   # bf16 products: native against sgemm
     python scripts/bench_kernels.py --attention     # GPT-2's attention, fp32 and bf16 paths
+    python scripts/bench_kernels.py --attention-blocks  # causal products: dense or in blocks
     python scripts/bench_kernels.py --vector-width  # the loop kernels at 512- and 256-bit
 
 One thread (simdist pins it). Forward is 2*B*C*OC FLOP; backward twice that (dinp and
@@ -32,6 +33,10 @@ shape: batch 8, 128 positions, 4 heads of 64) in float32, in bf16 with every pro
 the float32 BLAS, with the shape rule, and with every product on the native kernel, the
 four alternating: the products in place, between the softmax passes, where
 ``_MKL_NATIVE_MIN_VOLUME`` comes from.
+``--attention-blocks`` times the six products of a causal head (scores, P V and the four
+of backward; 4 heads of 64 at 128 to 1024 positions) computed dense and in row blocks of
+32, 64 and 128 that skip the blocks above the diagonal, alternating: the measurement behind
+``_CAUSAL_BLOCK`` in kernels/attention.py.
 ``--vector-width`` times the loop kernels of a gpt2-mini step (GELU, the layernorms,
 attention, AdamW on 3.2M parameters) compiled as simdist compiles them (512-bit vectors on
 AVX-512, kernels/_jit.py) and as LLVM's tuning for the host would (``NUMBA_CPU_FEATURES`` set
@@ -335,6 +340,41 @@ def bench_attention(reps: int, B: int = 8, T: int = 128, C: int = 256, NH: int =
         print(f"{name:>18}  forward {1e3 * fwd:6.2f}  backward {1e3 * bwd:6.2f}")
 
 
+def bench_attention_blocks(reps: int, NH: int = 4, hs: int = 64) -> None:
+    """The products of causal heads, dense (block 0) and in row blocks, wall time, alternating."""
+    from simdist.kernels.attention import _product, _product_bt, _product_t
+
+    rng = np.random.default_rng(0)
+    one = F32(1.0)
+    blocks = (0, 32, 64, 128)
+    print(f"causal attention products, {NH} heads of {hs}: ms per layer (best of {reps})")
+    print(f"{'positions':>9} " + " ".join(f"{'dense' if b == 0 else f'block {b}':>9}" for b in blocks)
+          + "   dense / block 64")  # fmt: skip
+    for T in (128, 256, 512, 1024):
+        q, k, v, dy, dq, dk, dv, y = (rng.standard_normal((NH, T, hs), dtype=F32) for _ in range(8))
+        pr = np.tril(rng.random((NH, T, T), dtype=F32))  # zero above the diagonal, as the
+        ds = np.tril(rng.random((NH, T, T), dtype=F32))  # kernels' softmax leaves them
+        scores, dp = np.zeros_like(pr), np.zeros_like(ds)
+
+        def layer(h: int) -> None:
+            for i in range(NH):
+                _product_bt(q[i], k[i], scores[i], h, one)  # S = Q K^T
+                _product(pr[i], v[i], y[i], h, one)  # Y = P V
+                _product_bt(dy[i], v[i], dp[i], h, one)  # dP = dY V^T
+                _product_t(pr[i], dy[i], dv[i], h, one)  # dV = P^T dY
+                _product(ds[i], k[i], dq[i], h, one)  # dQ = dS K
+                _product_t(ds[i], q[i], dk[i], h, one)  # dK = dS^T Q
+
+        best = {b: float("inf") for b in blocks if b == 0 or 2 * b <= T}
+        for _ in range(reps):
+            for b in best:
+                t = time.perf_counter()
+                layer(b)
+                best[b] = min(best[b], time.perf_counter() - t)
+        cells = " ".join(f"{1e3 * best[b]:9.3f}" if b in best else f"{'-':>9}" for b in blocks)
+        print(f"{T:>9} {cells}   {best[0] / best[64]:.2f}x")
+
+
 def time_loop_kernels(reps: int) -> dict[str, float]:
     """Best wall time (ms) of each loop kernel at gpt2-mini's shapes (batch 8 x 128)."""
     from simdist.kernels.attention import attention_backward, attention_forward
@@ -434,6 +474,9 @@ def main() -> None:
         "--attention", action="store_true", help="GPT-2's attention on each product path"
     )
     parser.add_argument(
+        "--attention-blocks", action="store_true", help="causal products: dense or in blocks"
+    )
+    parser.add_argument(
         "--vector-width", action="store_true", help="loop kernels at 512- and 256-bit"
     )
     parser.add_argument("--loop-kernels-json", action="store_true", help=argparse.SUPPRESS)
@@ -465,6 +508,9 @@ def main() -> None:
         return
     if args.attention:
         bench_attention(max(3, reps // 2))
+        return
+    if args.attention_blocks:
+        bench_attention_blocks(max(3, reps // 2))
         return
     if args.vector_width:
         bench_vector_width(max(3, reps // 5))

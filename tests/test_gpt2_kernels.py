@@ -249,6 +249,50 @@ def test_attention_forward_backward(B, T, n_head, hs):
     assert rel_err(dqkv, fd) < GRAD_TOL
 
 
+def ref_attention_backward(qkv, p, G, n_head):
+    """float64 dqkv from the probabilities p: the analytic softmax backward (the small
+    cases above check the kernel itself against central differences)."""
+    B, T, C3 = qkv.shape
+    C = C3 // 3
+    hs = C // n_head
+
+    def heads(a):
+        return a.reshape(B, T, n_head, hs).transpose(0, 2, 1, 3)
+
+    q, k, v = (heads(qkv[..., i * C : (i + 1) * C]) for i in range(3))
+    dy = heads(G)
+    dp = dy @ v.transpose(0, 1, 3, 2)
+    ds = p * (dp - (p * dp).sum(-1, keepdims=True)) / np.sqrt(hs)
+    grads = (ds @ k, ds.transpose(0, 1, 3, 2) @ q, p.transpose(0, 1, 3, 2) @ dy)
+    return np.concatenate([g.transpose(0, 2, 1, 3).reshape(B, T, C) for g in grads], -1)
+
+
+def test_causal_attention_in_blocks_matches_float64():
+    """T = 200: three 64-row blocks and a partial one, so every product skips the blocks
+    above the diagonal (``_CAUSAL_BLOCK``), tails included. NaN buffers: a block the
+    products leave unwritten must be zeroed or never read."""
+    B, T, n_head, hs = 2, 200, 2, 16
+    blk = attention._CAUSAL_BLOCK
+    assert T >= 2 * blk and T % blk  # the blocked path, with a partial last block
+    rng = np.random.default_rng(8)
+    C = n_head * hs
+    qkv = rng.standard_normal((B, T, 3 * C)).astype(F32)
+    out = np.full((B, T, C), np.nan, F32)
+    att = np.full((B, n_head, T, T), np.nan, F32)
+    attention.attention_forward(out, att, qkv, n_head)
+    ref_out, ref_p = ref_attention(qkv.astype(np.float64), n_head)
+    assert rel_err(out, ref_out) < FWD_TOL
+    assert rel_err(att, ref_p) < FWD_TOL
+    assert np.all(att[..., np.triu_indices(T, 1)[0], np.triu_indices(T, 1)[1]] == 0)
+
+    G = rng.standard_normal((B, T, C))
+    dqkv = np.full_like(qkv, np.nan)
+    dscores = np.full((T, T), np.nan, F32)
+    attention.attention_backward(dqkv, G.astype(F32), qkv, att, dscores, n_head)
+    ref = ref_attention_backward(qkv.astype(np.float64), ref_p, G, n_head)
+    assert rel_err(dqkv, ref) < GRAD_TOL
+
+
 def test_attention_rejects_wrong_buffers():
     qkv = np.zeros((1, 4, 12), F32)  # T = 4, C = 4, n_head = 2, hs = 2
     out, att = np.zeros((1, 4, 4), F32), np.zeros((1, 2, 4, 4), F32)
