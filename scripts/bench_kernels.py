@@ -348,15 +348,16 @@ def bench_attention_blocks(reps: int, NH: int = 4, hs: int = 64) -> None:
     one = F32(1.0)
     blocks = (0, 32, 64, 128)
     print(f"causal attention products, {NH} heads of {hs}: ms per layer (best of {reps})")
-    print(f"{'positions':>9} " + " ".join(f"{'dense' if b == 0 else f'block {b}':>9}" for b in blocks)
-          + "   dense / block 64")  # fmt: skip
+    names = " ".join(f"{'dense' if b == 0 else f'block {b}':>9}" for b in blocks)
+    print(f"{'positions':>9} {names}   dense / block 64")
     for T in (128, 256, 512, 1024):
         q, k, v, dy, dq, dk, dv, y = (rng.standard_normal((NH, T, hs), dtype=F32) for _ in range(8))
         pr = np.tril(rng.random((NH, T, T), dtype=F32))  # zero above the diagonal, as the
         ds = np.tril(rng.random((NH, T, T), dtype=F32))  # kernels' softmax leaves them
         scores, dp = np.zeros_like(pr), np.zeros_like(ds)
 
-        def layer(h: int) -> None:
+        def layer(h: int, q=q, k=k, v=v, dy=dy, dq=dq, dk=dk, dv=dv, y=y, pr=pr, ds=ds,
+                  scores=scores, dp=dp) -> None:  # fmt: skip
             for i in range(NH):
                 _product_bt(q[i], k[i], scores[i], h, one)  # S = Q K^T
                 _product(pr[i], v[i], y[i], h, one)  # Y = P V

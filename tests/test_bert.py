@@ -144,10 +144,11 @@ def test_causal_mha_in_blocks_with_dropout_matches_float64():
     dy, qh, kh, vh = heads(dout), heads(q), heads(k), heads(v)
     dp = (dy @ vh.transpose(0, 1, 3, 2)) * drop
     dscore = probs * (dp - (probs * dp).sum(-1, keepdims=True)) / np.sqrt(hs)
-    refs = (dscore @ kh, dscore.transpose(0, 1, 3, 2) @ qh, (probs * drop).transpose(0, 1, 3, 2) @ dy)
+    dv = (probs * drop).transpose(0, 1, 3, 2) @ dy
+    refs = (dscore @ kh, dscore.transpose(0, 1, 3, 2) @ qh, dv)
     grads = [np.full_like(q, np.nan) for _ in range(3)]
     attention.mha_backward(*grads, dout, q, k, v, att, scratch, ds, NH, True, keys, 3, F32(p))
-    for name, got, want in zip("qkv", grads, refs):
+    for name, got, want in zip("qkv", grads, refs, strict=True):
         want = want.transpose(0, 2, 1, 3).reshape(B, T, C)
         assert np.abs(got - want).max() / np.abs(want).max() < 2e-6, name
 
