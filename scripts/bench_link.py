@@ -42,38 +42,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from simdist.hostcpu import ISA_OF_NOTE, cpu_info  # noqa: F401  (bench_collectives imports them)
+
 HERE = Path(__file__).resolve().parent
-
-# ISA extensions that decide which kernels and BLAS paths a CPU takes (printed; the JSON
-# keeps every flag the kernel reports).
-ISA_OF_NOTE = (
-    "sse4_2", "avx", "avx2", "fma", "f16c", "avx_vnni", "avx512f", "avx512dq", "avx512bw",
-    "avx512vl", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8",
-)  # fmt: skip
-
-
-def cpu_info() -> dict:
-    """The CPU's model, vendor and ISA flags: from /proc/cpuinfo on Linux (first processor),
-    else from ``platform`` (no flags). ``isa``: the flags of ``ISA_OF_NOTE`` present."""
-    import platform
-
-    info: dict = {"model": platform.processor() or platform.machine(), "vendor": "", "flags": []}
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        text = ""
-    for line in text.split("\n\n", 1)[0].splitlines():
-        key, _, value = line.partition(":")
-        key, value = key.strip(), value.strip()
-        if key == "model name":
-            info["model"] = value
-        elif key == "vendor_id":
-            info["vendor"] = value
-        elif key == "flags":
-            info["flags"] = value.split()
-    have = set(info["flags"])
-    info["isa"] = [f for f in ISA_OF_NOTE if f in have]
-    return info
 
 
 def cpu_line(cpu: dict) -> str:

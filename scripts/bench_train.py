@@ -83,6 +83,8 @@ from pathlib import Path
 
 import numpy as np
 
+from simdist.hostcpu import cpu_info  # the other scripts import it from here
+
 REPO = Path(__file__).resolve().parents[1]
 MPIEXEC = str(Path(sys.executable).parent / "mpiexec")
 
@@ -101,50 +103,6 @@ MODELS = {
         32,
     ),  # fmt: skip
 }
-
-
-ISA_FLAGS = (
-    "avx2",
-    "fma",
-    "avx512f",
-    "avx512bw",
-    "avx512vl",
-    "avx512_vnni",
-    "avx512_bf16",
-    "avx512_fp16",
-    "avx_vnni",
-    "amx_tile",
-    "amx_bf16",
-    "amx_int8",
-)
-
-
-def cpu_info() -> dict:
-    """CPU model, vendor, family/model/stepping (a virtual machine may hide the name) and
-    the ISA flags (of ISA_FLAGS) /proc/cpuinfo lists."""
-    info = {"model": "unknown", "vendor": "unknown", "family_model_stepping": "", "isa": []}
-    fms = {}
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                key, value = key.strip(), value.strip()
-                if key == "model name":
-                    info["model"] = value
-                elif key == "vendor_id":
-                    info["vendor"] = value
-                elif key in ("cpu family", "model", "stepping"):
-                    fms[key] = value
-                elif key == "flags":
-                    flags = set(value.split())
-                    info["isa"] = [f for f in ISA_FLAGS if f in flags]
-                    break  # the first processor's entry is enough
-    except OSError:
-        pass
-    info["family_model_stepping"] = "/".join(
-        fms.get(k, "?") for k in ("cpu family", "model", "stepping")
-    )
-    return info
 
 
 def machine_info() -> dict:

@@ -89,6 +89,7 @@ from simdist.calibration.link import (
 )
 from simdist.calibration.render import _mem_total, render
 from simdist.device.profile import PROFILE_DIR
+from simdist.hostcpu import cpu_identity
 
 DEFAULT_OUT = PROFILE_DIR / "host.yaml"
 
@@ -206,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "command": cmd.strip(),
         "host": platform.node() or "unknown",
-        "cpu": platform.processor() or platform.machine(),
+        "cpu": cpu_identity(),  # a run on another CPU says so (simdist.run)
         "cores": cores,
         "loadavg": f"{load:.2f}",
         "openblas_coretype": os.environ.get("OPENBLAS_CORETYPE", "(unset)"),

@@ -28,6 +28,7 @@ from simdist.device import (
 )
 from simdist.device import memory as memory_mod
 from simdist.device.profile import PROFILE_DIR
+from simdist.hostcpu import cpu_identity
 from simdist.plan import (
     MODELS,
     PlanConfig,
@@ -947,6 +948,49 @@ def test_calibrate_writes_a_loadable_host_profile(tmp_path):
     text = out.read_text()
     assert "not measured" in text and "cores" in text
     assert math.isfinite(CostModel(prof).compute_time(1e9, 1e6))
+    # which CPU the rates are of: a run elsewhere says so (next test)
+    assert prof.sources["cpu"] == cpu_identity() and cpu_identity() in prof.description
+
+
+def test_a_run_says_when_its_profile_was_calibrated_on_another_cpu(tmp_path):
+    """calibrate records its CPU in the profile's sources; a run on another CPU notes that
+    the predictions describe that machine, a run on the same CPU says nothing."""
+    from mpi_launch import run_mpi
+
+    shipped = (PROFILE_DIR / "host.yaml").read_text()
+    assert "sources:\n" in shipped
+    logs = {}
+    for name, cpu in (("other", "Imaginary CPU (NoVendor 1/2/3)"), ("same", cpu_identity())):
+        profile = tmp_path / f"{name}.yaml"
+        profile.write_text(shipped.replace("sources:\n", f"sources:\n  cpu: {json.dumps(cpu)}\n"))
+        assert load_profile(profile).sources["cpu"] == cpu
+        model_dir = tmp_path / name
+        args = ["-m", "simdist.train", "--params", "fc_mnist", "--runconfig.max_steps=2",
+                f"--runconfig.model_dir={model_dir}", f"--runconfig.device_profile={profile}",
+                "--runconfig.save_checkpoints_steps=0"]  # fmt: skip
+        out = run_mpi(1, args, 300)
+        assert out.returncode == 0, out.stdout
+        logs[name] = (model_dir / "run.log").read_text()
+    note = f"was calibrated on Imaginary CPU (NoVendor 1/2/3), this CPU is {cpu_identity()}"
+    assert note in logs["other"]
+    assert "was calibrated on" not in logs["same"]
+
+
+def test_cpu_identity_names_model_vendor_family_model_stepping():
+    from simdist.hostcpu import parse_cpuinfo
+
+    text = (
+        "processor\t: 0\nvendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 207\n"
+        "model name\t: Intel(R) Xeon(R) Processor\nstepping\t: 2\n"
+        "flags\t\t: fpu sse4_2 avx2 fma avx512f amx_tile\n\n"
+        "processor\t: 1\nvendor_id\t: OtherVendor\nflags\t\t: avx512_fp16\n"
+    )  # only the first processor's entry counts
+    info = parse_cpuinfo(text)
+    assert cpu_identity(info) == "Intel(R) Xeon(R) Processor (GenuineIntel 6/207/2)"
+    assert info["isa"] == ["sse4_2", "avx2", "fma", "avx512f", "amx_tile"]
+    assert "fpu" in info["flags"] and "avx512_fp16" not in info["flags"]
+    bare = parse_cpuinfo("")  # no /proc/cpuinfo: platform's name, nothing more
+    assert cpu_identity(bare) == bare["model"] and bare["model"] and bare["isa"] == []
 
 
 def test_device_bundle_summary():

@@ -3,6 +3,7 @@ it was obtained."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -37,6 +38,7 @@ def render(m: dict[str, Any], previous: dict[str, Any] | None) -> str:
     mem_peak = max(copy_peak, add_peak)
     mem_pts = {s: max(mem["copy"][s], mem["add"][s]) for s in mem["copy"]}
     big = max(mem["copy"])
+    cpu = m["cpu"]  # quoted below: a model name may hold YAML's special characters
     lines = [
         "# This machine as a simdist device: one rank = one core, one BLAS/numba thread.",
         f"# Written by `{m['command']}` on {now} (simdist.calibrate).",
@@ -45,10 +47,11 @@ def render(m: dict[str, Any], previous: dict[str, Any] | None) -> str:
         f"{m['openblas_coretype']}, OPENBLAS_L2_SIZE={m['openblas_l2']}.",
         "# All numbers are measured here (best of N); re-run calibrate on another machine.",
         "name: host",
-        f"description: this host ({m['cpu']}), one core per simulated device",
+        f"description: {json.dumps(f'this host ({cpu}), one core per simulated device')}",
         "confidence: measured",
         "sources:",
         f'  calibrate: "simdist.calibrate measurements, {now}"',
+        f"  cpu: {json.dumps(cpu)}  # a run on another CPU says these rates are not its",
         "compute:",
         "  matrix_tflops:",
         f"    fp32: {peak_gemm / 1e12:.6f}  # [calibrate] best float32 GEMM, n={best_n}: "
