@@ -227,24 +227,31 @@ def test_lm_head_forward_backward():
     assert rel_err(dwte, fd_grad(f, [x, wte], 1, G)) < GRAD_TOL
 
 
-@pytest.mark.parametrize("B,T,n_head,hs", [(2, 7, 3, 4), (1, 5, 1, 8), (2, 1, 2, 3)])
-def test_attention_forward_backward(B, T, n_head, hs):
-    rng = np.random.default_rng(5)
-    C = n_head * hs
-    qkv = rng.standard_normal((B, T, 3 * C)).astype(F32)
-    out = np.full((B, T, C), np.nan, F32)
+def attention_checked(qkv, n_head, G):
+    """attention_forward on NaN-filled buffers, checked against the float64 reference, then
+    attention_backward of G (NaN scratch: any read of dscores or of a block the products
+    leave unwritten before it is written poisons the result); returns (dqkv, probs)."""
+    B, T, C3 = qkv.shape
+    out = np.full((B, T, C3 // 3), np.nan, F32)
     att = np.full((B, n_head, T, T), np.nan, F32)
-    # NaN scratch: any read of dscores before it is written poisons the result
-    dscores = np.full((T, T), np.nan, F32)
     attention.attention_forward(out, att, qkv, n_head)
     ref_out, ref_p = ref_attention(qkv.astype(np.float64), n_head)
     assert rel_err(out, ref_out) < FWD_TOL
     assert rel_err(att, ref_p) < FWD_TOL
     assert np.all(att[..., np.triu_indices(T, 1)[0], np.triu_indices(T, 1)[1]] == 0)
-
-    G = rng.standard_normal((B, T, C))
     dqkv = np.full_like(qkv, np.nan)
+    dscores = np.full((T, T), np.nan, F32)
     attention.attention_backward(dqkv, G.astype(F32), qkv, att, dscores, n_head)
+    return dqkv, ref_p
+
+
+@pytest.mark.parametrize("B,T,n_head,hs", [(2, 7, 3, 4), (1, 5, 1, 8), (2, 1, 2, 3)])
+def test_attention_forward_backward(B, T, n_head, hs):
+    rng = np.random.default_rng(5)
+    C = n_head * hs
+    qkv = rng.standard_normal((B, T, 3 * C)).astype(F32)
+    G = rng.standard_normal((B, T, C))
+    dqkv, _ = attention_checked(qkv, n_head, G)
     fd = fd_grad(lambda a: ref_attention(a, n_head)[0], [qkv], 0, G)
     assert rel_err(dqkv, fd) < GRAD_TOL
 
@@ -269,27 +276,16 @@ def ref_attention_backward(qkv, p, G, n_head):
 
 def test_causal_attention_in_blocks_matches_float64():
     """T = 200: three 64-row blocks and a partial one, so every product skips the blocks
-    above the diagonal (``_CAUSAL_BLOCK``), tails included. NaN buffers: a block the
-    products leave unwritten must be zeroed or never read."""
+    above the diagonal (``_CAUSAL_BLOCK``), tails included."""
     B, T, n_head, hs = 2, 200, 2, 16
     blk = attention._CAUSAL_BLOCK
     assert T >= 2 * blk and T % blk  # the blocked path, with a partial last block
     rng = np.random.default_rng(8)
     C = n_head * hs
     qkv = rng.standard_normal((B, T, 3 * C)).astype(F32)
-    out = np.full((B, T, C), np.nan, F32)
-    att = np.full((B, n_head, T, T), np.nan, F32)
-    attention.attention_forward(out, att, qkv, n_head)
-    ref_out, ref_p = ref_attention(qkv.astype(np.float64), n_head)
-    assert rel_err(out, ref_out) < FWD_TOL
-    assert rel_err(att, ref_p) < FWD_TOL
-    assert np.all(att[..., np.triu_indices(T, 1)[0], np.triu_indices(T, 1)[1]] == 0)
-
     G = rng.standard_normal((B, T, C))
-    dqkv = np.full_like(qkv, np.nan)
-    dscores = np.full((T, T), np.nan, F32)
-    attention.attention_backward(dqkv, G.astype(F32), qkv, att, dscores, n_head)
-    ref = ref_attention_backward(qkv.astype(np.float64), ref_p, G, n_head)
+    dqkv, probs = attention_checked(qkv, n_head, G)
+    ref = ref_attention_backward(qkv.astype(np.float64), probs, G, n_head)
     assert rel_err(dqkv, ref) < GRAD_TOL
 
 
