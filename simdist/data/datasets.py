@@ -1,7 +1,11 @@
 """Datasets as the training loop sees them: fixed batch buffers filled from indices.
 
 Each dataset keeps its arrays in host memory and copies a batch into buffers allocated
-once (``np.take(..., out=...)``), so a step allocates nothing.
+once (``np.take(..., out=..., mode="clip")``), so a step allocates nothing. The mode
+matters: under numpy's default ``mode="raise"`` ``take`` fills a temporary and then copies
+it into ``out`` (a hidden batch-sized allocation and a second pass every step: 33 against
+12 us for FC-MNIST's batch of 128). The sampler's indices are a permutation of the
+dataset's, always in range, so clipping never changes one.
 """
 
 from __future__ import annotations
@@ -24,8 +28,8 @@ class ClassificationData:
         self._y = np.zeros(micro_batch, np.int32)
 
     def train_batch(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        np.take(self.x_train, indices, axis=0, out=self._x)
-        np.take(self.y_train, indices, out=self._y)
+        np.take(self.x_train, indices, axis=0, out=self._x, mode="clip")
+        np.take(self.y_train, indices, out=self._y, mode="clip")
         return self._x, self._y
 
     def eval_batch(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:

@@ -123,8 +123,8 @@ class TransformerData:
 
     def train_batch(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         x, y = self._x[: len(indices)], self._y[: len(indices)]
-        np.take(self.x_train, indices, axis=0, out=x)
-        np.take(self.y_train, indices, axis=0, out=y)
+        np.take(self.x_train, indices, axis=0, out=x, mode="clip")
+        np.take(self.y_train, indices, axis=0, out=y, mode="clip")
         return x, y
 
     def eval_batch(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:

@@ -586,7 +586,8 @@ class GPT2TP(GPT2):
     def _embed_forward(self, v, params) -> None:
         """Vocab-parallel embedding: own rows, zeros elsewhere, summed; + wpe."""
         local, mask = self._local_tokens(v.tokens)
-        np.take(params["wte.weight"], local, axis=0, out=v.encoded2)
+        # local is in range: "clip" only stops take buffering out (simdist.data.datasets)
+        np.take(params["wte.weight"], local, axis=0, out=v.encoded2, mode="clip")
         v.encoded2[~mask] = 0.0
         self._allreduce(v.encoded)  # one half row and zeros: exact
         v.encoded += params["wpe.weight"][: v.T]
@@ -604,7 +605,7 @@ class GPT2TP(GPT2):
         st = self._store
         if k == 0:  # the owned rows summed by a reduce-scatter; + wpe on this rank's rows
             local, mask = self._local_tokens(v.tokens)
-            np.take(params["wte.weight"], local, axis=0, out=v.dln)
+            np.take(params["wte.weight"], local, axis=0, out=v.dln, mode="clip")
             v.dln[~mask] = 0.0
             mine, wpe = self._reduce_scatter(v), params["wpe.weight"]
             for lo, hi, pos in v.runs:
