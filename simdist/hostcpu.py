@@ -67,3 +67,17 @@ def cpu_identity(info: dict | None = None) -> str:
     info = cpu_info() if info is None else info
     detail = " ".join(x for x in (info["vendor"], info["family_model_stepping"]) if x)
     return f"{info['model']} ({detail})" if detail else info["model"]
+
+
+def other_cpu_note(profile_name: str, measured_on: str | None) -> str | None:
+    """The note for a device profile calibrated on another CPU (its predictions describe
+    that machine, and the project's CPU kinds differ by up to 2x a core); None where the
+    profile names this CPU or none (GPU profiles, the shipped ``host``)."""
+    here = cpu_identity()
+    if not measured_on or measured_on == here:
+        return None
+    return (
+        f"note: device profile '{profile_name}' was calibrated on {measured_on}, this CPU is "
+        f"{here}: its predictions describe that machine (`mpiexec -n 2 python -m "
+        "simdist.calibrate` measures this one)"
+    )

@@ -16,7 +16,8 @@ import sys
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from simdist.device.profile import ProfileError
+from simdist.device.profile import ProfileError, load_profile
+from simdist.hostcpu import other_cpu_note
 from simdist.sim.plan import (
     PlanConfig,
     Planner,
@@ -269,6 +270,10 @@ def main(argv: list[str] | None = None) -> int:
             bucket_bytes=int(args.bucket_mb * 2**20),
             model_overrides=overrides,
         )
+        profile = load_profile(args.profile)
+        note = other_cpu_note(profile.name, profile.sources.get("cpu"))
+        if note:  # on stderr: stdout may be --json's
+            print(note, file=sys.stderr)
         if args.search or len(devices) > 1:
             text = _search_main(args, base, devices)
         else:

@@ -27,7 +27,7 @@ from simdist.config import ConfigError, Params, batch_sizes, dump_yaml, load_par
 from simdist.device.profile import ProfileError, load_profile
 from simdist.events import EventWriter
 from simdist.faults import check_same_run
-from simdist.hostcpu import cpu_identity
+from simdist.hostcpu import other_cpu_note
 from simdist.kernels.registry import jit_seconds, warm_all
 from simdist.lr_schedule import parse_schedule
 from simdist.schedules import DataParallel, InputWorkers, Schedule, StepResult, WeightStreaming
@@ -106,16 +106,10 @@ class Run:
         self._prepare_model_dir()
 
     def _note_profile_cpu(self) -> None:
-        """A profile calibrated on another CPU predicts for that machine, not this one (the
-        project's Xeons and EPYCs differ by up to 2x a core): say so before any figure."""
-        measured_on = self.profile.sources.get("cpu")
-        here = cpu_identity()
-        if measured_on and measured_on != here:
-            self.log(
-                f"note: device profile '{self.profile.name}' was calibrated on {measured_on}, "
-                f"this CPU is {here}: its predictions describe that machine "
-                "(`mpiexec -n 2 python -m simdist.calibrate` measures this one)"
-            )
+        """A profile calibrated on another CPU predicts for that machine: say so first."""
+        note = other_cpu_note(self.profile.name, self.profile.sources.get("cpu"))
+        if note:
+            self.log(note)
 
     def barrier(self) -> None:
         """A barrier that waits politely (simdist.comm.groups.wait): MPI's blocking one

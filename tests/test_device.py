@@ -952,9 +952,9 @@ def test_calibrate_writes_a_loadable_host_profile(tmp_path):
     assert prof.sources["cpu"] == cpu_identity() and cpu_identity() in prof.description
 
 
-def test_a_run_says_when_its_profile_was_calibrated_on_another_cpu(tmp_path):
-    """calibrate records its CPU in the profile's sources; a run on another CPU notes that
-    the predictions describe that machine, a run on the same CPU says nothing."""
+def test_a_run_says_when_its_profile_was_calibrated_on_another_cpu(tmp_path, capsys):
+    """calibrate records its CPU in the profile's sources; a run (and plan mode) on another
+    CPU notes that the predictions describe that machine, on the same CPU says nothing."""
     from mpi_launch import run_mpi
 
     shipped = (PROFILE_DIR / "host.yaml").read_text()
@@ -974,6 +974,14 @@ def test_a_run_says_when_its_profile_was_calibrated_on_another_cpu(tmp_path):
     note = f"was calibrated on Imaginary CPU (NoVendor 1/2/3), this CPU is {cpu_identity()}"
     assert note in logs["other"]
     assert "was calibrated on" not in logs["same"]
+    # plan mode says it too, on stderr (stdout stays --json's)
+    from simdist.plan import main as plan
+
+    for name, noted in (("other", True), ("same", False)):
+        args = ["--model", "gpt2-mini", "--precision", "fp32", "--json"]
+        assert plan([*args, "--profile", str(tmp_path / f"{name}.yaml")]) == 0
+        out, err = capsys.readouterr()
+        assert json.loads(out) and (note in err) == noted, err
 
 
 def test_cpu_identity_names_model_vendor_family_model_stepping():
