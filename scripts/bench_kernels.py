@@ -486,7 +486,7 @@ def main() -> None:
     if args.loop_kernels_json:  # a --vector-width child
         print(json.dumps(time_loop_kernels(reps)))
         return
-    from bench_train import cpu_info
+    from simdist.hostcpu import cpu_identity, cpu_info
 
     cpu = cpu_info()
     print(
@@ -495,7 +495,7 @@ def main() -> None:
         f" best of {reps}; load {os.getloadavg()[0]:.2f}"
     )
     print(
-        f"cpu: {cpu['model']} ({cpu['vendor']}); ISA: {' '.join(cpu['isa'])}; "
+        f"cpu: {cpu_identity(cpu)}; ISA: {' '.join(cpu['isa'])}; "
         f"kernels' BLAS: {library()}"
     )
     if args.blas_grid:
