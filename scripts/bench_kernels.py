@@ -494,10 +494,7 @@ def main() -> None:
         f" cores; numba {numba.__version__}, numpy {np.__version__}, scipy {scipy.__version__};"
         f" best of {reps}; load {os.getloadavg()[0]:.2f}"
     )
-    print(
-        f"cpu: {cpu_identity(cpu)}; ISA: {' '.join(cpu['isa'])}; "
-        f"kernels' BLAS: {library()}"
-    )
+    print(f"cpu: {cpu_identity(cpu)}; ISA: {' '.join(cpu['isa'])}; kernels' BLAS: {library()}")
     if args.blas_grid:
         bench_blas_grid(max(3, reps // 10))
         return
