@@ -64,8 +64,10 @@ def _round_rows(dst, src, fmt):
 # A causal head's products run in blocks of query (or key) rows: query block i sees only
 # key blocks 0..i, so the blocks above the diagonal (zeros) are not multiplied. At 64 rows
 # the six products of a head of 64 ran 1.20x, 1.40x, 1.68x and 2.01x faster than dense at
-# 128, 256, 512 and 1024 positions on oneMKL (Xeon 6/207/2; 1.46x to 1.43x on OpenBLAS),
-# 32- and 128-row blocks no faster (``scripts/bench_kernels.py --attention-blocks``).
+# 128, 256, 512 and 1024 positions on oneMKL (Xeon 6/207/2; 1.43-1.55x on OpenBLAS),
+# 32- and 128-row blocks no faster (``scripts/bench_kernels.py --attention-blocks``). The
+# skipped terms are exact zeros, so results agree to rounding (a shorter inner dimension may
+# sum in another order; on oneMKL gpt2-mini's attention kept its bits).
 _CAUSAL_BLOCK = 64
 
 

@@ -83,7 +83,7 @@ from pathlib import Path
 
 import numpy as np
 
-from simdist.hostcpu import cpu_info  # the other scripts import it from here
+from simdist.hostcpu import cpu_identity, cpu_info  # the other scripts import cpu_info here
 
 REPO = Path(__file__).resolve().parents[1]
 MPIEXEC = str(Path(sys.executable).parent / "mpiexec")
@@ -569,10 +569,7 @@ def main() -> int:
             args.json.write_text(json.dumps({"machine": info, "interleaved": rows}, indent=1))
         return 0
     cpu = info["cpu"]
-    print(
-        f"# cpu: {cpu['model']} ({cpu['vendor']}, family/model/stepping "
-        f"{cpu['family_model_stepping']}); ISA: {' '.join(cpu['isa']) or '-'}"
-    )
+    print(f"# cpu: {cpu_identity(cpu)}; ISA: {' '.join(cpu['isa']) or '-'}")
     print(f"# machine: {info}")
     gemm_np, gemm_kernels = gemm_gflops()
     gemm = max(gemm_np, gemm_kernels)  # the ceiling: the faster BLAS on this machine

@@ -25,12 +25,7 @@ def parse_cpuinfo(text: str) -> dict:
     """Model, vendor, family/model/stepping and flags of the first processor of a
     /proc/cpuinfo text; ``isa``: the flags of ``ISA_OF_NOTE`` present. Fields the text
     lacks keep ``platform``'s answer (model) or stay empty."""
-    info: dict = {
-        "model": platform.processor() or platform.machine(),
-        "vendor": "",
-        "family_model_stepping": "",
-        "flags": [],
-    }
+    info: dict = {"model": "", "vendor": "", "family_model_stepping": "", "flags": []}
     fms: dict[str, str] = {}
     for line in text.split("\n\n", 1)[0].splitlines():
         key, _, value = line.partition(":")
@@ -43,6 +38,8 @@ def parse_cpuinfo(text: str) -> dict:
             fms[key] = value
         elif key == "flags":
             info["flags"] = value.split()
+    if not info["model"]:  # (platform.processor runs `uname -p`: only when needed)
+        info["model"] = platform.processor() or platform.machine()
     if fms:
         info["family_model_stepping"] = "/".join(
             fms.get(k, "?") for k in ("cpu family", "model", "stepping")
@@ -73,8 +70,10 @@ def other_cpu_note(profile_name: str, measured_on: str | None) -> str | None:
     """The note for a device profile calibrated on another CPU (its predictions describe
     that machine, and the project's CPU kinds differ by up to 2x a core); None where the
     profile names this CPU or none (GPU profiles, the shipped ``host``)."""
+    if not measured_on:
+        return None
     here = cpu_identity()
-    if not measured_on or measured_on == here:
+    if measured_on == here:
         return None
     return (
         f"note: device profile '{profile_name}' was calibrated on {measured_on}, this CPU is "
