@@ -67,7 +67,7 @@ def _round_rows(dst, src, fmt):
 # 128, 256, 512 and 1024 positions on oneMKL (Xeon 6/207/2; 1.43-1.55x on OpenBLAS),
 # 32- and 128-row blocks no faster (``scripts/bench_kernels.py --attention-blocks``). The
 # skipped terms are exact zeros, so results agree to rounding (a shorter inner dimension may
-# sum in another order; on oneMKL gpt2-mini's attention kept its bits).
+# sum in another order).
 _CAUSAL_BLOCK = 64
 
 

@@ -40,10 +40,11 @@ import time
 from importlib import metadata
 
 import numpy as np
-from bench_link import cpu_info, cpu_line  # this directory (no MPI at import)
+from bench_link import cpu_line  # this directory (no MPI at import)
 
 from simdist.comm import ALGORITHMS, Collectives
 from simdist.comm.world import world
+from simdist.hostcpu import cpu_info
 
 OPS = ("allreduce", "reduce_scatter", "allgather")
 MiB = 1 << 20

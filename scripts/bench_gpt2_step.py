@@ -211,8 +211,9 @@ def main() -> None:
     flops = flops_per_sample(dataclasses.replace(cfg, block_size=T)) * B
     np_rate, nb_rate = gemm_rates()
 
-    from bench_train import cpu_info
     from simdist.kernels.blas import library
+
+    from simdist.hostcpu import cpu_info
 
     cpu = cpu_info()
     print(f"# {platform.processor() or platform.machine()}, python {platform.python_version()}")

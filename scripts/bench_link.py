@@ -42,7 +42,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from simdist.hostcpu import ISA_OF_NOTE, cpu_info  # noqa: F401  (bench_collectives imports them)
+from simdist.hostcpu import cpu_info
 
 HERE = Path(__file__).resolve().parent
 

@@ -18,8 +18,7 @@ import argparse
 import json
 import time
 
-from bench_train import cpu_info  # scripts/ is on sys.path when a script runs
-
+from simdist.hostcpu import cpu_info
 from simdist.sim.search import SearchSpace, search
 
 SIZES = (64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288)

@@ -83,7 +83,7 @@ from pathlib import Path
 
 import numpy as np
 
-from simdist.hostcpu import cpu_identity, cpu_info  # the other scripts import cpu_info here
+from simdist.hostcpu import cpu_identity, cpu_info
 
 REPO = Path(__file__).resolve().parents[1]
 MPIEXEC = str(Path(sys.executable).parent / "mpiexec")
