@@ -18,7 +18,7 @@ dv straight into the head's columns: no gather or scatter pass, no copy. The sco
 is BLAS's alpha (exact for hs = 64, a power of 4). Scores are masked and normalised with a
 max-subtracted softmax (``rowops.exp_f32``, which vectorises); the probabilities are saved
 for backward. A causal head's products skip the blocks above the diagonal
-(``_CAUSAL_BLOCK``); the others are dense Tq x Tk.
+(``CAUSAL_BLOCK``); the others are dense Tq x Tk.
 Backward needs one caller-provided ``dscores`` of shape (Tq, Tk) (and, with dropout, the
 forward one ``dprobs``).
 """
@@ -67,15 +67,15 @@ def _round_rows(dst, src, fmt):
 # 128, 256, 512 and 1024 positions on oneMKL (Xeon 6/207/2; 1.43-1.55x on OpenBLAS),
 # 32- and 128-row blocks no faster (``scripts/bench_kernels.py --attention-blocks``). The
 # skipped terms are exact zeros, so results agree to rounding (a shorter inner dimension may
-# sum in another order).
-_CAUSAL_BLOCK = 64
+# sum in another order). ``simdist.models.attention_costs`` prices the same blocks.
+CAUSAL_BLOCK = 64
 
 
 @kernel
 def _causal_block(causal, T):
     """The row block of a causal (T, T) head's products; 0 (dense products) when it is not
     causal or too short to split."""
-    return _CAUSAL_BLOCK if causal and T >= 2 * _CAUSAL_BLOCK else 0
+    return CAUSAL_BLOCK if causal and T >= 2 * CAUSAL_BLOCK else 0
 
 
 @kernel

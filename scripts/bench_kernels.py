@@ -36,7 +36,7 @@ four alternating: the products in place, between the softmax passes, where
 ``--attention-blocks`` times the six products of a causal head (scores, P V and the four
 of backward; 4 heads of 64 at 128 to 1024 positions) computed dense and in row blocks of
 32, 64 and 128 that skip the blocks above the diagonal, alternating: the measurement behind
-``_CAUSAL_BLOCK`` in kernels/attention.py.
+``CAUSAL_BLOCK`` in kernels/attention.py.
 ``--vector-width`` times the loop kernels of a gpt2-mini step (GELU, the layernorms,
 attention, AdamW on 3.2M parameters) compiled as simdist compiles them (512-bit vectors on
 AVX-512, kernels/_jit.py) and as LLVM's tuning for the host would (``NUMBA_CPU_FEATURES`` set

@@ -118,7 +118,7 @@ def test_causal_mha_in_blocks_with_dropout_matches_float64():
     NH, hs, p = 2, 8, 0.3
     q, k, v, keep, scratch, ds = _mha_inputs(B=2, T=130, NH=NH, hs=hs, seed=4)
     B, T, C = q.shape
-    assert T >= 2 * attention._CAUSAL_BLOCK and T % attention._CAUSAL_BLOCK
+    assert T >= 2 * attention.CAUSAL_BLOCK and T % attention.CAUSAL_BLOCK
     ds[:] = np.nan  # scratch (dropout fills it whole first; test_gpt2_kernels covers p = 0)
     out = np.full_like(q, np.nan)
     att = np.full((B, NH, T, T), np.nan, F32)

@@ -276,9 +276,9 @@ def ref_attention_backward(qkv, p, G, n_head):
 
 def test_causal_attention_in_blocks_matches_float64():
     """T = 200: three 64-row blocks and a partial one, so every product skips the blocks
-    above the diagonal (``_CAUSAL_BLOCK``), tails included."""
+    above the diagonal (``CAUSAL_BLOCK``), tails included."""
     B, T, n_head, hs = 2, 200, 2, 16
-    blk = attention._CAUSAL_BLOCK
+    blk = attention.CAUSAL_BLOCK
     assert T >= 2 * blk and T % blk  # the blocked path, with a partial last block
     rng = np.random.default_rng(8)
     C = n_head * hs

@@ -243,9 +243,51 @@ def test_kernel_costs_count_the_model_flops():
     assert matmul == 2 * fc.flops_per_sample()
     g = GPT2(resolve_config("gpt2-mini"))
     matmul = sum(k.flops * k.count for k in g.kernel_costs(3) if k.kind == "matmul")
-    assert matmul == 3 * g.flops_per_sample()
+    # flops_per_sample counts attention's products dense (12 T^2 hs per head and layer);
+    # the kernels skip the causal blocks above the diagonal: at T = 128 in 64-row blocks,
+    # a quarter of them (4 layers x 4 heads of 64, 3 samples)
+    skipped = 3 * 4 * 4 * 12 * 128 * 128 * 64 // 4
+    assert matmul == 3 * g.flops_per_sample() - skipped
     done = [k.done for k in g.kernel_costs(3) if k.done]
     assert done == [grp.names for grp in g.gradient_groups()]
+
+
+def test_attention_costs_mirror_the_kernels_products():
+    """``attention_costs``: a causal head of 200 positions multiplies in 64-row blocks
+    (three full, one of 8 rows), each product block at its own shape; bidirectional and
+    short causal heads are dense; no gather or scatter pass (the kernels multiply the
+    heads' columns in place); the losses' exp vectorises (only max and sum are serial)."""
+    from simdist.models import attention_costs
+    from simdist.models.gpt2 import GPT2, resolve_config
+
+    assert attention_costs.row_blocks(200, True) == [(0, 64), (64, 128), (128, 192), (192, 200)]
+    assert attention_costs.row_blocks(127, True) == [(0, 127)]
+    assert attention_costs.row_blocks(200, False) == [(0, 200)]
+    fwd = attention_costs.attention("a", 2, 3, 200, 200, 64, "forward", causal=True)
+    shapes = {k.name: (k.shape, k.count) for k in fwd if k.kind == "matmul"}
+    assert shapes["a.qk[0:64]"] == ((64, 64, 64, "nt"), 6)
+    assert shapes["a.qk[192:200]"] == ((8, 64, 200, "nt"), 6)
+    assert shapes["a.pv[64:128]"] == ((64, 128, 64, "nn"), 6)
+    bwd = attention_costs.attention("a", 2, 3, 200, 200, 64, "backward", causal=True)
+    shapes = {k.name: k.shape for k in bwd if k.kind == "matmul"}
+    assert shapes["a.dk[128:192]"] == (64, 72, 64, "tn")  # key block j: query rows j..T
+    assert shapes["a.dv[192:200]"] == (8, 8, 64, "tn")
+    # every block's products cover the lower triangle of 64-row blocks: 1 + 2 + 3 blocks
+    # of 64 x 64 and 8 x 200, against 200 x 200 dense, in each of the six products
+    covered = 64 * 64 * (1 + 2 + 3) + 8 * 200
+    flops = sum(k.flops for k in fwd + bwd if k.kind == "matmul")
+    assert flops == 6 * 2 * covered * 64
+    dense = attention_costs.attention("a", 2, 3, 200, 150, 64, "backward", causal=False, p=0.1)
+    assert [k.name for k in dense] == [
+        "a.dropout", "a.dv", "a.dp", "a.dropout", "a.softmax.bwd", "a.dq", "a.dk",
+    ]  # fmt: skip
+    assert sum(k.flops for k in dense if k.kind == "matmul") == 4 * 2 * 200 * 150 * 64
+    assert not any("gather" in k.name or "scatter" in k.name for k in fwd + bwd + dense)
+    with pytest.raises(ValueError, match="as many queries as keys"):
+        attention_costs.attention("a", 1, 1, 64, 32, 8, "forward", causal=True)
+    cfg = resolve_config("gpt2-mini")
+    ce = next(k for k in GPT2(cfg).kernel_costs(2) if k.name == "softmax_ce")
+    assert ce.serial_flops == 2 * 2 * cfg.block_size * cfg.vocab_size
 
 
 # -- MPI runs ------------------------------------------------------------------------------

@@ -13,13 +13,17 @@ MLM transform).
 
 from __future__ import annotations
 
+from . import attention_costs
+from .attention_costs import EXP, HASH
 from .base import KernelCost, gemm, vector
-from .gpt2_costs import EXP, LN_BWD, LN_BWD_SERIAL, LN_FWD, LN_FWD_SERIAL
+from .gpt2_costs import LN_BWD, LN_BWD_SERIAL, LN_FWD, LN_FWD_SERIAL
 
-GELU_ERF_FWD = 20  # libm erff (~15) + 4, scalar
-GELU_ERF_BWD = 20 + EXP + 6
+# exact GELU (``kernels/transformer_act.py``), vectorised: |x|, t = 1 / (1 + z / 2) (5), the
+# erfc exponent's degree-9 polynomial (18), -z^2 (2), exp_f32, the tail and x Phi(x) (4);
+# backward adds the pdf (exp_f32 and 4) and the product with dout (3)
+GELU_ERF_FWD = 29 + EXP
+GELU_ERF_BWD = GELU_ERF_FWD + EXP + 7
 TANH = 23
-HASH = 12  # one SplitMix64 finaliser + the compare / select
 
 
 def _linear(name: str, N: int, c_in: int, c_out: int, phase: str) -> list[KernelCost]:
@@ -52,28 +56,7 @@ def _dropout(name: str, n: int, p: float, phase: str) -> list[KernelCost]:
 def _attention(
     name: str, B: int, T: int, NH: int, hs: int, p: float, phase: str
 ) -> list[KernelCost]:
-    calls = B * NH
-    drop = [vector(name + ".dropout", (HASH + 1) * T * T, 2 * T * T, phase, calls)] if p > 0 else []
-    if phase == "forward":
-        return [
-            vector(name + ".gather", T * hs, 6 * T * hs, phase, calls),
-            gemm(name + ".qk", T, hs, T, phase, calls, "nt"),
-            vector(name + ".softmax", (EXP + 3) * T * T, 2 * T * T, phase, calls, 2 * T * T),
-            *drop,
-            gemm(name + ".pv", T, T, hs, phase, calls),
-            vector(name + ".scatter", 0, 2 * T * hs, phase, calls),
-        ]
-    return [
-        vector(name + ".gather", T * hs, 8 * T * hs, phase, calls),
-        *drop,
-        gemm(name + ".dv", T, T, hs, phase, calls, "tn"),
-        gemm(name + ".dp", T, hs, T, phase, calls, "nt"),
-        *drop,
-        vector(name + ".softmax.bwd", 4 * T * T, 3 * T * T, phase, calls, 2 * T * T),
-        gemm(name + ".dq", T, T, hs, phase, calls),
-        gemm(name + ".dk", T, T, hs, phase, calls, "tn"),
-        vector(name + ".scatter", T * hs, 6 * T * hs, phase, calls),
-    ]
+    return attention_costs.attention(name, B, NH, T, T, hs, phase, causal=False, p=p)
 
 
 def kernel_costs(
@@ -103,9 +86,7 @@ def kernel_costs(
         out += _dropout(n + "attention.output.dropout", N * H, ph, f)
         out.append(_ln(n + "attention.output.LayerNorm", N, H, f, fused_add=True))
         out += _linear(n + "intermediate.dense", N, H, I, f)
-        out.append(
-            vector(n + "intermediate.gelu", GELU_ERF_FWD * N * I, 2 * N * I, f, serial=15 * N * I)
-        )
+        out.append(vector(n + "intermediate.gelu", GELU_ERF_FWD * N * I, 2 * N * I, f))
         out += _linear(n + "output.dense", N, I, H, f)
         out += _dropout(n + "output.dropout", N * H, ph, f)
         out.append(_ln(n + "output.LayerNorm", N, H, f, fused_add=True))
@@ -113,21 +94,21 @@ def kernel_costs(
     out += [
         vector("mlm.gather", 0, 2 * M * H, f),
         *_linear("mlm.transform.dense", M, H, H, f),
-        vector("mlm.transform.gelu", GELU_ERF_FWD * M * H, 2 * M * H, f, serial=15 * M * H),
+        vector("mlm.transform.gelu", GELU_ERF_FWD * M * H, 2 * M * H, f),
         _ln("mlm.transform.LayerNorm", M, H, f),
         *_linear("mlm.decoder", M, H, V, f),
-        vector("mlm.softmax_ce", ce, 2 * M * V + 2 * M, f, serial=(EXP + 3) * M * V),
+        vector("mlm.softmax_ce", ce, 2 * M * V + 2 * M, f, serial=2 * M * V),
         vector("pooler.gather", 0, 2 * B * H, f),
         *_linear("pooler.dense", B, H, H, f),
         vector("pooler.tanh", TANH * B * H, 2 * B * H, f),
         *_linear("nsp", B, H, 2, f),
-        vector("nsp.softmax_ce", (EXP + 4) * 2 * B, 6 * B, f, serial=(EXP + 3) * 2 * B),
+        vector("nsp.softmax_ce", (EXP + 4) * 2 * B, 6 * B, f, serial=2 * 2 * B),
     ]
     out += [
         vector("mlm.softmax_ce.bwd", M * V, 2 * M * V + M, b),
         *_linear("mlm.decoder", M, H, V, b),
         _ln("mlm.transform.LayerNorm.bwd", M, H, b),
-        vector("mlm.transform.gelu.bwd", GELU_ERF_BWD * M * H, 3 * M * H, b, serial=15 * M * H),
+        vector("mlm.transform.gelu.bwd", GELU_ERF_BWD * M * H, 3 * M * H, b),
         *_linear("mlm.transform.dense", M, H, H, b),
         vector("nsp.softmax_ce.bwd", 2 * B, 6 * B, b),
         *_linear("nsp", B, H, 2, b),
@@ -142,11 +123,7 @@ def kernel_costs(
         out.append(_ln(n + "output.LayerNorm.bwd", N, H, b))
         out += _dropout(n + "output.dropout.bwd", N * H, ph, b)
         out += _linear(n + "output.dense", N, I, H, b)
-        out.append(
-            vector(
-                n + "intermediate.gelu.bwd", GELU_ERF_BWD * N * I, 3 * N * I, b, serial=15 * N * I
-            )
-        )
+        out.append(vector(n + "intermediate.gelu.bwd", GELU_ERF_BWD * N * I, 3 * N * I, b))
         out += _linear(n + "intermediate.dense", N, H, I, b)
         out.append(vector(n + "residual.bwd", N * H, 3 * N * H, b))
         out.append(_ln(n + "attention.output.LayerNorm.bwd", N, H, b))

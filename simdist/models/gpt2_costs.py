@@ -6,23 +6,23 @@ ran. Counting rules are those of ``simdist.models.base.KernelCost``; per kernel:
 
 * linear layers (``kernels/linear.py``): one GEMM per product (forward; backward input and
   weight gradients) plus the bias loop (add in forward, column sum in backward);
-* attention (``kernels/attention.py``), per (sequence, head): gather q, k, v into scratch,
-  q k^T, causal softmax over the T(T+1)/2 visible scores, P V, scatter; backward: gather,
-  dP = dY V^T, dV = P^T dY, softmax backward, dQ = dS K, dK = dS^T Q, scatter. Each
-  (sequence, head) is one small GEMM of its own, so it is timed at that GEMM's size;
+* attention: ``attention_costs.attention`` (causal; the products in row blocks that skip
+  the masked ones, no gather or scatter);
 * layernorm: mean, two-pass variance, normalise (8 FLOPs per element), fused with the
   residual add where the model fuses it; backward 18 per element (+1 accumulating);
 * exp (``rowops.exp_f32``): 24 FLOPs (range reduction and a degree-7 polynomial), GELU's
   tanh (``gelu.tanh_f32``) 23, so GELU is 31 forward and 40 backward per element;
-* ``serial``: the FLOPs LLVM cannot vectorise without fastmath (``rowops``' row reductions,
-  the loss's running max and sum and its libm ``expf``), costed at the device's scalar rate.
+* ``serial``: the FLOPs LLVM cannot vectorise without fastmath (``rowops``' row reductions:
+  the layernorms' sums, the softmaxes' and the loss's max and sum), costed at the device's
+  scalar rate; the exp of both is ``exp_f32``, which vectorises.
 """
 
 from __future__ import annotations
 
+from . import attention_costs
+from .attention_costs import EXP
 from .base import KernelCost, gemm, vector
 
-EXP = 24  # FLOPs of one exp_f32 (also used for libm's expf in the cross-entropy)
 GELU_FWD = 31
 GELU_BWD = 40
 LN_FWD = 8
@@ -58,26 +58,7 @@ def _layernorm(name: str, N: int, C: int, phase: str, fused_add: bool = False) -
 
 
 def _attention(name: str, B: int, T: int, NH: int, hs: int, phase: str) -> list[KernelCost]:
-    calls = B * NH  # one (sequence, head) pair per iteration of the kernel's loops
-    visible = T * (T + 1) // 2  # causal scores per head
-    if phase == "forward":
-        return [
-            vector(name + ".gather", T * hs, 6 * T * hs, phase, calls),
-            gemm(name + ".qk", T, hs, T, phase, calls, "nt"),
-            # max, exp, sum, scale per visible score; the masked half is only zero-filled
-            vector(name + ".softmax", (EXP + 3) * visible, 2 * T * T, phase, calls, 2 * visible),
-            gemm(name + ".pv", T, T, hs, phase, calls),
-            vector(name + ".scatter", 0, 2 * T * hs, phase, calls),
-        ]
-    return [
-        vector(name + ".gather", T * hs, 8 * T * hs, phase, calls),
-        gemm(name + ".dp", T, hs, T, phase, calls, "nt"),
-        gemm(name + ".dv", T, T, hs, phase, calls, "tn"),
-        vector(name + ".softmax.bwd", 4 * visible, 3 * T * T, phase, calls, 2 * visible),
-        gemm(name + ".dq", T, T, hs, phase, calls),
-        gemm(name + ".dk", T, T, hs, phase, calls, "tn"),
-        vector(name + ".scatter", T * hs, 6 * T * hs, phase, calls),
-    ]
+    return attention_costs.attention(name, B, NH, T, T, hs, phase, causal=True)
 
 
 def kernel_costs(cfg, B: int, T: int) -> list[KernelCost]:
@@ -102,8 +83,8 @@ def kernel_costs(cfg, B: int, T: int) -> list[KernelCost]:
         nxt = f"h.{i + 1}.ln_1" if i + 1 < L else "ln_f"
         out.append(_layernorm(nxt, N, C, f, fused_add=True))
     out.append(gemm("lm_head", N, C, V, f, layout="nt"))
-    ce_serial = (EXP + 3) * N * V  # max, then libm's scalar expf and the running sum
-    out.append(vector("softmax_ce", (EXP + 4) * N * V, 2 * N * V + 2 * N, f, serial=ce_serial))
+    # per logit: the row's max and sum (serial), exp_f32 and the normalisation (vectorised)
+    out.append(vector("softmax_ce", (EXP + 4) * N * V, 2 * N * V + 2 * N, f, serial=2 * N * V))
 
     out.append(vector("softmax_ce.bwd", N * V, 2 * N * V + N, b))
     out.append(gemm("lm_head.dinput", N, V, C, b))

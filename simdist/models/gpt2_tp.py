@@ -341,7 +341,8 @@ def kernel_costs(
         out.append(ln(nxt, R, C, f, fused_add=True))
     out.append(gemm("lm_head", N, C, V, f, layout="nt"))
     exp = gpt2_costs.EXP
-    out.append(vector("softmax_ce", (exp + 4) * N * V, 2 * N * V + 6 * N, f))
+    # the shard's row max and sum are serial, as in the whole model's loss
+    out.append(vector("softmax_ce", (exp + 4) * N * V, 2 * N * V + 6 * N, f, serial=2 * N * V))
     out.append(vector("softmax_ce.bwd", N * V, 2 * N * V + N, b))
     out.append(gemm("lm_head.dinput", N, V, C, b))
     out.append(gemm("lm_head.dwte", V, N, C, b, layout="tn"))

@@ -4,16 +4,17 @@
 (same order and shapes), with ``gpt2_costs``' counting rules (``base.KernelCost``). The
 ``nn.Linear`` layout makes the forward GEMM "nt" and the weight gradient "tn"; T5 has no
 biases. RMS norm: a sum of squares and two multiplies per element forward (the sum is the
-serial part), about twice that backward. Attention is ``bert_costs``' with separate query
-and key lengths (cross-attention) plus the relative-position bias add; dropout costs a
-hash per element (``bert_costs.HASH``).
+serial part), about twice that backward. Attention is ``attention_costs``' with separate
+query and key lengths (cross-attention), the relative-position bias add and the decoder's
+causal blocks; dropout costs a hash per element (``attention_costs.HASH``).
 """
 
 from __future__ import annotations
 
+from . import attention_costs
+from .attention_costs import EXP, HASH
 from .base import GradientGroup, KernelCost, gemm, vector
-from .bert_costs import HASH
-from .gpt2_costs import EXP, GELU_BWD, GELU_FWD
+from .gpt2_costs import GELU_BWD, GELU_FWD
 
 RMS_FWD, RMS_FWD_SERIAL = 4, 2
 RMS_BWD, RMS_BWD_SERIAL = 9, 3
@@ -47,34 +48,18 @@ def _add(name: str, n: int, phase: str) -> KernelCost:
 
 
 def _attention(
-    name: str, B: int, Tq: int, Tk: int, NH: int, hs: int, p: float, bias: bool, phase: str
+    name: str,
+    B: int,
+    Tq: int,
+    Tk: int,
+    NH: int,
+    hs: int,
+    p: float,
+    bias: bool,
+    phase: str,
+    causal: bool = False,
 ) -> list[KernelCost]:
-    calls, S = B * NH, Tq * Tk
-    drop = [vector(name + ".dropout", (HASH + 1) * S, 2 * S, phase, calls)] if p > 0 else []
-    if phase == "forward":
-        add = [vector(name + ".bias", S, 3 * S, phase, calls)] if bias else []
-        return [
-            vector(name + ".gather", Tq * hs, 2 * (Tq + 2 * Tk) * hs, phase, calls),
-            gemm(name + ".qk", Tq, hs, Tk, phase, calls, "nt"),
-            *add,
-            vector(name + ".softmax", (EXP + 3) * S, 2 * S, phase, calls, 2 * S),
-            *drop,
-            gemm(name + ".pv", Tq, Tk, hs, phase, calls),
-            vector(name + ".scatter", 0, 2 * Tq * hs, phase, calls),
-        ]
-    add = [vector(name + ".dbias", S, 3 * S, phase, calls)] if bias else []
-    return [
-        vector(name + ".gather", Tq * hs, 4 * (Tq + Tk) * hs, phase, calls),
-        *drop,
-        gemm(name + ".dv", Tk, Tq, hs, phase, calls, "tn"),
-        gemm(name + ".dp", Tq, hs, Tk, phase, calls, "nt"),
-        *drop,
-        vector(name + ".softmax.bwd", 4 * S, 3 * S, phase, calls, 2 * S),
-        *add,
-        gemm(name + ".dq", Tq, Tk, hs, phase, calls),
-        gemm(name + ".dk", Tk, Tq, hs, phase, calls, "tn"),
-        vector(name + ".scatter", Tq * hs, 2 * (Tq + 2 * Tk) * hs, phase, calls),
-    ]
+    return attention_costs.attention(name, B, NH, Tq, Tk, hs, phase, causal=causal, p=p, bias=bias)
 
 
 def _ffn(name: str, cfg, N: int, B: int, phase: str) -> list[KernelCost]:
@@ -136,7 +121,7 @@ def kernel_costs(cfg, B: int, groups: list[GradientGroup]) -> list[KernelCost]:
         n = f"decoder.{j}."
         out.append(_rms(n + "norm1", Nd, D, f))
         out += [c for a in "qkv" for c in _linear(n + a, Nd, D, C, f)]
-        out += _attention(n + "self", B, Td, Td, NH, hs, p, True, f)
+        out += _attention(n + "self", B, Td, Td, NH, hs, p, True, f, causal=True)
         out += _linear(n + "o", Nd, C, D, f) + _drop(n + "self.dropout", Nd * D, p, f)
         out += [_add(n + "residual1", Nd * D, f), _rms(n + "norm2", Nd, D, f)]
         out += _linear(n + "cross.q", Nd, D, C, f)
@@ -152,7 +137,7 @@ def kernel_costs(cfg, B: int, groups: list[GradientGroup]) -> list[KernelCost]:
         out.append(vector("lm_head.scale", Nd * D, 2 * Nd * D, f))
     out += _linear("lm_head", Nd, D, V, f)
     ce = (EXP + 4) * Nd * V
-    out.append(vector("softmax_ce", ce, 2 * Nd * V + 2 * Nd, f, serial=(EXP + 3) * Nd * V))
+    out.append(vector("softmax_ce", ce, 2 * Nd * V + 2 * Nd, f, serial=2 * Nd * V))
     # ---- backward
     done = iter(g.names for g in groups)
     out.append(vector("softmax_ce.bwd", Nd * V, 2 * Nd * V + Nd, b))
@@ -172,7 +157,7 @@ def kernel_costs(cfg, B: int, groups: list[GradientGroup]) -> list[KernelCost]:
         out += _linear(n + "cross.k", Ne, D, C, b) + _linear(n + "cross.v", Ne, D, C, b)
         out.append(_rms(n + "norm2.bwd", Nd, D, b))
         out += _drop(n + "self.dropout.bwd", Nd * D, p, b) + _linear(n + "o", Nd, C, D, b)
-        out += _attention(n + "self", B, Td, Td, NH, hs, p, True, b)
+        out += _attention(n + "self", B, Td, Td, NH, hs, p, True, b, causal=True)
         out += [c for a in "qkv" for c in _linear(n + a, Nd, D, C, b)]
         last = _rms(n + "norm1.bwd", Nd, D, b)
         if j == 0:

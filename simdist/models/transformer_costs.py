@@ -72,7 +72,7 @@ def kernel_costs(cfg, B: int, groups: list[GradientGroup]) -> list[KernelCost]:
     for j in range(Ld):
         n = f"decoder.{j}."
         out += [c for a in "qkv" for c in _linear(n + a, Nd, D, D, f)]
-        out += _attention(n + "self", B, Td, Td, NH, hs, p, False, f)
+        out += _attention(n + "self", B, Td, Td, NH, hs, p, False, f, causal=True)
         out += _linear(n + "self.out_proj", Nd, D, D, f) + _drop(n + "dropout1", Nd * D, p, f)
         out.append(_ln(n + "norm1", Nd, D, f, fused_add=True))
         out += _linear(n + "cross.q", Nd, D, D, f)
@@ -85,7 +85,7 @@ def kernel_costs(cfg, B: int, groups: list[GradientGroup]) -> list[KernelCost]:
     out.append(_ln("decoder.norm", Nd, D, f))
     out += _linear_nobias("output_projection", Nd, D, V, f)
     ce = (EXP + 6) * Nd * V
-    out.append(vector("smoothed_ce", ce, 2 * Nd * V + 2 * Nd, f, serial=(EXP + 4) * Nd * V))
+    out.append(vector("smoothed_ce", ce, 2 * Nd * V + 2 * Nd, f, serial=3 * Nd * V))
     # ---- backward
     done = iter(g.names for g in groups)
     out.append(vector("smoothed_ce.bwd", 2 * Nd * V, 2 * Nd * V + 2 * Nd, b))
@@ -102,7 +102,7 @@ def kernel_costs(cfg, B: int, groups: list[GradientGroup]) -> list[KernelCost]:
         out += _linear(n + "cross.k", Ne, D, D, b) + _linear(n + "cross.v", Ne, D, D, b)
         out.append(_add(n + "cross.residual.bwd", Nd * D, b))
         out += _sublayer_bwd(n + "self.", Nd, D, p) + _linear(n + "self.out_proj", Nd, D, D, b)
-        out += _attention(n + "self", B, Td, Td, NH, hs, p, False, b)
+        out += _attention(n + "self", B, Td, Td, NH, hs, p, False, b, causal=True)
         out += [c for a in "qkv" for c in _linear(n + a, Nd, D, D, b)]
         out.append(_add(n + "self.residual.bwd", Nd * D, b)._replace(done=next(done)))
     out += _drop("decoder.dropout.bwd", Nd * D, p, b) + [_embed("decoder.embed", Nd, D, b)]
