@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     shape_sizes = [32, 128] if args.quick else [4, 8, 16, 32, 64, 128, 256, 512]
     gemm: dict[int, float] = {}
     shapes: dict[str, dict[str, dict[int, float]]] = {}
-    memory: dict[str, dict[int, float]] = {"copy": {}, "add": {}}
+    memory: dict[str, dict[int, float]] = {"copy": {}, "add": {}, "adamw": {}}
     if base_compute is not None:  # compute comes from the base profile: skip its sweeps
         gemm_sizes, shape_sizes = [64], []
     for _ in range(args.rounds):

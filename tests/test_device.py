@@ -698,6 +698,46 @@ def test_combine_per_kind_and_memory_keyed_by_working_set(tmp_path):
         load_profile(path)
 
 
+def test_the_optimizer_pass_is_priced_by_its_own_sweep(tmp_path):
+    """A host profile with ``memory.optimizer_efficiency`` prices the optimizer's update
+    (and only it) at that table's rate, in a run's step model and in plan mode alike;
+    without one (the shipped host, GPU profiles) the memory table prices it."""
+    from simdist.sim.clock import VirtualClock
+    from simdist.sim.step import StepModel
+
+    text = (PROFILE_DIR / "host.yaml").read_text()
+    # AdamW at half the copy / add sweep's rate at every size
+    rows = [r for r in load_profile("host").memory_efficiency]
+    table = "".join(f"    - [{size / 1e6:g}, {eff / 2:g}]\n" for size, eff in rows)
+    doc = text.replace("links:\n", "  optimizer_efficiency:\n" + table + "links:\n", 1)
+    (path := tmp_path / "opt.yaml").write_text(doc)
+    prof, plain = load_profile(path), load_profile("host")
+    assert prof.optimizer_efficiency == tuple((s, e / 2) for s, e in rows)
+    assert plain.optimizer_efficiency == ()
+    n = 669_706  # FC-MNIST's parameters: AdamW moves 28 bytes each
+    for ws in (0.0, 11e6, 64e6):
+        cost = CostModel(prof, working_set=ws)
+        _, t_opt = cost.kernel_terms(14.0 * n, 28.0 * n, "vector", optimizer=True)
+        _, t_mem = cost.kernel_terms(14.0 * n, 28.0 * n, "vector")
+        assert t_opt == pytest.approx(2 * t_mem)
+        assert t_mem == CostModel(plain, working_set=ws).kernel_terms(14.0 * n, 28.0 * n)[1]
+    bad = doc.replace(f"    - [{rows[0][0] / 1e6:g}, {rows[0][1] / 2:g}]", "    - [1, 1.5]", 1)
+    (tmp_path / "bad.yaml").write_text(bad)
+    with pytest.raises(ProfileError, match="optimizer_efficiency"):
+        load_profile(tmp_path / "bad.yaml")
+
+    def step_optimizer_seconds(profile) -> float:
+        cost = CostModel(profile, working_set=64e6)
+        clock = VirtualClock(cost, 0, record_events=False)
+        model = StepModel(clock, cost, "fp32", None, 0, (0, n), lambda *a: [], [])
+        model._vector("optimizer.adamw", 14.0 * n, 28.0 * n)
+        model._vector("grad.clip.scale", n, 8.0 * n)
+        return clock._by_name["optimizer.adamw"], clock._by_name["grad.clip.scale"]
+
+    (opt_s, clip_s), (opt_plain, clip_plain) = map(step_optimizer_seconds, (prof, plain))
+    assert opt_s > 1.5 * opt_plain and clip_s == clip_plain  # only the optimizer's pass
+
+
 def test_working_set_rate_is_read_between_the_sweeps_points():
     """The host's memory table is a sweep's samples: between two of them the efficiency is
     linear in log(size), outside them the table's own rows (the row keyed 0 stands for the
@@ -948,6 +988,9 @@ def test_calibrate_writes_a_loadable_host_profile(tmp_path):
     text = out.read_text()
     assert "not measured" in text and "cores" in text
     assert math.isfinite(CostModel(prof).compute_time(1e9, 1e6))
+    # the optimizer's own pass, one row per array size of the sweep (2 in --quick)
+    assert len(prof.optimizer_efficiency) == 2 and "AdamW's update" in text
+    assert all(0 < eff <= 1 for _, eff in prof.optimizer_efficiency)
     # which CPU the rates are of: a run elsewhere says so (next test)
     assert prof.sources["cpu"] == cpu_identity() and cpu_identity() in prof.description
 

@@ -93,8 +93,13 @@ def measure_gemm_shapes(smalls: list[int], repeats: int) -> dict[str, dict[str, 
 
 
 def measure_memory(sizes: list[int], repeats: int) -> dict[str, dict[int, float]]:
-    """Bytes moved per second (read + write) for copy and add, per array size in bytes."""
-    res: dict[str, dict[int, float]] = {"copy": {}, "add": {}}
+    """Bytes moved per second (read + write) for copy and add, per array size in bytes, and
+    for AdamW's update (``kernels.optim.adamw_update``) over four arrays of that size: the
+    optimizer pass a step makes, reading parameters, gradients and both moments and writing
+    three of them back (28 bytes per element)."""
+    from simdist.kernels.optim import adamw_update
+
+    res: dict[str, dict[int, float]] = {"copy": {}, "add": {}, "adamw": {}}
     # views of one large array, as the kernels' operands are views of the flat buffers and
     # the activation arena
     big = max(sizes) // 4 + 1024
@@ -106,6 +111,15 @@ def measure_memory(sizes: list[int], repeats: int) -> dict[str, dict[int, float]
         res["copy"][nbytes] = 2 * nbytes / t
         t = best_time(lambda a=a, b=b, c=c: np.add(a, b, out=c), repeats)
         res["add"][nbytes] = 3 * nbytes / t
+    for nbytes in sizes:  # its own arrays: four of them, the moment v kept non-negative
+        n = nbytes // 4
+        p, g, m = (np.full(n, x, np.float32) for x in (0.5, 1e-3, 1e-4))
+        v = np.full(n, 1e-6, np.float32)
+        args = (p, g, m, v, 1e-3, 0.9, 0.999, 1e-8, 0.0, 1)
+        adamw_update(*args)  # compiled (or loaded) before it is timed
+        t = best_time(lambda args=args: adamw_update(*args), repeats)
+        res["adamw"][nbytes] = 7 * nbytes / t
+        del p, g, m, v, args
     return res
 
 

@@ -35,7 +35,8 @@ def render(m: dict[str, Any], previous: dict[str, Any] | None) -> str:
     best_n = max(gemm, key=gemm.get)
     copy_peak = max(mem["copy"].values())
     add_peak = max(mem["add"].values())
-    mem_peak = max(copy_peak, add_peak)
+    opt = mem.get("adamw") or {}
+    mem_peak = max(copy_peak, add_peak, *opt.values())
     mem_pts = {s: max(mem["copy"][s], mem["add"][s]) for s in mem["copy"]}
     big = max(mem["copy"])
     cpu = m["cpu"]  # quoted below: a model name may hold YAML's special characters
@@ -106,8 +107,9 @@ def render(m: dict[str, Any], previous: dict[str, Any] | None) -> str:
         "memory:",
         f"  capacity_gib: {m['mem_total'] / cores / 2**30:.3f}  # [calibrate] MemTotal "
         f"{m['mem_total'] / 2**30:.2f} GiB / {cores} cores (one rank per core)",
-        f"  bandwidth_gbs: {mem_peak / 1e9:.3f}  # [calibrate] best of copy/add over sizes "
-        "(read + write bytes)",
+        f"  bandwidth_gbs: {mem_peak / 1e9:.3f}  # [calibrate] best of copy/add"
+        + ("/AdamW" if opt else "")
+        + " over sizes (read + write bytes)",
         "  efficiency_key: working_set  # a kernel's operands are as far away as the step's "
         "resident bytes reach (read between the sweep's points, linear in log size)",
         "  efficiency:           # [min MB moved, fraction of bandwidth] copy/add sweep",
@@ -119,6 +121,17 @@ def render(m: dict[str, Any], previous: dict[str, Any] | None) -> str:
             f"    - [{moved_mb:.6g}, {eff:.4f}]  # [calibrate] {size / 2**20:g} MiB arrays: "
             f"copy {mem['copy'][size] / 1e9:.1f}, add {mem['add'][size] / 1e9:.1f} GB/s"
         )
+    if opt:
+        lines.append(
+            "  optimizer_efficiency: # [min MB moved, fraction of bandwidth] AdamW's update "
+            "over four arrays of each size (28 bytes per element)"
+        )
+        for size in sorted(opt, reverse=True):
+            moved_mb = 7 * size / 1e6 if size != min(opt) else 0.0
+            lines.append(
+                f"    - [{moved_mb:.6g}, {opt[size] / mem_peak:.4f}]  # [calibrate] "
+                f"{size / 2**20:g} MiB arrays: {opt[size] / 1e9:.1f} GB/s"
+            )
     lines += ["links:", f"  devices_per_node: {cores}  # [calibrate] os.cpu_count()"]
     mpi = m.get("mpi")
     prev_intra = ((previous or {}).get("links") or {}).get("intra")

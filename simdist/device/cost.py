@@ -116,6 +116,7 @@ class CostModel:
         dtype: str | None = None,
         shape: tuple = (),
         serial_flops: float = 0.0,
+        optimizer: bool = False,
     ) -> tuple[float, float]:
         """(compute seconds, memory seconds) before combining and launch overhead.
 
@@ -125,7 +126,9 @@ class CostModel:
         FLOPs with all dimensions large, one with k = 32 at four fifths).
         ``serial_flops``: the part of a vector kernel's ``flops`` in code that does not
         vectorise (loop-carried reductions, scalar libm calls), at the profile's
-        ``scalar_tflops`` where it publishes them (CPUs), else with the rest."""
+        ``scalar_tflops`` where it publishes them (CPUs), else with the rest.
+        ``optimizer``: the optimizer's update pass, priced by the profile's
+        ``optimizer_efficiency`` where it has one (measured on that pass itself)."""
         if kind not in ("matmul", "vector"):
             raise ValueError(f"kind must be 'matmul' or 'vector', got {kind!r}")
         if flops < 0 or bytes_moved < 0:
@@ -157,11 +160,14 @@ class CostModel:
                         break
         t_m = 0.0
         if bytes_moved > 0 and prof.memory_bandwidth:
+            table = prof.memory_efficiency
+            if optimizer and prof.optimizer_efficiency:
+                table = prof.optimizer_efficiency
             if prof.memory_efficiency_key == "working_set":  # a measured sweep: interpolated
                 size = max(bytes_moved, self.working_set)
-                eff = interpolated_efficiency(prof.memory_efficiency, size)
+                eff = interpolated_efficiency(table, size)
             else:
-                eff = efficiency(prof.memory_efficiency, bytes_moved)
+                eff = efficiency(table, bytes_moved)
             t_m = bytes_moved / (prof.memory_bandwidth * eff)
         return t_c, t_m
 
@@ -173,9 +179,12 @@ class CostModel:
         dtype: str | None = None,
         shape: tuple = (),
         serial_flops: float = 0.0,
+        optimizer: bool = False,
     ) -> float:
         """Simulated seconds of one kernel doing ``flops`` and moving ``bytes_moved``."""
-        t_c, t_m = self.kernel_terms(flops, bytes_moved, kind, dtype, shape, serial_flops)
+        t_c, t_m = self.kernel_terms(
+            flops, bytes_moved, kind, dtype, shape, serial_flops, optimizer
+        )
         t = max(t_c, t_m) if self.profile.combine_for(kind) == "roofline" else t_c + t_m
         if self.profile.launch_mode == "serial":
             return t + self.profile.kernel_launch

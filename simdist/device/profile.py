@@ -159,6 +159,12 @@ class DeviceProfile:
     # transfers are inefficient) or "working_set" (the bytes the step keeps resident: a CPU,
     # whose caches hold a kernel's operands only when the whole step fits in them)
     memory_efficiency_key: str = "kernel"
+    # Optional (calibrated host profiles): the optimizer's own pass, [min bytes moved,
+    # fraction of bandwidth], read like ``memory_efficiency``; the optimizer's update is the
+    # one streaming kernel of a step that reads four arrays and writes three, and a core
+    # keeps more of such a pass in flight than the copy / add sweep shows (AdamW ran 1.2-1.3x
+    # the copy rate at the same sizes on the Xeon). Empty: the memory table prices it.
+    optimizer_efficiency: tuple[tuple[float, float], ...] = ()
     # Optional: GEMM efficiency by shape, used instead of the FLOP-keyed table for GEMMs
     # whose shape is known: {layout: {axis: ((dim, fraction), ...)}}, layout "nn" | "nt" |
     # "tn" (which operand BLAS reads transposed), axis "m" | "k" | "n", each table the
@@ -504,6 +510,11 @@ def load_profile(name_or_path: str | Path) -> DeviceProfile:
         vector_efficiency=_table(compute.get("vector_efficiency"), "vector_efficiency", 1e9),
         memory_efficiency=_table(memory.get("efficiency"), "memory.efficiency", 1e6),
         memory_efficiency_key=keyed,
+        optimizer_efficiency=(
+            ()
+            if memory.get("optimizer_efficiency") is None
+            else _table(memory["optimizer_efficiency"], "memory.optimizer_efficiency", 1e6)
+        ),
         devices_per_node=_count(links, "devices_per_node", "links"),
         nics_per_node=_count(inter_raw, "nics_per_node", "links.inter"),
         intra=_link(links.get("intra"), "intra", unknown),

@@ -484,7 +484,9 @@ class AnalyticStep:
             per += 20
         return self._memo(
             ("opt", owned, per),
-            lambda: self.cost.compute_time(12 * owned, per * owned, "vector", "fp32"),
+            lambda: self.cost.compute_time(
+                12 * owned, per * owned, "vector", "fp32", optimizer=True
+            ),
         )
 
     # ---- MLP

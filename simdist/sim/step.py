@@ -202,10 +202,17 @@ class StepModel:
         serial_flops: float = 0.0,
     ) -> None:
         """One elementwise pass of the step (optimizer, accumulation, norm, scaling)."""
+        dtype = dtype or self.dtype
         try:
-            self.clock.compute(
-                name, flops, nbytes, "vector", dtype or self.dtype, serial_flops=serial_flops
+            seconds = self.cost.compute_time(
+                flops,
+                nbytes,
+                "vector",
+                dtype,
+                serial_flops=serial_flops,
+                optimizer=name.startswith("optimizer."),
             )
+            self.clock.compute(name, flops, nbytes, "vector", dtype, seconds=seconds)
         except ProfileError as err:
             self.note(f"compute not modelled: {err}")
 
