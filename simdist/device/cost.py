@@ -127,7 +127,7 @@ class CostModel:
         ``serial_flops``: the part of a vector kernel's ``flops`` in code that does not
         vectorise (loop-carried reductions, scalar libm calls), at the profile's
         ``scalar_tflops`` where it publishes them (CPUs), else with the rest.
-        ``optimizer``: the optimizer's update pass, priced by the profile's
+        ``optimizer``: AdamW's update pass, priced by the profile's
         ``optimizer_efficiency`` where it has one (measured on that pass itself)."""
         if kind not in ("matmul", "vector"):
             raise ValueError(f"kind must be 'matmul' or 'vector', got {kind!r}")

@@ -159,11 +159,11 @@ class DeviceProfile:
     # transfers are inefficient) or "working_set" (the bytes the step keeps resident: a CPU,
     # whose caches hold a kernel's operands only when the whole step fits in them)
     memory_efficiency_key: str = "kernel"
-    # Optional (calibrated host profiles): the optimizer's own pass, [min bytes moved,
-    # fraction of bandwidth], read like ``memory_efficiency``; the optimizer's update is the
-    # one streaming kernel of a step that reads four arrays and writes three, and a core
-    # keeps more of such a pass in flight than the copy / add sweep shows (AdamW ran 1.2-1.3x
-    # the copy rate at the same sizes on the Xeon). Empty: the memory table prices it.
+    # Optional (calibrated host profiles): AdamW's own update pass, [min bytes moved,
+    # fraction of bandwidth], read like ``memory_efficiency``; it is the one streaming kernel
+    # of a step that reads four arrays and writes three, and a core keeps more of such a
+    # pass in flight than the copy / add sweep shows (AdamW ran 1.2-1.3x the copy rate at
+    # the same sizes on the Xeon). Empty (and for SGD): the memory table prices it.
     optimizer_efficiency: tuple[tuple[float, float], ...] = ()
     # Optional: GEMM efficiency by shape, used instead of the FLOP-keyed table for GEMMs
     # whose shape is known: {layout: {axis: ((dim, fraction), ...)}}, layout "nn" | "nt" |

@@ -485,7 +485,7 @@ class AnalyticStep:
         return self._memo(
             ("opt", owned, per),
             lambda: self.cost.compute_time(
-                12 * owned, per * owned, "vector", "fp32", optimizer=True
+                12 * owned, per * owned, "vector", "fp32", optimizer=c.optimizer == "adam"
             ),
         )
 
