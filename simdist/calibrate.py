@@ -20,6 +20,9 @@ What is measured (one thread, as each simdist rank runs):
   ``sum_of_squares`` for fp64.
 * Memory: ``np.copyto`` and ``np.add`` from cache-sized to 64 MiB arrays, bytes read plus
   written per second; the best rate is the bandwidth, each size's fraction its efficiency.
+  AdamW's update (``kernels.optim.adamw_update``) over four arrays of each size is its own
+  table, ``optimizer_efficiency``: reading four streams and writing three, it ran 1.4-1.5x
+  the copy rate on a Xeon, and it is most of a small model's step outside the GEMMs.
 * MPI (only under ``mpiexec -n 2``): ping-pong (one-way = half the round trip, in a loop)
   and bidirectional ``Sendrecv`` sweeps from 8 B to 16 MiB, best of N per size, then α and β
   by least squares on t = α + n·β weighted by 1/t (relative error, so the small messages pin

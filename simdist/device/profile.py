@@ -162,7 +162,7 @@ class DeviceProfile:
     # Optional (calibrated host profiles): AdamW's own update pass, [min bytes moved,
     # fraction of bandwidth], read like ``memory_efficiency``; it is the one streaming kernel
     # of a step that reads four arrays and writes three, and a core keeps more of such a
-    # pass in flight than the copy / add sweep shows (AdamW ran 1.2-1.3x the copy rate at
+    # pass in flight than the copy / add sweep shows (AdamW ran 1.4-1.5x the copy rate at
     # the same sizes on the Xeon). Empty (and for SGD): the memory table prices it.
     optimizer_efficiency: tuple[tuple[float, float], ...] = ()
     # Optional: GEMM efficiency by shape, used instead of the FLOP-keyed table for GEMMs
