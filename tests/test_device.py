@@ -730,7 +730,7 @@ def test_the_optimizer_pass_is_priced_by_its_own_sweep(tmp_path):
         cost = CostModel(profile, working_set=64e6)
         clock = VirtualClock(cost, 0, record_events=False)
         model = StepModel(clock, cost, "fp32", None, 0, (0, n), lambda *a: [], [])
-        model._vector("optimizer.adamw", 14.0 * n, 28.0 * n)
+        model._vector("optimizer.adamw", 14.0 * n, 28.0 * n, optimizer=True)
         model._vector("optimizer.sgd", 6.0 * n, 20.0 * n)
         model._vector("grad.clip.scale", n, 8.0 * n)
         return [clock._by_name[k] for k in ("optimizer.adamw", "optimizer.sgd", "grad.clip.scale")]

@@ -200,8 +200,10 @@ class StepModel:
         nbytes: float,
         dtype: str | None = None,
         serial_flops: float = 0.0,
+        optimizer: bool = False,
     ) -> None:
-        """One elementwise pass of the step (optimizer, accumulation, norm, scaling)."""
+        """One elementwise pass of the step (optimizer, accumulation, norm, scaling);
+        ``optimizer``: AdamW's update, the pass the profile's optimizer sweep timed."""
         dtype = dtype or self.dtype
         try:
             seconds = self.cost.compute_time(
@@ -210,7 +212,7 @@ class StepModel:
                 "vector",
                 dtype,
                 serial_flops=serial_flops,
-                optimizer=name == "optimizer.adamw",  # the pass the profile's sweep timed
+                optimizer=optimizer,
             )
             self.clock.compute(name, flops, nbytes, "vector", dtype, seconds=seconds)
         except ProfileError as err:
@@ -336,7 +338,7 @@ class StepModel:
             elif kind == "optimizer":
                 n = info["elements"]
                 if info["type"] == "adamw":  # reads p, g, m, v; writes p, m, v
-                    self._vector("optimizer.adamw", 14.0 * n, 28.0 * n)
+                    self._vector("optimizer.adamw", 14.0 * n, 28.0 * n, optimizer=True)
                 else:  # reads p, g, buf; writes p, buf
                     self._vector("optimizer.sgd", 6.0 * n, 20.0 * n)
             for c in colls:  # sync, gather and norm collectives: blocking, exposed
