@@ -11,6 +11,8 @@ taking simdist's transformer batches as they are.
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 from pathlib import Path
 
 import h5py
@@ -24,6 +26,31 @@ from simdist.data import bert as bert_data
 from simdist.data import t5 as t5_data
 from simdist.data import transformer as tf_data
 from simdist.models.base import GradientViews
+
+
+def _take_hugging_face_kernels() -> None:
+    """Import Hugging Face's ``kernels`` package before anything can import this
+    repository's ``kernels/`` in its place (transformers >= 5 imports the package when it
+    builds a model, not at its own import). That folder, installed as ``simdist.kernels``,
+    is importable as a top-level ``kernels`` wherever the repository's root is on
+    ``sys.path``: under ``python -m`` run from the root, which puts the working directory
+    first. Nothing in simdist imports the top-level name, so the installed package can own
+    it."""
+    spec = importlib.util.find_spec("kernels")
+    ours = Path(__file__).resolve().parents[2] / "kernels"
+    if spec is None or spec.origin is None or Path(spec.origin).resolve().parent != ours:
+        return  # absent, or already the installed one
+    saved = list(sys.path)
+    sys.path[:] = [p for p in saved if Path(p or ".").resolve() != ours.parent]
+    try:
+        importlib.import_module("kernels")
+    except ImportError:  # transformers without the package: it never imports it either
+        pass
+    finally:
+        sys.path[:] = saved
+
+
+_take_hugging_face_kernels()
 
 
 def hf_bert(cfg, seed: int = 0, dropout: float = 0.0) -> transformers.BertForPreTraining:
