@@ -107,14 +107,18 @@ MODELS = {
 
 def machine_info() -> dict:
     from simdist.kernels.blas import library
-    from threadpoolctl import threadpool_info
 
-    blas = [
-        f"{p.get('internal_api')} {p.get('version')} {p.get('architecture')} "
-        f"threads={p.get('num_threads')}"
-        for p in threadpool_info()
-        if p.get("user_api") == "blas"
-    ]
+    try:
+        from threadpoolctl import threadpool_info
+    except ImportError:  # the bench extra is not installed: say so, measure anyway
+        blas = ["unknown (threadpoolctl not installed: pip install -e .[bench])"]
+    else:
+        blas = [
+            f"{p.get('internal_api')} {p.get('version')} {p.get('architecture')} "
+            f"threads={p.get('num_threads')}"
+            for p in threadpool_info()
+            if p.get("user_api") == "blas"
+        ]
     return {
         "host": socket.gethostname(),
         "cpus": os.cpu_count(),

@@ -359,7 +359,8 @@ def collectives_worker(out: str, probe_links: bool = False) -> int:
 
     ``probe_links``: also calibrate the link on each case's own buffer, interleaved with
     its calls (``simdist.calibrate.LinkProbe``: one round of the Sendrecv and reduce
-    exchanges, or of the shm loads, adds and stores, at every calibrate size that fits,
+    exchanges (an all-reduce's also of the Sendrecv right after a reduce, its second
+    half), or of the shm loads, adds and stores, at every calibrate size that fits,
     next to each call, the two taking turns going first; the latencies in a tight loop
     first), every round's samples written with the case (``case_links`` makes one link
     per round).
@@ -406,6 +407,8 @@ def collectives_worker(out: str, probe_links: bool = False) -> int:
                 kinds = dict.fromkeys(DIRECT_MODES, DIRECT_SIZES)
             else:
                 kinds = {"sendrecv": MESSAGE_SIZES, "reduce": REDUCE_SIZES}
+                if op == "allreduce":  # its second half, as it runs (LinkProbe.gather)
+                    kinds["gather"] = REDUCE_SIZES
             rounds = {k: {s: [] for s in sizes if 2 * s <= n} for k, sizes in kinds.items()}
         window = []
         for i in range(3 + COLL_CALLS):  # 3 warm-up calls: scratch, rendezvous, first touch
@@ -454,6 +457,8 @@ def _probe_round(probe, rounds: dict, buf, views, count: bool) -> None:
                 t = probe.exchange(buf, s)
             elif kind == "reduce":
                 t = probe.reduce(buf, s)
+            elif kind == "gather":
+                t = probe.gather(buf, s)
             else:
                 t = probe.direct(*views, s, kind)
             if count:
@@ -491,7 +496,8 @@ def case_links(row: dict, base: Link) -> list[Link]:
         else:
             sizes, sendrecv = sample("sendrecv", k)
             reduce_sizes, reduce = sample("reduce", k)
-            mpi = mpi_results(sizes, sendrecv, reduce_sizes, reduce, lat["call"])
+            gather = sample("gather", k)[1] if "gather" in rounds else None
+            mpi = mpi_results(sizes, sendrecv, reduce_sizes, reduce, lat["call"], gather)
             links.append(parse_link(mpi_link(mpi, reduce_bw), "intra"))
     return links
 

@@ -602,6 +602,17 @@ def test_a_link_made_from_probes_gives_them_back_at_their_sizes():
         assert shm_ag == pytest.approx(8e-6 + block / 30e9, rel=1e-6)
         shm_ar = schedule_time("allreduce", "shm", two, link)  # 1 fence per half, stores
         assert shm_ar == pytest.approx(8e-6 + block / 30e9 + block / 60e9 + block / 40e9)
+    # with the Sendrecv after a reduce measured too, the all-reduce's second half is that
+    # probe; an all-gather alone stays the plain Sendrecv
+    gather = {s: 3e-6 + s / 8e9 for s in REDUCE_SIZES}
+    after = parse_link(intra_link({**mpi, "gather": list(gather.values())}, None, 40e9), "intra")
+    assert len(after.gather_efficiency) == len(REDUCE_SIZES)
+    for block in (2**19, 2**21, 2**23):
+        two = [block, block]
+        ar = schedule_time("allreduce", "ring", two, after)
+        assert ar == pytest.approx(2e-6 + reduce[block] + gather[block], rel=1e-6)
+        ag = schedule_time("allgather", "ring", two, after)
+        assert ag == pytest.approx(2e-6 + sendrecv[block], rel=1e-6)
 
 
 def test_shm_schedule_runs_on_the_links_direct_peer_access(tmp_path):
@@ -770,13 +781,17 @@ def test_calibrate_under_mpi_measures_the_link_and_direct_peer_access(tmp_path):
     prof = load_profile(out)
     assert prof.intra.known and prof.intra.latency > 0 and prof.intra.size_efficiency
     assert prof.intra.reducing_efficiency and prof.intra.call_overhead > 0
+    # the Sendrecv after a reduce exchange (an all-reduce's second half): one row per size
+    assert len(prof.intra.gather_efficiency) == len(prof.intra.reducing_efficiency)
+    assert all(0 < frac <= 1 for _, frac in prof.intra.gather_efficiency)
+    assert "Sendrecv after reduce at" in out.read_text()
     d = prof.intra.direct
     assert d is not None and d.known and d.latency > 0 and d.size_efficiency
     assert d.reducing_efficiency and d.gamma > 0
     text = out.read_text()
     assert d.store_efficiency
-    raws = ("sendrecv_us", "reduce_exchange_us", "direct_copy_us", "direct_add_us")
-    for raw in (*raws, "direct_store_us"):
+    raws = ("sendrecv_us", "reduce_exchange_us", "gather_after_reduce_us", "direct_copy_us")
+    for raw in (*raws, "direct_add_us", "direct_store_us"):
         assert raw in text
 
 
@@ -928,8 +943,9 @@ def test_validate_sim_collectives_worker_probes_each_cases_buffer(tmp_path, monk
     calls timed and the link probed on its own buffer in every round (MPI exchanges for
     ring and rhd; peer loads, adds and stores for shm), and ``case_links`` makes one link
     per round on which the model gives back that round's probes at the case's block: a
-    ring step is the probed exchange plus the call overhead, an shm half its probed pass
-    plus the fences."""
+    ring step is the probed exchange plus the call overhead (an all-reduce's second half
+    the Sendrecv probed right after a reduce), an shm half its probed pass plus the
+    fences."""
     from mpi_launch import run_mpi
 
     from simdist.comm.partition import partition
@@ -946,7 +962,8 @@ def test_validate_sim_collectives_worker_probes_each_cases_buffer(tmp_path, monk
         assert 0 < row["best_us"] <= row["median_us"], row
         shm = row["algorithm"] == "shm"
         rounds = row["link"]["rounds"]
-        assert set(rounds) == ({"copy", "add", "store"} if shm else {"sendrecv", "reduce"})
+        mpi = {"sendrecv", "reduce"} | ({"gather"} if row["op"] == "allreduce" else set())
+        assert set(rounds) == ({"copy", "add", "store"} if shm else mpi)
         for kind, by_size in rounds.items():  # up to the case's own block, every round
             assert max(int(s) for s in by_size) == row["bytes"] // 2, (kind, row)
             assert {len(v) for v in by_size.values()} == {mod.COLL_CALLS}
@@ -969,7 +986,7 @@ def test_validate_sim_collectives_worker_probes_each_cases_buffer(tmp_path, monk
                     + {
                         "reduce_scatter": t["reduce"],
                         "allgather": t["sendrecv"],
-                        "allreduce": t["reduce"] + t["sendrecv"],
+                        "allreduce": t["reduce"] + t["gather"],  # its second half: after a reduce
                     }[row["op"]]
                 )
             got = schedule_time(row["op"], row["algorithm"], blocks, link)

@@ -7,6 +7,7 @@ checked by hand: max(FLOPs / peak, bytes / bandwidth). Nothing measured is asser
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from mpi_launch import run_mpi
 
 from simdist.comm.topology import Placement
 from simdist.device import Link, collective_time, validate_chrome_trace
-from simdist.device.schedule import hierarchical_time, schedule_time
+from simdist.device.schedule import hierarchical_time, schedule, schedule_time
 from simdist.memplan import RankSetup, rank_entries, suggestions, total_bytes
 
 TOY = """\
@@ -150,6 +151,45 @@ def test_a_measured_reducing_rate_replaces_copy_plus_gamma():
         assert rs == pytest.approx(a + block * b / frac)
         ag = schedule_time("allgather", "ring", [block, block], link)
         assert ag == pytest.approx(a + block * b / 0.5)
+
+
+def test_an_all_reduces_second_half_runs_at_the_rate_measured_after_a_reduce():
+    """Where the link has ``gather_efficiency`` (calibrate's Sendrecv right after a reduce
+    exchange), an all-reduce's all-gather steps cost their bytes at it and its
+    reduce-scatter steps keep theirs; an all-gather called alone keeps the plain table.
+    At 2 and 4 ranks (ring) and 3 (rhd: its fold and unfold steps too)."""
+    plain = Link(
+        "x", 1e9, 5e-6, 1.0, 1 / 4e9,
+        size_efficiency=((0.0, 0.5),),
+        reducing_efficiency=((0.0, 0.4),),
+    )  # fmt: skip
+    after = dataclasses.replace(plain, gather_efficiency=((2.0**20, 0.25), (0.0, 1.0)))
+    assert after.after_reduce.size_efficiency == after.gather_efficiency
+    assert plain.after_reduce is plain
+    a, b = plain.latency, plain.beta
+    block = 2.0**21
+    for alg, p in (("ring", 2), ("ring", 4), ("rhd", 3)):
+        blocks = [block] * p
+        rs = schedule_time("reduce_scatter", alg, blocks, plain)
+        ag = schedule_time("allgather", alg, blocks, plain)
+        assert schedule_time("allgather", alg, blocks, after) == pytest.approx(ag)
+        ar_plain = schedule_time("allreduce", alg, blocks, plain)
+        ar_after = schedule_time("allreduce", alg, blocks, after)
+        # the copy steps' bytes at 0.25 instead of 0.5: exactly twice their byte time
+        copy_bytes = sum(
+            max(max(r[1], r[2]) for r in step)
+            for step in schedule("allreduce", alg, blocks)
+            if not any(r[3] for r in step)
+        )
+        assert copy_bytes > 0
+        assert ar_after - ar_plain == pytest.approx(copy_bytes * b / 0.5, rel=1e-9), (alg, p)
+        if alg == "ring" and p == 2:  # one reduce step, one copy step
+            assert ar_plain == pytest.approx(2 * a + block * b / 0.4 + block * b / 0.5)
+            assert rs == pytest.approx(a + block * b / 0.4)
+    small = [2.0**18] * 2  # below the table's 1 MiB row: the gather rate is 1.0
+    assert schedule_time("allreduce", "ring", small, after) < schedule_time(
+        "allreduce", "ring", small, plain
+    )
 
 
 def test_shm_reduce_scatter_counts_its_addition():

@@ -173,6 +173,13 @@ def render(m: dict[str, Any], previous: dict[str, Any] | None) -> str:
                 "reduce exchange (send, receive and add), after the latency",
                 *rows("reducing_efficiency", link, 6, sized("reduce exchange")),
             ]
+        if "gather_efficiency" in link:
+            lines += [
+                "    gather_efficiency:   # [min message bytes, fraction of bandwidth] the "
+                "Sendrecv right after a reduce exchange (an all-reduce's second half), after "
+                "the latency",
+                *rows("gather_efficiency", link, 6, sized("Sendrecv after reduce")),
+            ]
         if "direct" in link:
             d = link["direct"]
             lines += [
@@ -234,6 +241,12 @@ def render(m: dict[str, Any], previous: dict[str, Any] | None) -> str:
             "  reduce_sizes: " + str(mpi["reduce_sizes"]),
             "  reduce_exchange_us: [" + ", ".join(f"{t * 1e6:.2f}" for t in mpi["reduce"]) + "]",
         ]
+        if mpi.get("gather"):
+            lines.append(
+                "  gather_after_reduce_us: ["
+                + ", ".join(f"{t * 1e6:.2f}" for t in mpi["gather"])
+                + "]"
+            )
         direct = m.get("direct")
         if direct and direct["copy"]:
             lines += [

@@ -65,6 +65,11 @@ class Link:
     # instead of the copy's plus γ (on a CPU the addition partly overlaps the transfer,
     # and the pipelined exchange can even beat one plain Sendrecv of the same size).
     reducing_efficiency: tuple[tuple[float, float], ...] = ()
+    # An all-reduce's all-gather steps, where measured apart (a Sendrecv right after a
+    # reduce exchange on the same buffer, as the all-reduce runs its second half: on a CPU
+    # the cache state its first half leaves sets the rate), by size; empty: the
+    # ``size_efficiency`` of an all-gather called alone.
+    gather_efficiency: tuple[tuple[float, float], ...] = ()
     # Seconds of the caller's own work per collective call (simdist's Python on a CPU host:
     # argument checks, the algorithm's dispatch), on top of its steps' α.
     call_overhead: float = 0.0
@@ -80,6 +85,14 @@ class Link:
         if not self.store_efficiency:
             return self
         return dataclasses.replace(self, size_efficiency=self.store_efficiency)
+
+    @property
+    def after_reduce(self) -> Link:
+        """This link as an all-reduce's second half sees it (``gather_efficiency`` as its
+        message rates; itself where it has none)."""
+        if not self.gather_efficiency:
+            return self
+        return dataclasses.replace(self, size_efficiency=self.gather_efficiency)
 
     @property
     def known(self) -> bool:
@@ -308,6 +321,7 @@ def _link(raw: Mapping[str, Any] | None, name: str, unknown: list[str]) -> Link:
         reduce_efficiency=_optional_table(raw, "reduce_efficiency", where),
         reducing_efficiency=_optional_table(raw, "reducing_efficiency", where),
         store_efficiency=_optional_table(raw, "store_efficiency", where),
+        gather_efficiency=_optional_table(raw, "gather_efficiency", where),
         direct=None
         if raw.get("direct") is None
         else _link(raw["direct"], f"{name}.direct", unknown),

@@ -58,28 +58,22 @@ collective's own buffer, between its calls):
   "copy" (load) for the all-gather, "store" for the all-reduce's second step, which the
   probe times right after an untimed "add", as the all-reduce stores the block its own
   addition has just left in cache.
-
-Why a one-node all-reduce can take less than its reduce-scatter plus its all-gather timed
-alone (seen on an AMD EPYC, Zen 5, at 16 MiB: 1.2 ms against 1.3 + 0.8 ms). The model sums
-the same steps either way, each priced by a probe that writes its whole buffer first
-(``buf[:2n].fill``), as ``validate_sim.py`` writes the collective's buffer before each call
-(the training loop's gradients are just written too). That is the state a half timed alone
-starts from: every line of the buffer dirty. Inside the all-reduce the all-gather starts
-from what the reduce-scatter left instead: the owned block just summed (dirty, and on Zen 5
-still in the 32 MiB L3: 8 MiB per rank at 16 MiB, np 2) and the rest only read by the sends
-(clean). The transfer streams MPI's bounce buffers and the peer's block through the cache;
-evicting a dirty line costs a write-back to memory, evicting a clean one costs nothing, so
-the all-gather inside the all-reduce has about half the write-back traffic of one timed
-alone, and its Sendrecv (or shm's stores) can run faster than the probe's rate. That is the
-likely reason (reasoned from the probes, not measured on that machine: this one, an Intel
-Xeon shared with other jobs, was too loaded to resolve it), and it predicts the model's
-all-reduce rows there high, by up to the all-gather's gain (the issue's AMD rows: 11-17 %
-off at 4-16 MiB, their halves within 8 %). A first half cannot gain this way (it starts
-from the same written buffer alone or not), so the all-reduce below its reduce-scatter
-alone (1.2 against 1.3 ms) is more likely those rows' run-to-run spread. The probe that would
-price the second half as it runs is a Sendrecv timed right after an untimed reduce exchange
-on the same buffer (as the shm "store" probe already follows an untimed "add"); calibrate
-(not in this module) does not take it yet.
+- an all-reduce's second half (its all-gather steps: the ones that add nothing) at the
+  rates of ``Link.after_reduce`` (table ``gather_efficiency``): ``LinkProbe.gather``, the
+  Sendrecv of ``exchange`` timed right after an untimed reduce exchange on the same
+  blocks, as the all-reduce runs it; an all-gather called alone keeps ``size_efficiency``.
+  Each probe writes its whole buffer first, as the loop's gradients are just written
+  before a call, and that is the state a half called alone starts from; inside the
+  all-reduce the all-gather starts from what the reduce-scatter left instead (the owned
+  block just summed, the peer's only read by the sends), and its rate differs with the
+  CPU. On an AMD EPYC (Zen 3) the Sendrecv after a reduce ran
+  10-18 % slower than on freshly written blocks (0.5-8 MiB, 2 ranks), and the ring and
+  rhd all-reduces measured 4-10 % above the sum of their halves' prediction, while the
+  halves alone were within 4 %; on a Zen 5 the issue that asked for this saw an all-reduce
+  below its halves' sum (1.2 ms against 1.3 + 0.8 ms at 16 MiB). Which way it goes is the
+  probe's to say, not this model's. shm's "store" probe follows an untimed "add" for the
+  same reason. With p > 2 the later all-gather steps forward blocks just received rather
+  than just summed; the table is what the 2-rank probe measures, used for all of them.
 
 Pure Python on lists of ``world`` ints: microseconds per call, no MPI.
 """
@@ -253,7 +247,15 @@ def schedule_time(op: str, algorithm: str, blocks: Sequence[float], link: Link) 
         # the all-reduce's second step stores the owned block into the peers' buffers
         rates = [direct, direct.for_stores] if canonical_op(op) == "allreduce" else [direct]
         return sum(step_time(s, lk) for s, lk in zip(steps, rates, strict=True))
-    return link.call_overhead + sum(step_time(s, link) for s in schedule(op, algorithm, blocks))
+    steps = schedule(op, algorithm, blocks)
+    if canonical_op(op) != "allreduce":
+        return link.call_overhead + sum(step_time(s, link) for s in steps)
+    # the all-reduce's second half (its steps that add nothing) at the rates measured
+    # after a first half, where the link has them
+    second = link.after_reduce
+    return link.call_overhead + sum(
+        step_time(s, link if any(r[3] for r in s) else second) for s in steps
+    )
 
 
 def hierarchical_time(
