@@ -124,6 +124,7 @@ PLAN_VS_RUN_TARGET = 0.05  # plan mode against the run's own estimate (weight mo
 COMPUTE_PHASES = ("forward", "backward", "optimizer")
 HOST_PROFILE = "host"  # --profile / --calibrate: the profile the measured part predicts with
 PROBE_LINKS = False  # --calibrate: probe the link on each collective's buffer, between calls
+HOSTS: tuple[int, str | None] | None = None  # --hosts N [--rate R]: (N, R) namespaced hosts
 KEEP_DIR: Path | None = None  # --calibrate --json F: the collectives launches go to F.links/
 
 
@@ -142,6 +143,17 @@ def _launch(np_: int, args: list[str], timeout: float) -> subprocess.CompletedPr
     if out.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({out.returncode}):\n{out.stdout}{out.stderr}")
     return out
+
+
+def _launch_on_hosts(hosts: int, rate: str | None, args: list[str], timeout: float) -> None:
+    """``args`` under MPI across ``hosts`` network-namespace hosts, one rank each
+    (``scripts/multihost.py``: root; links shaped to ``rate`` where given)."""
+    cmd = [sys.executable, str(REPO / "scripts" / "multihost.py"), "--hosts", str(hosts),
+           "--timeout", str(timeout - 30), *(["--rate", rate] if rate else []),
+           "--", sys.executable, *args]  # fmt: skip
+    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    if out.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({out.returncode}):\n{out.stdout}{out.stderr}")
 
 
 def _train(
@@ -352,7 +364,7 @@ COLL_CALLS = 60
 COLL_ALGS = ("ring", "rhd", "shm")
 
 
-def collectives_worker(out: str, probe_links: bool = False) -> int:
+def collectives_worker(out: str, probe_links: bool = False, calls: int = COLL_CALLS) -> int:
     """Under mpiexec: time simdist's collectives as the training loop runs them: the buffer
     has just been written (as backward writes the gradients), the ranks start together, one
     call is timed, its time is the slowest rank's. Best and median of N calls per case.
@@ -382,7 +394,9 @@ def collectives_worker(out: str, probe_links: bool = False) -> int:
 
     comm = world()
     coll = Collectives(comm)
-    keys = [(op, alg, n) for op in COLL_OPS for alg in COLL_ALGS for n in COLL_SIZES]
+    # shm needs every rank on one node: across hosts only ring and rhd run
+    algs = [a for a in COLL_ALGS if a != "shm" or coll.shared]
+    keys = [(op, alg, n) for op in COLL_OPS for alg in algs for n in COLL_SIZES]
     # plain buffers are slices of one large array, as a model's gradients are of its flat
     # gradient buffer
     pool = np.zeros(max(COLL_SIZES) // 4, np.float32)
@@ -411,7 +425,7 @@ def collectives_worker(out: str, probe_links: bool = False) -> int:
                     kinds["gather"] = REDUCE_SIZES
             rounds = {k: {s: [] for s in sizes if 2 * s <= n} for k, sizes in kinds.items()}
         window = []
-        for i in range(3 + COLL_CALLS):  # 3 warm-up calls: scratch, rendezvous, first touch
+        for i in range(3 + calls):  # 3 warm-up calls: scratch, rendezvous, first touch
             # probes and call take turns going first: neither always follows the other
             if probe is not None and i % 2 == 0:
                 _probe_round(probe, rounds, buf, views, i >= 3)
@@ -520,7 +534,10 @@ def measured_collectives(nps: list[int], repeats: int, work: Path) -> list[dict]
             args = [str(Path(__file__).resolve()), "--collectives-worker", str(out)]
             if PROBE_LINKS:
                 args.append("--worker-probe")
-            _launch(np_, args, 1800)
+            if HOSTS is not None:
+                _launch_on_hosts(*HOSTS, args, 1800)
+            else:
+                _launch(np_, args, 1800)
             launches.append(json.loads(out.read_text()))
             if KEEP_DIR is not None:  # the cases and their probed links, for the record
                 KEEP_DIR.mkdir(parents=True, exist_ok=True)
@@ -538,9 +555,12 @@ def measured_collectives(nps: list[int], repeats: int, work: Path) -> list[dict]
                 pairs.append((pred, x[i]["best_us"], x[i]["median_us"]))
             pairs.sort(key=lambda t: (t[0] - t[1]) / t[1])
             pred, best, median = pairs[len(pairs) // 2]
+            where = ""
+            if HOSTS is not None:  # e.g. " (2 hosts, 1gbit)"
+                where = f" ({HOSTS[0]} hosts{', ' + HOSTS[1] if HOSTS[1] else ''})"
             rows.append(
                 _row(
-                    f"{r['op']} {r['algorithm']} {n >> 20} MiB np {np_}",
+                    f"{r['op']} {r['algorithm']} {n >> 20} MiB np {np_}{where}",
                     "collective",
                     pred,
                     best,
@@ -661,6 +681,25 @@ def _print(rows: list[dict]) -> None:
         )
 
 
+def across_hosts(args: argparse.Namespace) -> int:
+    """``--hosts N``: the collective rows across N namespaced hosts, one rank each."""
+    global HOSTS, PROBE_LINKS, KEEP_DIR
+    HOSTS, PROBE_LINKS = (args.hosts, args.rate), True
+    if args.json:
+        KEEP_DIR = Path(args.json).with_suffix(".links")
+    print(
+        f"# collectives across {args.hosts} hosts (link {args.rate or 'unshaped veth'}), "
+        f"load average {os.getloadavg()[0]:.2f} at start",
+        flush=True,
+    )
+    with tempfile.TemporaryDirectory(prefix="validate_sim-") as tmp:
+        rows = measured_collectives([args.hosts], args.repeats, Path(tmp))
+    _print(rows)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=2))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__.split("\n")[0],
@@ -705,8 +744,18 @@ def main(argv: list[str] | None = None) -> int:
         "collective is predicted from calibrate's link probes run on its own buffer, taking "
         "turns with its calls (kept in *.links/)",
     )
+    ap.add_argument(
+        "--hosts",
+        type=int,
+        metavar="N",
+        help="the collective rows only, across N simulated hosts (network namespaces, one "
+        "rank each, through scripts/multihost.py: needs root): ring and rhd (shm needs one "
+        "node), each predicted from the link probes run on its own buffer between its calls",
+    )
+    ap.add_argument("--rate", help="with --hosts: shape each host's link, e.g. 1gbit")
     ap.add_argument("--collectives-worker", metavar="OUT", help=argparse.SUPPRESS)
     ap.add_argument("--worker-probe", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--worker-calls", type=int, default=COLL_CALLS, help=argparse.SUPPRESS)
     ap.add_argument(
         "--combine",
         choices=("roofline", "sum"),
@@ -714,7 +763,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
     if args.collectives_worker:  # internal: run under mpiexec by measured_collectives
-        return collectives_worker(args.collectives_worker, args.worker_probe)
+        return collectives_worker(args.collectives_worker, args.worker_probe, args.worker_calls)
+    if args.rate and not args.hosts:
+        ap.error("--rate shapes the links of --hosts; give --hosts N too")
+    if args.hosts is not None:
+        if args.hosts < 2:
+            ap.error(f"--hosts {args.hosts}: needs 2 or more hosts")
+        if os.geteuid() != 0:
+            ap.error("--hosts needs root (scripts/multihost.py makes network namespaces)")
+        return across_hosts(args)
     validate_published.COMBINE = args.combine
     rows: list[dict] = []
     if args.part in ("published", "all"):

@@ -68,7 +68,7 @@ class LinkProbe:
         peer = self.rank ^ 1
         self.peer = peer if peer < comm.Get_size() else None
         self._exchanger = exchanger if exchanger is not None else Exchanger(self.comm)
-        self._max, self._float = MPI.MAX, MPI.FLOAT
+        self._max = MPI.MAX
 
     def free(self) -> None:
         self.comm.Free()
@@ -94,12 +94,13 @@ class LinkProbe:
 
     def exchange(self, buf: np.ndarray, nbytes: int) -> float:
         """A Sendrecv: this rank's block to the peer, the peer's into the other block (the
-        step of a 2-rank ring all-gather)."""
+        step of a 2-rank ring all-gather), as the exchanger's ``copy`` runs it: one
+        message inside a node, 1 MiB pieces between nodes where it has been placed."""
         n, mine, theirs = self._offsets(nbytes, buf.size)
         send, recv = buf[mine : mine + n], buf[theirs : theirs + n]
         buf[: 2 * n].fill(1.0)
-        comm, peer, f = self.comm, self.peer, self._float
-        return self._timed(lambda: comm.Sendrecv([send, f], peer, 0, [recv, f], peer, 0))
+        x, peer = self._exchanger, self.peer
+        return self._timed(lambda: x.copy(send, peer, recv, peer))
 
     def gather(self, buf: np.ndarray, nbytes: int) -> float:
         """The Sendrecv of ``exchange`` as an all-reduce's second half runs it: right after
@@ -111,11 +112,11 @@ class LinkProbe:
         n, mine, theirs = self._offsets(nbytes, buf.size)
         send, recv = buf[mine : mine + n], buf[theirs : theirs + n]
         buf[: 2 * n].fill(1.0)
-        comm, peer, f, x = self.comm, self.peer, self._float, self._exchanger
+        x, peer = self._exchanger, self.peer
         self.comm.Barrier()
         if peer is not None:  # the first half: send the peer's block, sum into this one's
             x.reduce(recv, peer, send, peer)
-        return self._timed(lambda: comm.Sendrecv([send, f], peer, 0, [recv, f], peer, 0))
+        return self._timed(lambda: x.copy(send, peer, recv, peer))
 
     def reduce(self, buf: np.ndarray, nbytes: int) -> float:
         """p2p's reduce exchange (pipelined in segments above one segment): send the peer's
