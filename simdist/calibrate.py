@@ -38,7 +38,8 @@ What is measured (one thread, as each simdist rank runs):
   Sendrecv; the schedule model reads both tables at each message's size). The Sendrecv
   right after an untimed reduce exchange on the same blocks, as an all-reduce runs its
   second half: ``gather_efficiency`` (the cache state the first half leaves sets its rate:
-  10-18 % below the plain Sendrecv's on an AMD EPYC, Zen 3).
+  5-17 % slower than the plain Sendrecv at 32 KiB-16 MiB on an AMD EPYC, Zen 3; the raw
+  times of both are kept under ``calibration``).
 * Shared memory (only under ``mpiexec -n 2``): in a buffer of simdist's shm algorithm,
   copying the peer's freshly written block into this rank's, adding it into this rank's
   block, and storing this rank's block into the peer's, 128 KiB to 8 MiB, and the latency

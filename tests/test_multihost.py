@@ -283,6 +283,31 @@ def test_bench_collectives_leaves_out_what_the_placement_cannot_run(tmp_path):
     assert cpu["model"] and cpu["flags"] and f"# CPU: {cpu['model']}" in run.stdout
 
 
+def test_validate_sim_scores_the_collectives_across_hosts(tmp_path):
+    """validate_sim --hosts 2: the collective rows measured across two namespaced hosts
+    (ring and rhd; shm, one node only, left out), each predicted from the probes run on
+    its own buffer; the all-reduces also probe their second half (the Sendrecv after a
+    reduce), and the kept probes give a link on which the model prices every case."""
+    out = tmp_path / "hosts.json"
+    cmd = [sys.executable, "scripts/validate_sim.py", "--hosts", "2", "--repeats", "1",
+           "--worker-calls", "3", "--json", str(out)]  # fmt: skip
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = json.loads(out.read_text())
+    assert len(rows) == 3 * 2 * 3  # ops x (ring, rhd) x sizes
+    assert {c["case"].split()[1] for c in rows} == {"ring", "rhd"}
+    for row in rows:
+        assert row["case"].endswith("np 2 (2 hosts)") and row["link_probed"], row
+        assert row["predicted"] > 0 and row["measured"] > 0
+        assert f"{row['case']}" in r.stdout
+    kept = json.loads((tmp_path / "hosts.links" / "collectives-np2-0.json").read_text())
+    for case in kept:
+        rounds = case["link"]["rounds"]
+        want = {"sendrecv", "reduce"} | ({"gather"} if case["op"] == "allreduce" else set())
+        assert set(rounds) == want, case["op"]
+        assert {len(v) for by_size in rounds.values() for v in by_size.values()} == {3}
+
+
 # ------------------------------------------------------------------ training across hosts
 
 TRAIN = [

@@ -66,8 +66,8 @@ collective's own buffer, between its calls):
   before a call, and that is the state a half called alone starts from; inside the
   all-reduce the all-gather starts from what the reduce-scatter left instead (the owned
   block just summed, the peer's only read by the sends), and its rate differs with the
-  CPU. On an AMD EPYC (Zen 3) the Sendrecv after a reduce ran
-  10-18 % slower than on freshly written blocks (0.5-8 MiB, 2 ranks), and the ring and
+  CPU. On an AMD EPYC (Zen 3) the Sendrecv after a reduce ran 5-17 % slower than on
+  freshly written blocks (32 KiB-16 MiB, 2 ranks: calibrate's raw times), and the ring and
   rhd all-reduces measured 4-10 % above the sum of their halves' prediction, while the
   halves alone were within 4 %; on a Zen 5 the issue that asked for this saw an all-reduce
   below its halves' sum (1.2 ms against 1.3 + 0.8 ms at 16 MiB). Which way it goes is the
