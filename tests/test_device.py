@@ -981,14 +981,13 @@ def test_validate_sim_collectives_worker_probes_each_cases_buffer(tmp_path, monk
                     "allreduce": 2 * lat["step"] + t["add"] + t["store"],
                 }[row["op"]]
             else:
-                want = (
-                    lat["call"]
-                    + {
-                        "reduce_scatter": t["reduce"],
-                        "allgather": t["sendrecv"],
-                        "allreduce": t["reduce"] + t["gather"],  # its second half: after a reduce
-                    }[row["op"]]
-                )
+                # an all-reduce's second half is the Sendrecv probed right after a reduce
+                first, second = {
+                    "reduce_scatter": ("reduce", None),
+                    "allgather": ("sendrecv", None),
+                    "allreduce": ("reduce", "gather"),
+                }[row["op"]]
+                want = lat["call"] + t[first] + (t[second] if second else 0.0)
             got = schedule_time(row["op"], row["algorithm"], blocks, link)
             assert got == pytest.approx(want, rel=1e-3), (row["op"], row["algorithm"], k)
 
