@@ -283,11 +283,22 @@ def test_bench_collectives_leaves_out_what_the_placement_cannot_run(tmp_path):
     assert cpu["model"] and cpu["flags"] and f"# CPU: {cpu['model']}" in run.stdout
 
 
-def test_validate_sim_scores_the_collectives_across_hosts(tmp_path):
+def test_validate_sim_scores_the_collectives_across_hosts(tmp_path, monkeypatch):
     """validate_sim --hosts 2: the collective rows measured across two namespaced hosts
     (ring and rhd; shm, one node only, left out), each predicted from the probes run on
     its own buffer; the all-reduces also probe their second half (the Sendrecv after a
     reduce), and the kept probes give a link on which the model prices every case."""
+    import importlib.util
+
+    from simdist.device import CostModel, load_profile
+    from simdist.device.schedule import schedule_time
+
+    path = HARNESS.parent / "validate_sim.py"
+    spec = importlib.util.spec_from_file_location("validate_sim", path)
+    vs = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "validate_sim", vs)
+    spec.loader.exec_module(vs)
+    base = CostModel(load_profile("host")).link("intra", 2)
     out = tmp_path / "hosts.json"
     cmd = [sys.executable, "scripts/validate_sim.py", "--hosts", "2", "--repeats", "1",
            "--worker-calls", "3", "--json", str(out)]  # fmt: skip
@@ -306,6 +317,17 @@ def test_validate_sim_scores_the_collectives_across_hosts(tmp_path):
         want = {"sendrecv", "reduce"} | ({"gather"} if case["op"] == "allreduce" else set())
         assert set(rounds) == want, case["op"]
         assert {len(v) for by_size in rounds.values() for v in by_size.values()} == {3}
+        # each round's probes, taken between the hosts, make a link on which the model gives
+        # them back at the case's block: the call overhead, the first half's probe, and for
+        # an all-reduce the Sendrecv probed after a reduce
+        half, lat = str(case["bytes"] // 2), case["link"]["latency"]
+        first = "sendrecv" if case["op"] == "allgather" else "reduce"
+        for k, link in enumerate(vs.case_links(case, base)):
+            want = lat["call"] + rounds[first][half][k]
+            if case["op"] == "allreduce":
+                want += rounds["gather"][half][k]
+            got = schedule_time(case["op"], case["algorithm"], [case["bytes"] // 2] * 2, link)
+            assert got == pytest.approx(want, rel=1e-3), (case["op"], case["algorithm"], k)
 
 
 # ------------------------------------------------------------------ training across hosts
