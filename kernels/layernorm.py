@@ -58,12 +58,23 @@ def residual_layernorm_forward_eps(res, out, mean, rstd, inp1, inp2, weight, bia
     N, C = res.shape
     inv_c = F32(1.0) / F32(C)
     one = F32(1.0)
+    # LLVM vectorises the add only once it has checked that the row it stores overlaps no
+    # row it loads; with res the same array as an input that check fails and the add ran
+    # scalar (gpt2-mini's 1024 x 256: 0.275 against 0.22 ms). So then the other input is
+    # added in place (b + a: the same bits as a + b).
+    in_place = res.ctypes.data == inp1.ctypes.data or res.ctypes.data == inp2.ctypes.data
+    other = inp1 if res.ctypes.data == inp2.ctypes.data else inp2
     for n in range(N):
         x = res[n]
-        a = inp1[n]
-        b = inp2[n]
-        for c in range(C):
-            x[c] = a[c] + b[c]
+        if not in_place:
+            a = inp1[n]
+            b = inp2[n]
+            for c in range(C):
+                x[c] = a[c] + b[c]
+        else:
+            y = other[n]
+            for c in range(C):
+                x[c] += y[c]
         m = row_sum(x, C) * inv_c
         s = one / np.sqrt(row_sq_dev(x, m, C) * inv_c + eps)
         o = out[n]
