@@ -130,6 +130,23 @@ def predicted_per_kernel(model, cfg, B: int, T: int, profile: str) -> dict[str, 
     return out
 
 
+def profile_note(profile: str) -> str | None:
+    """Why predictions on ``profile`` may not describe this CPU (None: they do, as far as
+    the profile says). A calibrated profile names its CPU; the packaged ``host`` profile
+    was written before profiles did, on whichever machine ran calibrate last."""
+    from simdist.device import load_profile
+    from simdist.hostcpu import other_cpu_note
+
+    p = load_profile(profile)
+    if "calibrate" in p.sources and "cpu" not in p.sources:
+        return (
+            f"note: device profile '{p.name}' names no CPU, so it may describe another "
+            "machine: `mpiexec -n 2 python -m simdist.calibrate --out F` measures this one "
+            "(then --device-profile F)"
+        )
+    return other_cpu_note(p.name, p.sources.get("cpu"))
+
+
 def torch_step_fn(cfg, B: int, T: int):
     """One PyTorch eager training step (the parity test's model, AdamW), as a closure."""
     import torch
@@ -269,6 +286,9 @@ def main() -> None:
             print(f"    {name:34s} {ms:7.2f} ms  {calls:3d} calls   predicted {p:7.2f} ms {err}")
         for name, t in pred.items():  # costed work outside the timed kernel calls
             print(f"    {name:34s}       -              predicted {t * 1e3:7.2f} ms")
+        note = profile_note(args.device_profile)
+        if note:
+            print(f"  {note}")
         result["kernels_ms"] = {n: sum(v) / n_steps * 1e3 for n, v in times.items()}
     if torch_step is not None:
         result["torch_tokens_per_sec"] = B * T / float(np.median(torch_times[2:]))

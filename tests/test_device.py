@@ -1044,6 +1044,31 @@ def test_a_run_says_when_its_profile_was_calibrated_on_another_cpu(tmp_path, cap
         assert json.loads(out) and (note in err) == noted, err
 
 
+def test_bench_gpt2_step_says_when_its_predictions_may_describe_another_machine(tmp_path):
+    """bench_gpt2_step's per-kernel predictions note a profile that names no CPU (the
+    packaged ``host``, written before calibrate recorded one) or names another CPU; one
+    calibrated here, and a GPU profile, get no note."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "bench_gpt2_step.py"
+    spec = importlib.util.spec_from_file_location("bench_gpt2_step", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    shipped = (PROFILE_DIR / "host.yaml").read_text()
+    profiles = {"unnamed": tmp_path / "unnamed.yaml"}
+    profiles["unnamed"].write_text(shipped.replace("\n  cpu: ", "\n  old_cpu: "))
+    for name, cpu in (("other", "Imaginary CPU (NoVendor 1/2/3)"), ("same", cpu_identity())):
+        profiles[name] = tmp_path / f"{name}.yaml"
+        profiles[name].write_text(
+            shipped.replace("sources:\n", f"sources:\n  cpu: {json.dumps(cpu)}\n", 1)
+        )
+    assert "cpu" not in load_profile(profiles["unnamed"]).sources
+    assert "names no CPU" in mod.profile_note(str(profiles["unnamed"]))
+    assert "calibrated on Imaginary CPU" in mod.profile_note(str(profiles["other"]))
+    assert mod.profile_note(str(profiles["same"])) is None
+    assert mod.profile_note("a100-80gb") is None
+
+
 def test_cpu_identity_names_model_vendor_family_model_stepping():
     from simdist.hostcpu import parse_cpuinfo
 
