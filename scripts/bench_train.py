@@ -8,8 +8,11 @@ Every measurement is a fresh process (one thread per process): simdist through
 ``mpiexec -n {1,2} python -m simdist.train``, PyTorch eager in one process (fused AdamW
 and subnormals flushed to zero, as simdist's optimizers flush them: PyTorch at its fastest;
 ``--torch-keep-subnormals``: as PyTorch runs by default) and PyTorch DDP over gloo on 2
-ranks, on the same model, batch and data. The runs are interleaved and repeated; the table
-shows the median of the repeats.
+ranks, on the same model, batch and data, and the same optimizer step: PyTorch's AdamW
+takes the preset's hyperparameters, and where the preset clips the gradient's global norm
+(gpt2-mini, bert-mini, t5-mini, transformer-mini: ``max_gradient_norm: 1.0``) PyTorch clips
+too (``torch.nn.utils.clip_grad_norm_``), as simdist's run does every step. The runs are
+interleaved and repeated; the table shows the median of the repeats.
 
 Both sides are timed the same two ways. ``samples/s`` (every ratio below uses it): the
 global batch over the median step time, the steady state (simdist: performance.json's
@@ -316,6 +319,28 @@ def torch_threads_and_subnormals(torch) -> None:
     torch.set_flush_denormal(os.environ.get("BENCH_TORCH_SUBNORMALS") != "keep")
 
 
+def torch_optimizer(model: str, net):
+    """PyTorch's side of the preset's optimizer step: fused AdamW with its hyperparameters
+    (the learning rate's schedule aside, which costs nothing), and the gradient clipping it
+    asks for as a callable to run before the update (a no-op where it clips nothing)."""
+    import torch
+
+    from simdist.config import load_params
+
+    o = load_params(MODELS[model][0]).optimizer
+    if o.optimizer_type != "adamw":
+        raise SystemExit(f"bench_train: {model}'s preset trains with {o.optimizer_type}, not AdamW")
+    lr = o.learning_rate if isinstance(o.learning_rate, int | float) else 1e-3  # a schedule
+    opt = torch.optim.AdamW(
+        net.parameters(), lr=lr, betas=(o.beta1, o.beta2), eps=o.eps,
+        weight_decay=o.weight_decay, fused=True,
+    )  # fmt: skip
+    if o.max_gradient_norm is None:
+        return opt, lambda: None
+    params = [p for p in net.parameters() if p.requires_grad]
+    return opt, lambda: torch.nn.utils.clip_grad_norm_(params, o.max_gradient_norm)
+
+
 def torch_worker(model: str, steps: int) -> None:
     """One PyTorch process (DDP when launched by mpiexec); prints samples/s as JSON: of
     the median step after the warm-up, and of all steps (warm-up included)."""
@@ -362,7 +387,7 @@ def torch_worker(model: str, steps: int) -> None:
     if world > 1:
         net = torch.nn.parallel.DistributedDataParallel(net)
     net.train()  # Hugging Face models: dropout on, as simdist's presets train
-    opt = torch.optim.AdamW(net.parameters(), lr=1e-3, fused=True)
+    opt, clip = torch_optimizer(model, net)
     warm = max(3, steps // 10)
     if world > 1:
         torch.distributed.barrier()
@@ -374,6 +399,7 @@ def torch_worker(model: str, steps: int) -> None:
         opt.zero_grad(set_to_none=True)
         out = net(**x) if isinstance(x, dict) else net(x, y)
         (out.loss if hasattr(out, "loss") else out).backward()
+        clip()
         opt.step()
         walls.append(time.perf_counter() - t)
     if world > 1:
