@@ -405,6 +405,10 @@ def torch_worker(model: str, steps: int) -> None:
     if world > 1:
         torch.distributed.barrier()
     elapsed = time.perf_counter() - t_first
+    if world > 1:
+        # Left to the interpreter's exit, gloo's teardown now and then destroys a joinable
+        # thread ("terminate called without an active exception") and the launch fails.
+        torch.distributed.destroy_process_group()
     if rank == 0:
         median = statistics.median(walls[warm:])
         rates = {
