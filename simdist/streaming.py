@@ -37,7 +37,7 @@ gradient group, the devices reduce-scatter it over their own communicator with t
 boundaries of the data-parallel layout for R ranks, exactly as ZeRO-2 does, and each device
 sends its reduced block to the group's owner. Every element is summed in the order DP's
 all-reduce over R ranks sums it (``simdist.parallel``), and averaged the same way. The
-gradient norm for clipping is the same float64 sum: DP adds, per slice, squares in four
+gradient norm for clipping is the same float64 sum: DP adds, per slice, squares in LANES
 interleaved lanes (``sum_of_squares``) and then the slices in rank order; the servers
 rebuild those lane sums by passing the lane accumulators along the server chain in flat
 order (``lane_sum_of_squares``), then add the slices in the same order. The update is
@@ -63,8 +63,7 @@ import numpy as np
 from simdist.arena import Layout
 from simdist.config import ConfigError, Params
 from simdist.device import format_bytes
-from simdist.kernels._jit import kernel
-from simdist.kernels.optim import sum_of_squares_lanes
+from simdist.kernels.optim import LANES, lane_sum_of_squares
 from simdist.models.base import GradientGroup
 from simdist.models.stages import Stage
 from simdist.sim.streaming_step import device_footprint, finishing_stage
@@ -306,27 +305,5 @@ def weight_streaming_tip(model, params: Params, micro_batch: int, replicas: int,
     )
 
 
-# ------------------------------------------------------------------------- kernels
-@kernel
-def lane_sum_of_squares(x, first_lane, acc):
-    """acc[(first_lane + j) % 4] += float64(x[j])**2 in order: continues the four lanes of
-    ``sum_of_squares`` across pieces of one slice, so the servers rebuild its exact sum.
-    Each lane's additions keep their order (so its bits); the aligned middle runs in
-    ``sum_of_squares``'s own vector of four accumulators (a store to ``acc`` per element
-    ran at a sixth of its rate)."""
-    n = x.size
-    head = min((4 - first_lane % 4) % 4, n)  # elements before the first one in lane 0
-    for j in range(head):
-        v = np.float64(x[j])
-        acc[(first_lane + j) % 4] += v * v
-    end = head + (n - head) // 4 * 4
-    acc[0], acc[1], acc[2], acc[3] = sum_of_squares_lanes(
-        x[head:end], acc[0], acc[1], acc[2], acc[3]
-    )
-    for i in range(end, n):  # lanes 0, 1, 2 in order
-        v = np.float64(x[i])
-        acc[i - end] += v * v
-
-
 def warm_kernels() -> None:
-    lane_sum_of_squares(np.ones(5, F32), 1, np.zeros(4))
+    lane_sum_of_squares(np.ones(5, F32), 1, np.zeros(LANES))

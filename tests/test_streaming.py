@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from mpi_launch import run_mpi
 from perf_fields import assert_simulated_fields
-from simdist.kernels.optim import sum_of_squares
+from simdist.kernels.optim import LANES, combine_lanes, lane_sum_of_squares, sum_of_squares
 
 from simdist.arena import Layout
 from simdist.comm.groups import DEVICE, SERVER, WORKER, Roles
@@ -24,7 +24,7 @@ from simdist.config import ConfigError
 from simdist.models.base import GradientViews
 from simdist.models.gpt2 import GPT2, GPT2Config
 from simdist.sim.streaming_step import device_footprint, simulate_step
-from simdist.streaming import StreamPlan, lane_sum_of_squares
+from simdist.streaming import StreamPlan
 
 TINY_CFG = GPT2Config(n_layer=3, n_head=2, n_embd=32, block_size=16, vocab_size=64)
 
@@ -126,11 +126,11 @@ def test_lane_sums_rebuild_sum_of_squares_bitwise():
     rng = np.random.default_rng(0)
     x = (rng.standard_normal(16 * 997) * 10.0 ** rng.integers(-4, 4, 16 * 997)).astype(np.float32)
     for cuts in ([], [5, 1000, 1001, 7777], list(range(3, x.size, 613))):
-        acc = np.zeros(4)
+        acc = np.zeros(LANES)
         edges = [0, *cuts, x.size]
         for a, b in zip(edges, edges[1:], strict=False):
-            lane_sum_of_squares(x[a:b], a % 4, acc)
-        assert (acc[0] + acc[1]) + (acc[2] + acc[3]) == sum_of_squares(x)
+            lane_sum_of_squares(x[a:b], a % LANES, acc)
+        assert combine_lanes(acc) == sum_of_squares(x)
 
 
 # ------------------------------------------------------------------------- stages

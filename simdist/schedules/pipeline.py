@@ -90,6 +90,7 @@ from simdist.faults import nonfinite_text
 from simdist.input_workers import MeasuredInput, input_report
 from simdist.kernels.blas import half_operands
 from simdist.kernels.half import pack_half, unpack_half
+from simdist.kernels.optim import LANES, combine_lanes, lane_sum_of_squares
 from simdist.loss_scale import describe_scaling, scaler_for, scaler_report
 from simdist.memplan import DeviceAllocator
 from simdist.models import build_model
@@ -120,7 +121,7 @@ from simdist.sim.pp_schedule import (
     split_stages,
 )
 from simdist.sim.tp_schedule import TP_ALGORITHMS, stage_group_calls
-from simdist.streaming import lane_sum_of_squares, warm_kernels
+from simdist.streaming import warm_kernels
 
 F32 = np.float32
 # point-to-point tags on a pipeline's communicator (MPI keeps each (source, tag) in order)
@@ -943,9 +944,9 @@ class Pipeline(WholeTensorCheckpoint, Schedule):
 
     def _sumsq(self, grads: np.ndarray) -> float:
         """The float64 sum of squares of this replica's slice of the averaged gradients,
-        summed exactly as ``sum_of_squares`` sums the slice in one piece: its four lanes
+        summed exactly as ``sum_of_squares`` sums the slice in one piece: its LANES lanes
         passed along the pipeline in flat order; the last stage returns it, others 0."""
-        acc = np.zeros(4, np.float64)
+        acc = np.zeros(LANES, np.float64)
         if self.stage > 0:
             self.pipe.Recv(acc, source=self.stage - 1, tag=TAG_SUMSQ)
         plo, phi = self.own
@@ -953,11 +954,12 @@ class Pipeline(WholeTensorCheckpoint, Schedule):
             acc[0] = norm_share(grads, self._norm_parts, float(acc[0]))
         elif phi > plo:
             slice_lo = int(self.layout.bounds[self.replica])
-            lane_sum_of_squares(grads[plo - self.goff : phi - self.goff], (plo - slice_lo) % 4, acc)
+            part = grads[plo - self.goff : phi - self.goff]
+            lane_sum_of_squares(part, (plo - slice_lo) % LANES, acc)
         if self.stage < self.P - 1:
             self.pipe.Send(acc, dest=self.stage + 1, tag=TAG_SUMSQ)
             return 0.0
-        return float((acc[0] + acc[1]) + (acc[2] + acc[3]))
+        return float(combine_lanes(acc))
 
     def _clip(self, grads: np.ndarray, sumsq: float) -> float | None:
         max_norm = self.params.optimizer.max_gradient_norm

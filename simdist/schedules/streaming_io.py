@@ -24,10 +24,11 @@ from simdist.comm import groups as g
 from simdist.comm.groups import Groups
 from simdist.device import DeviceMemory
 from simdist.kernels.half import pack_half, unpack_half
+from simdist.kernels.optim import LANES, combine_lanes, lane_sum_of_squares
 from simdist.models.base import GradientViews
 from simdist.precision import FP32, Precision
 from simdist.sim.streaming_step import GRADIENT_SLOTS
-from simdist.streaming import Item, StreamPlan, lane_sum_of_squares
+from simdist.streaming import Item, StreamPlan
 
 F32 = np.float32
 CHAIN_TAG = 0x57  # server-chain lane accumulators on the servers' communicator
@@ -270,7 +271,7 @@ class ServerShard:
         over the servers; the last server returns it, the others 0.0)."""
         bounds = self.plan.layout.bounds
         R = len(bounds) - 1
-        acc = np.zeros((R, 4), np.float64)
+        acc = np.zeros((R, LANES), np.float64)
         W = self.plan.servers
         if self.index > 0:
             g.recv(servers_comm, acc, self.index - 1, CHAIN_TAG)
@@ -278,12 +279,12 @@ class ServerShard:
             a, b = max(self.lo, int(bounds[p])), min(self.hi, int(bounds[p + 1]))
             if a < b:
                 lane_sum_of_squares(
-                    self.grads[a - self.lo : b - self.lo], (a - bounds[p]) % 4, acc[p]
+                    self.grads[a - self.lo : b - self.lo], (a - bounds[p]) % LANES, acc[p]
                 )
         if self.index < W - 1:
             g.send(servers_comm, acc, self.index + 1, CHAIN_TAG)
             return 0.0
-        partial = (acc[:, 0] + acc[:, 1]) + (acc[:, 2] + acc[:, 3])
+        partial = [combine_lanes(lanes) for lanes in acc]
         total = np.float64(partial[0])
         for p in range(1, R):  # slices in rank order, as allreduce_scalars adds them
             total += partial[p]

@@ -27,7 +27,7 @@ replicas run the same ops at the same simulated times):
 ZeRO-0/1 with several micro-batches add each backward's gradients into the stage's sum (one
 elementwise pass on the backward op; the first micro-batch's a copy); after its gradient
 sync each stage adds its part of the norm's float64 sum of squares, in flat order, passing
-the four lanes to the next stage (the agreement starts when the last stage has the sum).
+its float64 lanes to the next stage (the agreement starts when the last stage has the sum).
 
 Left out (host work a plan cannot know): input fetch and the loop's Python; a run adds its
 measured host time to the estimate.
@@ -49,6 +49,7 @@ from simdist.config import ConfigError
 from simdist.device import CostModel, DeviceProfile
 from simdist.device.collective import CollectiveCall, Network, collective_seconds
 from simdist.device.profile import ProfileError
+from simdist.kernels.optim import LANES
 from simdist.param_gather import BACKWARD, FORWARD, GatherPlan, WindowCache, stage_gathers
 from simdist.sim.step import compute_dtype
 
@@ -509,7 +510,7 @@ def pipeline_step(
     # the norm's sum of squares: each stage's float64 lanes over the part it counts, passed
     # on to the next stage (blocking, in flat order: the one-piece sum's bits)
     sq_dtype = "fp64" if "fp64" in profile.scalar_flops else None
-    hop = link_seconds(profile, link_class, 8 * 4)  # four float64 lanes
+    hop = link_seconds(profile, link_class, 8 * LANES)  # the float64 lanes
     relay = 0.0
     for s in range(P):
         a, bb = plan.flat[s]
