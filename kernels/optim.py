@@ -336,15 +336,58 @@ def lane_sum_of_squares(x, first_lane, acc):
 @kernel
 def combine_lanes(acc):
     """The lanes' total in one fixed order: lane j + w added into lane j for w = LANES / 2,
-    LANES / 4, ..., 1 (halving the vector, as a reduction across a register runs). acc is
-    left as it was."""
-    a = acc.copy()
+    LANES / 4, ..., 1 (halving the vector, as a reduction across a register runs). Adds in
+    place (acc[0] ends with the total): nothing allocated."""
     w = LANES // 2
     while w:
         for j in range(w):
-            a[j] += a[j + w]
+            acc[j] += acc[j + w]
         w //= 2
-    return a[0]
+    return acc[0]
+
+
+@intrinsic
+def _sum_of_squares(typingctx, x):
+    """``lane_sum_of_squares`` from zero lanes and then ``combine_lanes``, the same adds in
+    the same order, with the lanes in one vector held in registers (so the gradient norm
+    allocates nothing): the aligned blocks, the tail into lanes 0, 1, ..., then the vector
+    halved and its halves added until one lane is left."""
+    if not (
+        isinstance(x, types.Array) and x.dtype == types.float32 and x.ndim == 1
+        and x.layout == "C"
+    ):  # fmt: skip
+        return None
+    sig = types.float64(x)
+
+    def codegen(context, builder, signature, args):
+        arr = context.make_array(signature.args[0])(context, builder, args[0])
+        i32, i64, f64 = ir.IntType(32), ir.IntType(64), ir.DoubleType()
+        vf, vd = ir.VectorType(ir.FloatType(), LANES), ir.VectorType(f64, LANES)
+        acc = cgutils.alloca_once_value(builder, ir.Constant(vd, None))  # zeros
+        n = builder.extract_value(arr.shape, 0)
+        blocks = builder.sdiv(n, ir.Constant(i64, LANES))
+        with cgutils.for_range(builder, blocks) as loop:
+            ptr = builder.gep(arr.data, [builder.mul(loop.index, ir.Constant(i64, LANES))])
+            wide = builder.fpext(builder.load(builder.bitcast(ptr, vf.as_pointer()), align=4), vd)
+            builder.store(builder.fadd(builder.load(acc), builder.fmul(wide, wide)), acc)
+        end = builder.mul(blocks, ir.Constant(i64, LANES))
+        with cgutils.for_range(builder, builder.sub(n, end)) as loop:  # lanes 0, 1, ...
+            at = builder.gep(arr.data, [builder.add(end, loop.index)])
+            v = builder.fpext(builder.load(at), f64)
+            lane = builder.trunc(loop.index, i32)
+            cur = builder.load(acc)
+            added = builder.fadd(builder.extract_element(cur, lane), builder.fmul(v, v))
+            builder.store(builder.insert_element(cur, added, lane), acc)
+        total = builder.load(acc)
+        w = LANES // 2
+        while w:  # lane j + w into lane j: combine_lanes' order
+            half = [ir.Constant(ir.VectorType(i32, w), list(range(k, k + w))) for k in (0, w)]
+            lo, hi = (builder.shuffle_vector(total, total, m) for m in half)
+            total = builder.fadd(lo, hi)
+            w //= 2
+        return builder.extract_element(total, ir.Constant(i32, 0))
+
+    return sig, codegen
 
 
 @kernel
@@ -354,13 +397,12 @@ def sum_of_squares(x):
     float64 on purpose: the square of a float32 is exact in float64 and the sum's relative
     error stays ~1e-16 * N, so the global gradient norm used for clipping does not depend on
     how the flat buffer is sliced (up to that tiny error). LANES interleaved accumulators in
-    a fixed order (``lane_sum_of_squares``, ``combine_lanes``; the same result on every call
-    for the same input). That order is a contract: weight streaming and pipelines rebuild
-    this exact sum from pieces with the same two kernels.
+    a fixed order (``_sum_of_squares``: the order of ``lane_sum_of_squares`` and
+    ``combine_lanes``; the same result on every call for the same input). That order is a
+    contract: weight streaming and pipelines rebuild this exact sum from pieces with those
+    two kernels.
     """
-    acc = np.zeros(LANES)
-    lane_sum_of_squares(x, 0, acc)
-    return combine_lanes(acc)
+    return _sum_of_squares(x)
 
 
 @kernel
