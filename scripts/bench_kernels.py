@@ -8,6 +8,7 @@ own matmul and (where installed) torch.mm (printed, never asserted).
     python scripts/bench_kernels.py --attention     # GPT-2's attention, fp32 and bf16 paths
     python scripts/bench_kernels.py --attention-blocks  # causal products: dense or in blocks
     python scripts/bench_kernels.py --vector-width  # the loop kernels at 512- and 256-bit
+    python scripts/bench_kernels.py --norm          # the gradient norm at both models' sizes
 
 One thread (simdist pins it). Forward is 2*B*C*OC FLOP; backward twice that (dinp and
 dweight). NumPy's reference runs the same three products with ``out=`` so neither side
@@ -43,6 +44,10 @@ AVX-512, kernels/_jit.py) and as LLVM's tuning for the host would (``NUMBA_CPU_F
 to the host's features), in child processes taking turns: the measurement behind
 ``_wide_vectors``. The features are part of numba's cache key, so each build runs its own
 compiled code.
+``--norm`` times the gradient norm's float64 sum of squares (``kernels.optim.sum_of_squares``,
+its lanes in independent registers) at FC-MNIST's and gpt2-mini's parameter counts against a
+one-chain float64 loop and numpy's float32 ``np.dot(x, x)``: the measurement behind
+``LANES``.
 """
 
 import simdist  # noqa: F401  (one thread per process, before numpy loads)
@@ -460,6 +465,44 @@ def bench_vector_width(reps: int, rounds: int = 5) -> None:
     )
 
 
+def bench_gradient_norm(reps: int) -> None:
+    """The gradient norm's float64 sum of squares at the two models' parameter counts.
+
+    Side by side with numpy's float32 dot product (BLAS sdot: float32 accumulation, so
+    cheaper and less exact; the rate a library reaches on the same bytes) and a one-chain
+    float64 loop (each add waits for the one before: the latency bound lanes remove).
+    """
+    from simdist.kernels.optim import sum_of_squares
+
+    from simdist.config import load_params
+    from simdist.models import build_model
+
+    @numba.njit(cache=False)
+    def one_chain(x):
+        total = 0.0
+        for i in range(x.size):
+            total += np.float64(x[i]) * np.float64(x[i])
+        return total
+
+    print(f"gradient norm, us (best of {reps}); one chain and sdot / simdist")
+    print(
+        f"{'model':>10} {'params':>10} {'simdist':>9} {'one chain':>10} {'np.dot f32':>11}"
+        f" {'chain/sd':>9} {'sdot/sd':>8}"
+    )
+    rng = np.random.default_rng(0)
+    for preset in ("fc_mnist", "gpt2_mini"):
+        model = build_model(load_params(["--params", preset]).model)
+        n = sum(spec.numel for spec in model.parameter_specs())
+        x = rng.standard_normal(n).astype(F32)
+        ours = 1e6 * best_seconds(sum_of_squares, (x,), reps)
+        chain = 1e6 * best_seconds(one_chain, (x,), reps)
+        sdot = 1e6 * best_seconds(np.dot, (x, x), reps)
+        print(
+            f"{preset:>10} {n:>10,} {ours:9.1f} {chain:10.1f} {sdot:11.1f}"
+            f" {chain / ours:9.2f} {sdot / ours:8.2f}"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=50)
@@ -479,6 +522,9 @@ def main() -> None:
     )
     parser.add_argument(
         "--vector-width", action="store_true", help="loop kernels at 512- and 256-bit"
+    )
+    parser.add_argument(
+        "--norm", action="store_true", help="the gradient norm at FC-MNIST and gpt2-mini sizes"
     )
     parser.add_argument("--loop-kernels-json", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -509,6 +555,9 @@ def main() -> None:
         return
     if args.attention_blocks:
         bench_attention_blocks(max(3, reps // 2))
+        return
+    if args.norm:
+        bench_gradient_norm(reps)
         return
     if args.vector_width:
         bench_vector_width(max(3, reps // 5))
