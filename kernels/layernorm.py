@@ -2,7 +2,7 @@
 its configured eps through the ``*_eps`` forms).
 
 Rows are flattened tokens: callers pass (N, C) views with N = B*T. Row reductions come
-from ``rowops`` (eight partial sums: the kernels compile without fastmath).
+from ``rowops`` (in 32 vector lanes: the kernels compile without fastmath).
 """
 
 import numpy as np

@@ -5,7 +5,7 @@ Forward keeps the probabilities for backward; the per-sample loss is
 probability underflows to 0 in float32 (``-log(prob)`` would give inf). Sums are float32:
 each term is in (0, 1] after the max shift, so for V up to ~50k the relative rounding
 error stays around 1e-6 (checked against float64 in the tests). The max, exp and sum
-vectorise: ``rowops``' eight partial maxima and sums and its ``exp_f32`` (within 2 ulp;
+vectorise: ``rowops``' maxima and sums (32 lanes) and its ``exp_f32`` (within 2 ulp;
 libm's ``expf`` is called one element at a time), each row swept while it sits in L1.
 """
 

@@ -2,7 +2,7 @@
 
 y = weight * x / sqrt(mean(x^2) + eps), as Hugging Face's ``T5LayerNorm`` (Zhang and
 Sennrich's RMSNorm; T5 uses eps = 1e-6). Rows are flattened tokens: callers pass (N, C)
-views. The row reductions come from ``rowops`` (eight partial sums: the kernels compile
+views. The row reductions come from ``rowops`` (32 vector lanes: the kernels compile
 without fastmath).
 """
 

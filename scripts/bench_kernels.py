@@ -503,6 +503,78 @@ def bench_gradient_norm(reps: int) -> None:
         )
 
 
+def bench_row_reductions(reps: int, N: int = 1024, C: int = 256) -> None:
+    """rowops' lane reductions against the eight scalar partial sums they replaced (kept
+    here as the reference), on gpt2-mini's layernorm rows (1024 x 256), and the layernorm
+    kernels that call them."""
+    from simdist.kernels import layernorm
+    from simdist.kernels.rowops import row_dot_dev, row_sq_dev, row_sum
+
+    @numba.njit(cache=False, error_model="numpy")
+    def eight_partials_sum(x, n):
+        s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = F32(0.0)
+        i = 0
+        while i + 8 <= n:
+            s0 += x[i]
+            s1 += x[i + 1]
+            s2 += x[i + 2]
+            s3 += x[i + 3]
+            s4 += x[i + 4]
+            s5 += x[i + 5]
+            s6 += x[i + 6]
+            s7 += x[i + 7]
+            i += 8
+        while i < n:
+            s0 += x[i]
+            i += 1
+        return ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))
+
+    def over_rows(reduce):
+        @numba.njit(cache=False, error_model="numpy")
+        def run(x):
+            total = F32(0.0)
+            for r in range(x.shape[0]):
+                total += reduce(x[r], x.shape[1])
+            return total
+
+        return run
+
+    @numba.njit(cache=False, error_model="numpy")
+    def lanes_sq_dev(x):
+        total = F32(0.0)
+        for r in range(x.shape[0]):
+            total += row_sq_dev(x[r], F32(0.5), x.shape[1])
+        return total
+
+    @numba.njit(cache=False, error_model="numpy")
+    def lanes_dot_dev(x):
+        total = F32(0.0)
+        for r in range(x.shape[0]):
+            total += row_dot_dev(x[r], x[r], x[r], F32(0.5), x.shape[1])
+        return total
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((N, C)).astype(F32)
+    print(f"row reductions, us per {N} rows of {C} (best of {reps}; 1 MiB, cache-resident)")
+    lanes = 1e6 * best_seconds(over_rows(row_sum), (x,), reps)
+    eight = 1e6 * best_seconds(over_rows(eight_partials_sum), (x,), reps)
+    print(
+        f"  row_sum      lanes {lanes:8.1f}   eight scalar partials {eight:8.1f}   "
+        f"{eight / lanes:5.2f}x"
+    )
+    print(f"  row_sq_dev   lanes {1e6 * best_seconds(lanes_sq_dev, (x,), reps):8.1f}")
+    print(f"  row_dot_dev  lanes {1e6 * best_seconds(lanes_dot_dev, (x,), reps):8.1f}")
+    w, b = rng.standard_normal(C).astype(F32), rng.standard_normal(C).astype(F32)
+    out, d, g = np.empty_like(x), np.zeros_like(x), rng.standard_normal((N, C)).astype(F32)
+    m, s = np.empty(N, F32), np.empty(N, F32)
+    dw, db = np.empty_like(w), np.empty_like(b)
+    fwd = 1e6 * best_seconds(layernorm.layernorm_forward, (out, m, s, x, w, b), reps)
+    bwd = 1e6 * best_seconds(
+        layernorm.layernorm_backward_accumulate, (d, dw, db, g, x, w, m, s), reps
+    )
+    print(f"  layernorm_forward {fwd:8.1f}   layernorm_backward_accumulate {bwd:8.1f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=50)
@@ -525,6 +597,9 @@ def main() -> None:
     )
     parser.add_argument(
         "--norm", action="store_true", help="the gradient norm at FC-MNIST and gpt2-mini sizes"
+    )
+    parser.add_argument(
+        "--rows", action="store_true", help="row reductions: lanes against eight partials"
     )
     parser.add_argument("--loop-kernels-json", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -555,6 +630,9 @@ def main() -> None:
         return
     if args.attention_blocks:
         bench_attention_blocks(max(3, reps // 2))
+        return
+    if args.rows:
+        bench_row_reductions(reps)
         return
     if args.norm:
         bench_gradient_norm(reps)

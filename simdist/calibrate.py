@@ -15,7 +15,7 @@ What is measured (one thread, as each simdist rank runs):
   (32 rows run at about half the rate of 32 inner dimensions).
 * Elementwise: a numba degree-8 polynomial per element on a cache-resident array (the SIMD
   peak, ``vector_tflops``) and the Python-to-kernel call overhead (``kernel_launch_us``,
-  added per call: ``launch_mode: serial``); reductions, which stay scalar without fastmath
+  added per call: ``launch_mode: serial``); reductions, a chain of dependent adds per lane
   (``scalar_tflops``): ``rowops.row_sum`` for fp32, the gradient norm's float64
   ``sum_of_squares`` for fp64.
 * Memory: ``np.copyto`` and ``np.add`` from cache-sized to 64 MiB arrays, bytes read plus

@@ -473,6 +473,67 @@ def test_native_bf16_packing_buffers_are_reused_grown_and_released():
 CE_SHAPES = [(3, 7, 1.0), (128, 10, 3.0), (16, 10, 1e3)]  # (B, V, logit scale)
 
 
+def _lanes_order_sum(terms: np.ndarray) -> np.float32:
+    """rowops' documented order, in numpy float32: full blocks of 32 into lanes 0..31, the
+    n % 32 last elements into the top lanes from the row's last 32, lanes halved; below
+    32 elements one chain."""
+    t, n, lanes = terms.astype(np.float32), terms.size, 32
+    if n < lanes:
+        total = np.float32(0.0)
+        for v in t:
+            total = np.float32(total + v)
+        return total
+    acc = t[:lanes].copy()
+    blocks = n // lanes
+    for i in range(1, blocks):
+        acc = acc + t[i * lanes : (i + 1) * lanes]
+    rem = n - blocks * lanes
+    if rem:
+        acc[lanes - rem :] += t[n - lanes :][lanes - rem :]
+    w = lanes // 2
+    while w:
+        acc = acc[:w] + acc[w : 2 * w]
+        w //= 2
+    return acc[0]
+
+
+@pytest.mark.parametrize("n", [0, 1, 7, 31, 32, 33, 63, 64, 100, 128, 255, 256, 257, 768, 1001])
+def test_row_reductions_follow_the_lanes_order(n):
+    """Every rowops reduction gives exactly the sum in its documented lane order (the
+    contract the layernorms, softmaxes and losses rely on for the same bits on every
+    call), and row_max the exact maximum; rows are views inside a longer buffer, so the
+    tail's load of the last 32 elements must not reach past n."""
+    from simdist.kernels import rowops
+
+    rng = np.random.default_rng(n)
+    a, b, x = (rng.standard_normal(n + 5).astype(np.float32) for _ in range(3))
+    x[n:] = np.nan  # past the row: must never be read into a result
+    m = np.float32(0.375)
+    dev = (x - m).astype(np.float32)
+    assert rowops.row_sum(x, n) == _lanes_order_sum(x[:n])
+    assert rowops.row_dot(a, b, n) == _lanes_order_sum((a * b)[:n])
+    assert rowops.row_dot_dev(a, b, x, m, n) == _lanes_order_sum(((a * b) * dev)[:n])
+    assert rowops.row_sq_dev(x, m, n) == _lanes_order_sum((dev * dev)[:n])
+    if n:
+        assert rowops.row_max(x, n) == x[:n].max()
+        # float64 agreement: the order changes only the rounding
+        assert abs(rowops.row_sum(x, n) - x[:n].astype(np.float64).sum()) < 1e-5 * n
+
+
+def test_row_max_keeps_pythons_nan_rule():
+    """max(acc, v) keeps acc unless v > acc: a NaN first element stays, a later one is
+    passed over, in the vector lanes as in the scalar form."""
+    from simdist.kernels import rowops
+
+    for n in (3, 40, 100):
+        first = np.zeros(n, np.float32)
+        first[0], first[-1] = np.nan, 2.0
+        assert np.isnan(rowops.row_max(first, n))
+        later = np.zeros(n, np.float32)
+        later[1], later[-1] = np.nan, 2.0
+        assert rowops.row_max(later, n) == 2.0
+
+
 @pytest.mark.parametrize("B,V,scale", CE_SHAPES)
 def test_softmax_cross_entropy_forward_matches_float64(B, V, scale):
     rng = np.random.default_rng(B + V)

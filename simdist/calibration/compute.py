@@ -124,11 +124,11 @@ def measure_memory(sizes: list[int], repeats: int) -> dict[str, dict[int, float]
 
 
 def measure_scalar(repeats: int) -> dict[str, float]:
-    """FLOP/s of reductions, which the kernels compile without fastmath and LLVM therefore
-    leaves scalar (a loop-carried dependency): fp32, ``kernels.rowops.row_sum`` (eight
-    partial sums, 1 flop per element) on rows of 256 as layernorm and softmax run it; fp64,
-    the gradient norm's ``kernels.optim.sum_of_squares`` (2 flops per element). On cached
-    data, so the rate is the core's, not memory's."""
+    """FLOP/s of reductions, which the kernels compile without fastmath, so each lane is a
+    chain of dependent adds: fp32, ``kernels.rowops.row_sum`` (32 lanes, 1 flop per
+    element) on rows of 256 as layernorm and softmax run it; fp64, the gradient norm's
+    ``kernels.optim.sum_of_squares`` (2 flops per element). On cached data, so the rate is
+    the core's, not memory's."""
     from numba import njit
 
     from simdist.kernels.optim import sum_of_squares

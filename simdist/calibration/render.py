@@ -66,7 +66,7 @@ def render(m: dict[str, Any], previous: dict[str, Any] | None) -> str:
         "    tf32: null          # not applicable",
         "    bf16: null          # not applicable",
         "    fp16: null          # not applicable",
-        "  scalar_tflops:        # reductions: no fastmath, so LLVM leaves them scalar",
+        "  scalar_tflops:        # reductions: a chain of dependent adds per lane",
         f"    fp32: {m['scalar_flops']['fp32'] / 1e12:.6f}  # [calibrate] rowops.row_sum on "
         f"rows of 256: {m['scalar_flops']['fp32'] / 1e9:.2f} GFLOP/s",
         f"    fp64: {m['scalar_flops']['fp64'] / 1e12:.6f}  # [calibrate] float64 sum of "

@@ -124,9 +124,10 @@ class CostModel:
         ``matrix_shape_efficiency`` table then take the efficiency from it
         (``gemm_efficiency``: a GEMM of 32 rows runs at half the rate of one of the same
         FLOPs with all dimensions large, one with k = 32 at four fifths).
-        ``serial_flops``: the part of a vector kernel's ``flops`` in code that does not
-        vectorise (loop-carried reductions, scalar libm calls), at the profile's
-        ``scalar_tflops`` where it publishes them (CPUs), else with the rest.
+        ``serial_flops``: the part of a vector kernel's ``flops`` in reductions (a chain of
+        dependent adds per lane) or scalar libm calls, at the profile's ``scalar_tflops``
+        where it publishes them (CPUs: measured on the kernels' own row reduction), else
+        with the rest.
         ``optimizer``: AdamW's update pass, priced by the profile's
         ``optimizer_efficiency`` where it has one (measured on that pass itself)."""
         if kind not in ("matmul", "vector"):

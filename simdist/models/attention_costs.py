@@ -11,7 +11,8 @@ prices its attention here, so the simulated device runs the products the CPU ran
   shape (query block i against key blocks 0..i), timed at that shape; shorter or
   bidirectional heads are one dense Tq x Tk product each;
 * the softmax runs over the visible scores (T(T+1)/2 causal, else Tq Tk; its max and sum are
-  ``rowops``' serial reductions, its exp ``exp_f32``, which vectorises) and zero-fills the
+  ``rowops``' reductions, priced at the reduction rate, its exp ``exp_f32``, which
+  vectorises) and zero-fills the
   rest of each row, so it reads and writes all Tq Tk scores;
 * dropout (p > 0) draws a mask per score, over the whole Tq x Tk matrix, twice backward
   (the probabilities into the products, and the gradient back through the mask).

@@ -82,9 +82,10 @@ def vector(
     serial: float = 0.0,
 ) -> KernelCost:
     """An elementwise / row-wise float32 kernel moving ``elements_moved`` 4-byte elements.
-    ``serial``: how many of its ``flops`` are in code LLVM cannot vectorise without
-    fastmath: loop-carried reductions (``rowops``' partial sums, a running max) and scalar
-    libm calls (``np.exp``, ``np.log``)."""
+    ``serial``: how many of its ``flops`` are row reductions (``rowops``' sums, dot
+    products and maxima, a loop-carried chain per lane) or scalar libm calls (``np.exp``,
+    ``np.log``): priced at the profile's ``scalar_tflops``, which calibrate measures on
+    ``rowops.row_sum`` itself."""
     return KernelCost(
         name, float(flops), 4.0 * elements_moved, "vector", phase, count, serial_flops=serial
     )

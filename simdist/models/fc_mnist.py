@@ -222,7 +222,7 @@ class FCMNIST:
                 out.append(vector(f"fc{i + 1}.bias", B * n_out, 2 * B * n_out + n_out, "forward"))
         K = sizes[-1]
         # exp (rowops.exp_f32) and the division vectorise; the max and the sum are
-        # loop-carried (eight partials each)
+        # reductions (rowops), priced at the reduction rate
         out.append(vector("softmax_ce", 28 * B * K, 2 * B * K + 2 * B, "forward", 1, 2 * B * K))
         out.append(vector("softmax_ce.bwd", B * K, 2 * B * K + B, "backward"))
         for i in range(L - 1, -1, -1):

@@ -12,9 +12,9 @@ ran. Counting rules are those of ``simdist.models.base.KernelCost``; per kernel:
   residual add where the model fuses it; backward 18 per element (+1 accumulating);
 * exp (``rowops.exp_f32``): 24 FLOPs (range reduction and a degree-7 polynomial), GELU's
   tanh (``gelu.tanh_f32``) 23, so GELU is 31 forward and 40 backward per element;
-* ``serial``: the FLOPs LLVM cannot vectorise without fastmath (``rowops``' row reductions:
-  the layernorms' sums, the softmaxes' and the loss's max and sum), costed at the device's
-  scalar rate; the exp of both is ``exp_f32``, which vectorises.
+* ``serial``: the FLOPs in ``rowops``' row reductions (the layernorms' sums, the softmaxes'
+  and the loss's max and sum: a chain of dependent adds per lane), costed at the device's
+  reduction rate (``scalar_tflops``); the exp of both is ``exp_f32``, which vectorises.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ GELU_FWD = 31
 GELU_BWD = 40
 LN_FWD = 8
 LN_BWD = 18
-# of which in rowops' reductions (partial sums: not vectorised without fastmath): forward
-# row_sum (1) and row_sq_dev (3); backward row_dot (2) and row_dot_dev (4)
+# of which in rowops' reductions: forward row_sum (1) and row_sq_dev (3); backward
+# row_dot (2) and row_dot_dev (4)
 LN_FWD_SERIAL = 4
 LN_BWD_SERIAL = 6
 
