@@ -82,10 +82,7 @@ LANES = 32
 
 def _is_row(t) -> bool:
     return (
-        isinstance(t, types.Array)
-        and t.ndim == 1
-        and t.dtype == types.float32
-        and (t.layout == "C")
+        isinstance(t, types.Array) and t.ndim == 1 and t.dtype == types.float32 and t.layout == "C"
     )
 
 
