@@ -12,10 +12,12 @@ numba's cache. The cached machine code refers to the symbol by name, so it stays
 whichever library a later process binds. ``SIMDIST_BLAS=auto`` (the default) binds Intel
 oneMKL's sequential sgemm on an Intel CPU where the ``mkl`` wheel is installed (15-25 %
 faster than OpenBLAS at this project's GEMM shapes on a Sapphire Rapids Xeon, measured with
-tests' shapes in ``scripts/bench_kernels.py``); on other CPUs with AVX-512 (AMD's Zen 4 and
-5, where oneMKL takes slower generic code paths) oneDNN's ``dnnl_sgemm`` where the
-``onednn`` extra is installed, for the products ``on_onednn`` picks by shape (inner
-dimension and columns >= 64, k * n >= 8192: 1.1-1.6x OpenBLAS's there on Zen 4); OpenBLAS
+tests' shapes in ``scripts/bench_kernels.py``; products with fewer than 16 columns, where
+OpenBLAS is the faster, stay on OpenBLAS: ``on_openblas_narrow``); on other CPUs with
+AVX-512 (AMD's Zen 4 and 5, where oneMKL takes slower generic code paths) oneDNN's
+``dnnl_sgemm`` where the ``onednn`` extra is installed, for the products ``on_onednn``
+picks by shape (inner dimension and columns >= 64, k * n >= 8192: 1.1-1.6x OpenBLAS's there
+on Zen 4); OpenBLAS
 for everything else: the one numpy's wheel bundles (an ILP64 build, 64-bit integers) where
 there is one, else SciPy's (the one numba's ``np.dot`` uses). In this project's venvs
 numpy's is the newer (0.3.31 against 0.3.30): the same kernels and bits here, 1.04-1.12x
@@ -80,6 +82,7 @@ _ALLOC_SYMBOL, _FREE_SYMBOL = "simdist_aligned_alloc", "simdist_free"  # libc's
 # products on_onednn gives it; numpy's ILP64 OpenBLAS instead of the int32 symbol).
 PLAIN, FORMAT_BITS, NATIVE_MKL, NATIVE_DNNL, CHECK, SGEMM_DNNL, SGEMM_ILP64 = 0, 3, 4, 8, 16, 32, 64
 NATIVE_EVERY_SHAPE = 128  # benchmarks only: the native kernel for every bf16 product
+SGEMM_NARROW = 256  # oneMKL's sgemm, but numpy's OpenBLAS where C is narrow (on_openblas_narrow)
 # The native bf16 kernels block C in wide panels: with fewer than about 96 rows or columns
 # of C (attention's per-head products at head size 64 or less, a classifier's 10 columns)
 # they ran slower than sgemm on the same halves on Zen 4 with oneDNN 3.2, and faster above
@@ -106,6 +109,13 @@ _MKL_NATIVE_MIN_K, _MKL_NATIVE_MIN_VOLUME = 64, 1 << 21
 # by the row count too (a single row, fewer than 16), and no guarantee of simdist's needs it
 # (its bitwise comparisons run the same products at other addresses: same bits, tested).
 _DNNL_SGEMM_MIN_SIDE, _DNNL_SGEMM_MIN_AREA = 64, 8192
+# oneMKL in strict CNR mode ran products with fewer than 16 columns of C (a classifier's 10,
+# a 2-label head) 1.2-6x slower than numpy's OpenBLAS on every layout (Xeon 6/167/1:
+# 128x512x10 nn 39.5 against 18.5 us, 512x128x10 tn 37.9 against 15.7) and as fast or faster
+# from 16 columns up (``SIMDIST_BLAS=mkl python scripts/bench_kernels.py --narrow``). Beside
+# oneMKL those products go to numpy's OpenBLAS (whose bits do not depend on the operands'
+# addresses either); the rule reads n alone, so every rank makes the same choice.
+_MKL_MIN_COLUMNS = 16
 _MKL_CBWR_STRICT = 0x10000  # mkl_cbwr.h
 
 
@@ -212,16 +222,15 @@ def _bind() -> tuple[str, str | None]:
         ll.add_symbol(_SYMBOL, ctypes.cast(sgemm_, ctypes.c_void_p).value)
     else:  # OpenBLAS: the whole sgemm, or (oneDNN) the products on_onednn leaves to it
         ll.add_symbol(_SYMBOL, _scipy_sgemm())
-    # numpy's own OpenBLAS (64-bit integers) in place of SciPy's where numpy ships one
-    sgemm64 = None
-    if sgemm_ is None and choice != "scipy-openblas":
-        sgemm64 = _numpy_openblas_sgemm()
+    # numpy's own OpenBLAS (64-bit integers) in place of SciPy's where numpy ships one;
+    # beside oneMKL, for the narrow products (on_openblas_narrow)
+    sgemm64 = _numpy_openblas_sgemm() if choice != "scipy-openblas" else None
     ll.add_symbol(_SGEMM64_SYMBOL, sgemm64 or ll.address_of_symbol(_SYMBOL))
     ll.add_symbol(_DNNL_SGEMM_SYMBOL, _address(sgemm_dnnl) or ll.address_of_symbol(_SYMBOL))
     if sgemm_dnnl is not None:
         _BASE_MODE.value |= SGEMM_DNNL
     if sgemm64 is not None:
-        _BASE_MODE.value |= SGEMM_ILP64
+        _BASE_MODE.value |= SGEMM_NARROW if sgemm_ is not None else SGEMM_ILP64
     native = "mkl" if lib is not None and mkl_bf16 else "onednn" if dnnl is not None else None
     # every symbol needs an address for the cached code to link, used or not: half_operands
     # never selects a native path this process lacks
@@ -296,6 +305,8 @@ def library() -> str:
     (for benchmark records), e.g. "openblas 0.3.31.188.0 (numpy's, ILP64; Haswell)";
     with oneDNN, "onednn + " the OpenBLAS of the products it leaves."""
     if BACKEND == "mkl":
+        if _BASE_MODE.value & SGEMM_NARROW:
+            return f"mkl + {_openblas_library()} below {_MKL_MIN_COLUMNS} columns"
         return BACKEND
     if BACKEND == "onednn":
         return "onednn + " + _openblas_library()
@@ -303,7 +314,7 @@ def library() -> str:
 
 
 def _openblas_library() -> str:
-    ilp64 = bool(_BASE_MODE.value & SGEMM_ILP64)
+    ilp64 = bool(_BASE_MODE.value & (SGEMM_ILP64 | SGEMM_NARROW))
     suffix = "64_" if ilp64 else ""
     lib = _bundled_openblas("numpy", "_64_") if ilp64 else _bundled_openblas("scipy", "_")
     where = "numpy's, ILP64" if ilp64 else "SciPy's"
@@ -640,6 +651,13 @@ def on_onednn(k, n, a_transposed, b_transposed):
 
 
 @kernel
+def on_openblas_narrow(n):
+    """Whether, beside oneMKL (the SGEMM_NARROW bit), a product with n columns of C runs
+    on numpy's OpenBLAS instead (the rule at _MKL_MIN_COLUMNS)."""
+    return n < _MKL_MIN_COLUMNS
+
+
+@kernel
 def takes_native(mode, m, k, n):
     """Whether gemm, in operand mode ``mode``, runs an m x k x n product on the native bf16
     kernel (the shape rules above; fixed by the shape, so runs stay deterministic)."""
@@ -707,7 +725,8 @@ def gemm(a, b, c, alpha, beta):
             np.int64(ldb), beta, c, np.int64(ldc),
         ) != 0:  # fmt: skip
             raise RuntimeError("gemm: oneDNN dnnl_sgemm failed")
-    elif mode & SGEMM_ILP64:  # numpy's OpenBLAS (64-bit integers)
+    elif mode & SGEMM_ILP64 or (mode & SGEMM_NARROW and on_openblas_narrow(n)):
+        # numpy's OpenBLAS (64-bit integers): the float32 library, or oneMKL's narrow products
         _sgemm64(
             opb, opa, np.int64(n), np.int64(m), np.int64(k), alpha, b, np.int64(ldb), a,
             np.int64(lda), beta, c, np.int64(ldc),

@@ -4,6 +4,7 @@ own matmul and (where installed) torch.mm (printed, never asserted).
     python scripts/bench_kernels.py [--reps 50] [--gemm-only]
     python scripts/bench_kernels.py --blas-grid     # OpenBLAS (or oneMKL) against oneDNN's sgemm
     python scripts/bench_kernels.py --openblas-pair # numpy's OpenBLAS against SciPy's
+    python scripts/bench_kernels.py --narrow        # beside oneMKL: few columns on OpenBLAS
     python scripts/bench_kernels.py --native-grid   # bf16 products: native against sgemm
     python scripts/bench_kernels.py --attention     # GPT-2's attention, fp32 and bf16 paths
     python scripts/bench_kernels.py --attention-blocks  # causal products: dense or in blocks
@@ -19,7 +20,9 @@ differences are BLAS builds as much as call overhead. The GEMM table times each 
 the CPU time of this thread (best of ``--reps``), which a shared machine's load disturbs
 less than wall time; run it once per ``SIMDIST_BLAS`` value to compare the libraries.
 ``--openblas-pair`` times the kernels' gemm on numpy's OpenBLAS and on SciPy's, alternating
-call by call in one process (the measurement behind the default).
+call by call in one process (the measurement behind the default). ``--narrow`` (oneMKL
+installed) times oneMKL's sgemm and numpy's OpenBLAS the same way on products with few
+columns of C: the measurement behind ``on_openblas_narrow``.
 
 ``--blas-grid`` times OpenBLAS's sgemm (the kernels' gemm with ``SIMDIST_BLAS=openblas``;
 with ``SIMDIST_BLAS=mkl``, oneMKL's, the Intel kind's default where the extra is installed)
@@ -199,6 +202,52 @@ def bench_openblas_pair(reps: int) -> None:
             f"{name:>17} {f'{m}x{k}x{n} {layout}':>16} {rates[0]:7.1f} {rates[1]:7.1f} "
             f"{rates[0] / rates[1]:6.2f}"
         )
+
+
+NARROW_GRID = [  # (m, k, n): classifiers' products (10 classes, 2 labels) and the crossover
+    (128, 512, 10), (512, 128, 10), (128, 10, 512), (1024, 256, 10), (784, 128, 10),
+    (128, 512, 2), (512, 128, 2), (8, 256, 2), (128, 512, 8), (128, 512, 15), (128, 512, 16),
+    (128, 512, 24), (128, 512, 32),
+]  # fmt: skip
+
+
+def bench_mkl_narrow(reps: int) -> None:
+    """Beside oneMKL: the kernels' gemm on oneMKL and on numpy's OpenBLAS, alternating call
+    by call (the SGEMM_NARROW bit off and forced on), on products with few columns of C or
+    few inner terms, every layout but A^T B^T, CPU time: the measurement behind
+    ``blas.on_openblas_narrow``."""
+    from simdist.kernels import blas
+
+    if BACKEND != "mkl" or not blas._BASE_MODE.value & blas.SGEMM_NARROW:
+        raise SystemExit("--narrow needs oneMKL (SIMDIST_BLAS=mkl) and numpy's own OpenBLAS")
+    rng = np.random.default_rng(0)
+    one, zero = F32(1.0), F32(0.0)
+    base = blas._MODE.value
+    # the rule reads n alone: the OpenBLAS side is timed as a 1-column rule would route it
+    modes = {"oneMKL": base & ~blas.SGEMM_NARROW, "OpenBLAS": base | blas.SGEMM_ILP64}
+    print(f"{'m x k x n op':>20} {'oneMKL':>8} {'OpenBLAS':>9} {'ratio':>6}  us; rule")
+    for m, k, n in NARROW_GRID:
+        for layout in ("nn", "nt", "tn"):
+            a = rng.standard_normal((m, k) if layout[0] == "n" else (k, m), dtype=F32)
+            b = rng.standard_normal((k, n) if layout[1] == "n" else (n, k), dtype=F32)
+            a = a if layout[0] == "n" else a.T
+            b = b if layout[1] == "n" else b.T
+            out = np.empty((m, n), F32)
+            call = lambda a=a, b=b, out=out: gemm(a, b, out, one, zero)  # noqa: E731
+            best = dict.fromkeys(modes, float("inf"))
+            try:
+                for _ in range(reps):
+                    for name, mode in modes.items():
+                        blas._MODE.value = mode
+                        best[name] = min(best[name], cpu_seconds(call, 1))
+            finally:
+                blas._MODE.value = base
+            mkl, ob = best["oneMKL"], best["OpenBLAS"]
+            rule = "OpenBLAS" if blas.on_openblas_narrow(n) else "oneMKL"
+            print(
+                f"{f'{m}x{k}x{n} {layout}':>20} {1e6 * mkl:8.1f} {1e6 * ob:9.1f} "
+                f"{mkl / ob:6.2f}  {rule}"
+            )
 
 
 BLAS_GRID = [  # (m, k, n): attention heads, the models' layers, FC-MNIST's, the classifiers
@@ -601,6 +650,9 @@ def main() -> None:
     parser.add_argument(
         "--rows", action="store_true", help="row reductions: lanes against eight partials"
     )
+    parser.add_argument(
+        "--narrow", action="store_true", help="beside oneMKL: narrow products on OpenBLAS"
+    )
     parser.add_argument("--loop-kernels-json", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     reps = args.reps
@@ -621,6 +673,9 @@ def main() -> None:
         return
     if args.openblas_pair:
         bench_openblas_pair(reps)
+        return
+    if args.narrow:
+        bench_mkl_narrow(reps)
         return
     if args.native_grid:
         bench_native_grid(max(3, reps // 10))

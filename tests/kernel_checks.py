@@ -147,6 +147,15 @@ def onednn_sgemm_installed() -> bool:
     return False
 
 
+def mkl_installed() -> bool:
+    """Whether this venv has oneMKL's runtime (what SIMDIST_BLAS=mkl binds)."""
+    import glob
+    import os
+    import sys
+
+    return bool(glob.glob(os.path.join(sys.prefix, "lib", "libmkl_rt.so*")))
+
+
 def fresh_python(code: str, **env: str) -> str:
     """Run ``code`` in a new interpreter (this environment plus ``env``); its stdout,
     stripped. A non-zero exit fails the calling test with the process's output."""

@@ -23,6 +23,7 @@ from kernel_checks import (
     float64_ops,
     fresh_python,
     max_ulp,
+    mkl_installed,
     nrt_allocations,
     onednn_sgemm_installed,
 )
@@ -364,6 +365,78 @@ assert "onednn sgemm on fp16" in blas.half_operands(blas.F16, native=False)
 assert blas.half_operands(None) == "fp32 onednn sgemm" and blas._MODE.value == onednn_mode
 print("ok")
 """
+
+
+MKL_SGEMM_CHECK = r"""
+import numpy as np
+from simdist.kernels import blas
+from simdist.kernels.blas import gemm
+
+F32 = np.float32
+assert blas.BACKEND == "mkl" and blas.half_operands(None) == "fp32 mkl sgemm"
+assert blas.library() == "mkl + " + blas._openblas_library() + " below 16 columns"
+assert [blas.on_openblas_narrow(n) for n in (1, 10, 15, 16, 64)] == [1, 1, 1, 0, 0]
+mkl_mode = blas._MODE.value
+rng = np.random.default_rng(37)
+
+
+def placed(x, off):  # x's values in a fresh buffer, off elements past its start
+    buf = np.empty(x.size + 32, F32)
+    y = buf[off : off + x.size].reshape(x.shape)
+    y[...] = x
+    return y
+
+
+def product(m, k, n, ta, tb):
+    a0 = rng.standard_normal((k, m) if ta else (m, k), dtype=F32)
+    b0 = rng.standard_normal((n, k) if tb else (k, n), dtype=F32)
+    return a0, b0, (a0.T if ta else a0), (b0.T if tb else b0)
+
+
+mkl_differs = {True: 0, False: 0}  # narrow?: products whose oneMKL bits are not numpy's
+for m, k, n in [(128, 512, 10), (512, 128, 10), (128, 10, 512), (64, 300, 15), (7, 5, 3),
+                (128, 512, 16), (37, 300, 129), (96, 1024, 129)]:
+    narrow = n < 16
+    for ta in (0, 1):
+        for tb in (0, 1):
+            a0, b0, a, b = product(m, k, n, ta, tb)
+            c = np.empty((m, n), F32)
+            gemm(a, b, c, F32(1.0), F32(0.0))
+            # numpy's OpenBLAS below 16 columns: np.matmul's bits (the same library)
+            if narrow:
+                assert np.array_equal(c, a @ b), ("narrow", m, k, n, ta, tb)
+            blas._MODE.value = mkl_mode & ~blas.SGEMM_NARROW  # oneMKL for every shape
+            c_mkl = np.empty((m, n), F32)
+            gemm(a, b, c_mkl, F32(1.0), F32(0.0))
+            blas._MODE.value = mkl_mode
+            mkl_differs[narrow] += not np.array_equal(c_mkl, a @ b)
+            if not narrow:
+                assert np.array_equal(c, c_mkl), ("wide", m, k, n, ta, tb)
+            # alpha and beta, against float64; the same values elsewhere: the same bits
+            c0 = rng.standard_normal((m, n), dtype=F32)
+            ref = 0.5 * (a.astype(np.float64) @ b) + 2.0 * c0
+            c = c0.copy()
+            gemm(a, b, c, F32(0.5), F32(2.0))
+            bound = 4e-7 * k * (np.abs(a) @ np.abs(b)) + 1e-6 * np.abs(ref)
+            assert (np.abs(c - ref) <= bound).all(), (m, k, n, ta, tb)
+            for off in (1, 3, 8):
+                a1, b1, c1 = placed(a0, off), placed(b0, off + 5), placed(c0, off + 2)
+                gemm(a1.T if ta else a1, b1.T if tb else b1, c1, F32(0.5), F32(2.0))
+                assert np.array_equal(c1, c), ("address", m, k, n, ta, tb, off)
+# the comparisons can fail: oneMKL sums these products in another order than OpenBLAS
+# (at k = 1024 among the wide ones; up to k = 512 the two agree here, bit for bit)
+assert mkl_differs[True] > 0 and mkl_differs[False] > 0, mkl_differs
+print("ok")
+"""
+
+
+@pytest.mark.skipif(not mkl_installed(), reason="oneMKL (pip install mkl) not installed")
+def test_mkl_sgemm_leaves_narrow_products_to_openblas():
+    """SIMDIST_BLAS=mkl: oneMKL's strict-CNR sgemm, except products with fewer than 16
+    columns (``blas.on_openblas_narrow``), which run on numpy's OpenBLAS (np.matmul's bits);
+    against float64 on every layout with alpha and beta; the same values at other addresses
+    give the same bits. A fresh process: the library is bound once, at import."""
+    assert fresh_python(MKL_SGEMM_CHECK, SIMDIST_BLAS="mkl") == "ok"
 
 
 @pytest.mark.skipif(
