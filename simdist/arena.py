@@ -46,6 +46,7 @@ class Layout:
         self.shard_size = self.padded // world
         # Partition bounds shared by ZeRO slices and the all-reduce's reduce-scatter.
         self.bounds = np.arange(world + 1, dtype=np.int64) * self.shard_size
+        self.bounds.flags.writeable = False  # fixed for the run (collectives cache by it)
 
     def shard(self, rank: int) -> tuple[int, int]:
         return int(self.bounds[rank]), int(self.bounds[rank + 1])

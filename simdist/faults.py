@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import importlib.util
+import math
 import os
 import signal
 import threading
@@ -396,10 +397,10 @@ class StepGuard:
         share of the sum of squares, ``loss`` its share of the loss. Raises NonFiniteError
         on every rank when either sum is NaN or Inf, before the optimizer touches the
         parameters; ``explain()`` (collective) gives its message."""
-        total = self._agree(step, own_sumsq, loss)
-        if not (np.isfinite(total[0]) and np.isfinite(total[1])):
+        sumsq, total_loss, stops = self._agree(step, own_sumsq, loss)
+        if not (math.isfinite(sumsq) and math.isfinite(total_loss)):
             raise NonFiniteError(explain())
-        return float(total[0]), float(total[1]), bool(total[2] > 0)
+        return sumsq, total_loss, stops > 0
 
     def check_overflow(
         self, step: int, own_sumsq: float, loss: float
@@ -407,17 +408,19 @@ class StepGuard:
         """``check`` under loss scaling: an Inf or NaN on any rank is not an error but an
         overflow, the same on every rank (the sums carry it everywhere), which skips the
         step; returns (sum of squares, summed loss, stop requested, overflow)."""
-        total = self._agree(step, own_sumsq, loss)
-        overflow = not (np.isfinite(total[0]) and np.isfinite(total[1]))
-        return float(total[0]), float(total[1]), bool(total[2] > 0), overflow
+        sumsq, total_loss, stops = self._agree(step, own_sumsq, loss)
+        overflow = not (math.isfinite(sumsq) and math.isfinite(total_loss))
+        return sumsq, total_loss, stops > 0, overflow
 
-    def _agree(self, step: int, own_sumsq: float, loss: float) -> np.ndarray:
+    def _agree(self, step: int, own_sumsq: float, loss: float) -> list[float]:
+        """(sum of squares, loss, stop requests) summed over the ranks, as Python floats
+        (math.isfinite on them, not NumPy's scalar calls: this runs every step)."""
         self.enter("step_check", step)
         v = self._vals
         v[0] = own_sumsq
         v[1] = loss
         v[2] = 1.0 if self.signals.received else 0.0
-        return self.coll.allreduce_scalars(v)
+        return self.coll.allreduce_scalars(v).tolist()
 
     def preempted(self) -> Preempted:
         """Collective (every rank stops at the same step): name who received what."""

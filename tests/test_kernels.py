@@ -40,7 +40,11 @@ from simdist.kernels.linear import (
     linear_relu_backward,
     linear_relu_forward,
 )
-from simdist.kernels.loss import softmax_cross_entropy_backward, softmax_cross_entropy_forward
+from simdist.kernels.loss import (
+    mean_loss,
+    softmax_cross_entropy_backward,
+    softmax_cross_entropy_forward,
+)
 from simdist.kernels.optim import (
     LANES,
     adamw_update,
@@ -624,6 +628,26 @@ def test_softmax_cross_entropy_forward_matches_float64(B, V, scale):
     assert np.abs(probs - ref_probs).max() <= 4 * EPS
 
 
+@pytest.mark.parametrize("n", [1, 7, 8, 9, 127, 128, 129, 136, 1000, 1024, 8192, 8193, 20000])
+def test_mean_loss_is_numpys_mean_bit_for_bit(n):
+    """mean_loss replays numpy's float64 mean of float32 (pairwise blocks, 8192-element
+    buffers): equal bits, on magnitudes spread over 35 decades, where the order of the
+    additions shows (a plain running sum differs from numpy's here)."""
+    rng = np.random.default_rng(n)
+    differs_from_running_sum = 0
+    for _ in range(20):
+        x = (rng.standard_normal(n) * np.exp(rng.uniform(-40, 40, n))).astype(np.float32)
+        want = x.mean(dtype=np.float64)
+        got = mean_loss(x)
+        assert isinstance(got, float) and got == want, (n, got, want)
+        running = 0.0
+        for v in x.tolist():
+            running += v
+        differs_from_running_sum += running / n != want
+    if n >= 128:  # the check has teeth: the order matters on these inputs
+        assert differs_from_running_sum > 0
+
+
 def test_softmax_cross_entropy_forward_gpt2_vocab():
     """V = 50257: the float32 sum over V costs accuracy, bounded here so it cannot grow."""
     B, V = 4, 50257
@@ -987,10 +1011,14 @@ def test_float64_scan_catches_bad_kernels():
 
 # The modules this file covers (the GPT-2 kernels have their own test file).
 MODULES = ["linear", "activation", "loss", "optim"]
-# sum_of_squares accumulates in float64 by design; nothing else may.
+# sum_of_squares and mean_loss accumulate in float64 by design; nothing else may.
 # the gradient norm's float64 sum, and the two kernels it is made of (they take its float64
-# lane accumulator: pipelines and weight streaming pass it on between ranks)
-FLOAT64_ALLOWED = {"optim.sum_of_squares", "optim.lane_sum_of_squares", "optim.combine_lanes"}
+# lane accumulator: pipelines and weight streaming pass it on between ranks); the float64
+# mean of a batch's losses (numpy's losses.mean(dtype=np.float64), replayed)
+FLOAT64_ALLOWED = {
+    "optim.sum_of_squares", "optim.lane_sum_of_squares", "optim.combine_lanes",
+    "loss.mean_loss", "loss._pairwise_sum",
+}  # fmt: skip
 
 
 def test_no_kernel_does_float64_arithmetic(monkeypatch):
@@ -1037,6 +1065,7 @@ def test_kernels_do_not_allocate():
         "ce_forward": (softmax_cross_entropy_forward, losses, probs, out, targets),
         "ce_backward": (softmax_cross_entropy_backward, dout, probs, targets, F32(0.25)),
         "sum_of_squares": (sum_of_squares, g),
+        "mean_loss": (mean_loss, losses),
         "scale_inplace": (scale_inplace, g, F32(0.5)),
         "add_divide": (add_divide, g, m, F32(2)),
     }
@@ -1069,8 +1098,9 @@ def test_warm_all_compiles_every_kernel_in_a_fresh_process():
         "assert t > 0 and not missing, missing\n"
         "print(len(registry.dispatchers()))\n"
     )
-    # optim: sum_of_squares with lane_sum_of_squares and combine_lanes (slices of one norm)
-    assert int(fresh_python(code)) == 17 + optim_kernels._X86  # + the MXCSR swap on x86
+    # optim: sum_of_squares with lane_sum_of_squares and combine_lanes (slices of one norm);
+    # loss: mean_loss with its _pairwise_sum
+    assert int(fresh_python(code)) == 19 + optim_kernels._X86  # + the MXCSR swap on x86
 
 
 def test_registry_skips_only_missing_modules(monkeypatch):

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 
 import numpy as np
 from mpi4py import MPI
@@ -46,6 +46,9 @@ _BLOCKED = ("allreduce", "reduce_scatter", "allgather")  # ops that work on boun
 
 class CollectiveMismatchError(RuntimeError):
     """Ranks called a collective with arguments that do not agree (raised on every rank)."""
+
+
+_UNCHANGED = nullcontext()  # half_wire with the wire already in place (reusable)
 
 
 class Collectives:
@@ -184,12 +187,19 @@ class Collectives:
 
     # ------------------------------------------------------------------ operations
 
-    @contextmanager
-    def half_wire(self, fmt: int) -> Iterator[None]:
+    def half_wire(self, fmt: int) -> AbstractContextManager[None]:
         """Collectives inside carry 16-bit words of format ``fmt`` (``kernels.half.BF16`` /
         ``F16``; 0: float32) and store every partial sum in it (``p2p``): a device reducing
         half-precision gradients. The buffers stay float32 holding values of that format.
-        MPI's native algorithm has no half-precision sum: it moves float32 and rounds once."""
+        MPI's native algorithm has no half-precision sum: it moves float32 and rounds once.
+        The wire already in place (float32 in a float32 run) changes nothing: no generator
+        is made, as every step enters a few of these."""
+        if fmt == self._p2p.half:
+            return _UNCHANGED
+        return self._switched_wire(fmt)
+
+    @contextmanager
+    def _switched_wire(self, fmt: int) -> Iterator[None]:
         before, self._p2p.half = self._p2p.half, fmt
         try:
             yield

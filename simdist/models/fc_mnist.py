@@ -15,7 +15,11 @@ from simdist.kernels.linear import (
     linear_relu_backward,
     linear_relu_forward,
 )
-from simdist.kernels.loss import softmax_cross_entropy_backward, softmax_cross_entropy_forward
+from simdist.kernels.loss import (
+    mean_loss,
+    softmax_cross_entropy_backward,
+    softmax_cross_entropy_forward,
+)
 from simdist.model_config import FCMNISTConfig
 from simdist.precision import no_store, precision_store
 
@@ -126,7 +130,7 @@ class FCMNIST:
         linear_forward(ws.acts[k], x, w, b)
         self._store(ws.acts[k])  # the loss reads the logits in float32
         softmax_cross_entropy_forward(ws.losses, ws.probs, ws.acts[-1], self._targets)
-        return float(ws.losses.mean(dtype=np.float64))
+        return mean_loss(ws.losses)  # losses.mean(dtype=np.float64)'s bits
 
     def backward_stage(self, k: int, params, grads, dloss: float) -> None:
         ws = self._ws_now

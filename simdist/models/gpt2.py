@@ -48,7 +48,11 @@ from simdist.kernels.layernorm import (
     residual_layernorm_forward,
 )
 from simdist.kernels.linear import linear_backward, linear_forward
-from simdist.kernels.loss import softmax_cross_entropy_backward, softmax_cross_entropy_forward
+from simdist.kernels.loss import (
+    mean_loss,
+    softmax_cross_entropy_backward,
+    softmax_cross_entropy_forward,
+)
 from simdist.kernels.matmul import lm_head_backward, lm_head_forward
 from simdist.precision import no_store
 
@@ -481,7 +485,7 @@ class GPT2(PacksSavedActivations, StagedModel):
         self._forward_stage(v, k, params)
         if k == len(self._stages) - 1:
             self._saved = v
-            return float(v.losses.mean(dtype=np.float64))
+            return mean_loss(v.losses)  # losses.mean(dtype=np.float64)'s bits
         return None
 
     def eval_stats(self) -> tuple[float, int]:

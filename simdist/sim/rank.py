@@ -123,6 +123,7 @@ class RecordingCollectives:
         self.staged = staged
         # host memory, deliberately not through the device allocator
         self.host_buffer = np.zeros(host_elements if staged else 0, np.float32)
+        self._block_sizes: dict[tuple, tuple[Any, tuple[int, ...]]] = {}
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
@@ -134,9 +135,22 @@ class RecordingCollectives:
         return self._inner.choose(op, 4 * buf.size, self._inner.registered(buf))
 
     def _blocks(self, n: int, bounds) -> tuple[int, ...]:
-        b = partition(n, self._inner.world) if bounds is None else np.asarray(bounds)
+        """Each rank's block in bytes. Remembered for the default partition and for bounds
+        arrays that cannot change (read-only, as the layout's): the same few calls run every
+        step, and a dozen small NumPy operations between the step's kernels cost 30-50 us
+        there (measured in FC-MNIST's step, against 7 us in a loop of their own)."""
         elem = 2 if self._inner.exchanger.half else 4  # a half-precision wire: 16-bit words
-        return tuple(int(x) for x in elem * np.diff(b))
+        fixed = bounds is None or (isinstance(bounds, np.ndarray) and not bounds.flags.writeable)
+        key = (n, elem, None if bounds is None else id(bounds))
+        if fixed:
+            hit = self._block_sizes.get(key)
+            if hit is not None and hit[0] is bounds:
+                return hit[1]
+        b = partition(n, self._inner.world) if bounds is None else np.asarray(bounds)
+        sizes = tuple(int(x) for x in elem * np.diff(b))
+        if fixed:  # the array is held, so its id names it while it is cached
+            self._block_sizes[key] = (bounds, sizes)
+        return sizes
 
     def _host(self, n: int) -> np.ndarray:
         if self.host_buffer.size < n:
