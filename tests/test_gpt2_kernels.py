@@ -19,6 +19,7 @@ import pytest
 from kernel_checks import central_fd, float64_ops, nrt_allocations
 from numba.core.dispatcher import Dispatcher
 from simdist.kernels import attention, embedding, gelu, layernorm, matmul, residual, rowops
+from simdist.kernels.linear import linear_backward, linear_gelu_backward
 
 from simdist.arena import Layout
 from simdist.models.base import GradientViews
@@ -216,6 +217,28 @@ def test_gelu_forward_backward():
     inplace = G.astype(F32)
     gelu.gelu_backward(inplace, x, inplace)  # dinp aliasing dout is allowed
     assert np.array_equal(inplace, dx)
+
+
+@pytest.mark.parametrize("B,C,OC", [(64, 32, 16), (37, 100, 24), (256, 1024, 256)])
+def test_linear_gelu_backward_is_linear_then_gelu_backward(B, C, OC):
+    """The fused MLP backward gives the bits of linear_backward into a GELU-output gradient
+    buffer, then gelu_backward: input gradient, weight and bias gradients."""
+    rng = np.random.default_rng(B + C)
+    pre = (rng.standard_normal((B, C)) * 2).astype(F32)  # the GELU's input
+    act = np.empty_like(pre)
+    gelu.gelu_forward(act.reshape(-1), pre.reshape(-1))
+    weight = (rng.standard_normal((C, OC)) / math.sqrt(C)).astype(F32)
+    dout = rng.standard_normal((B, OC)).astype(F32)
+    dact, want = np.empty_like(pre), np.empty_like(pre)
+    dw, db = np.empty_like(weight), np.empty(OC, F32)
+    linear_backward(dact, dw, db, dout, act, weight)
+    gelu.gelu_backward(want.reshape(-1), pre.reshape(-1), dact.reshape(-1))
+    got = np.full_like(pre, np.nan)
+    dw2, db2 = np.full_like(dw, np.nan), np.full_like(db, np.nan)
+    linear_gelu_backward(got, dw2, db2, dout, act, weight, pre)
+    assert np.array_equal(got, want) and np.array_equal(dw2, dw) and np.array_equal(db2, db)
+    assert not np.array_equal(got, dact)  # the GELU factor was applied
+    assert nrt_allocations(linear_gelu_backward, got, dw2, db2, dout, act, weight, pre) == 0
 
 
 def test_residual_forward():

@@ -47,7 +47,7 @@ from simdist.kernels.layernorm import (
     layernorm_forward,
     residual_layernorm_forward,
 )
-from simdist.kernels.linear import linear_backward, linear_forward
+from simdist.kernels.linear import linear_backward, linear_forward, linear_gelu_backward
 from simdist.kernels.loss import (
     mean_loss,
     softmax_cross_entropy_backward,
@@ -566,12 +566,18 @@ class GPT2(PacksSavedActivations, StagedModel):
         if i > 0:
             v.unpack(i - 1, ("res3",))  # block i's input (layer_in)
         # MLP block: res3 = res2 + c_proj(gelu(c_fc(ln_2(res2)))); dres is d res3
-        linear_backward(
-            v.dfch_gelu, grads[mprojw], grads[mprojb], v.dres, v.fch_gelu[i], params[mprojw]
-        )
-        st(v.dfch_gelu)
-        gelu_backward(v.dfch1, v.fch1[i], v.dfch_gelu1)
-        st(v.dfch)
+        if st is no_store:  # float32: the GELU's gradient applied to the product in place
+            linear_gelu_backward(
+                v.dfch, grads[mprojw], grads[mprojb], v.dres, v.fch_gelu[i], params[mprojw],
+                v.fch[i],
+            )  # fmt: skip
+        else:  # mixed precision: the GELU-output gradient is stored (rounded) first
+            linear_backward(
+                v.dfch_gelu, grads[mprojw], grads[mprojb], v.dres, v.fch_gelu[i], params[mprojw]
+            )
+            st(v.dfch_gelu)
+            gelu_backward(v.dfch1, v.fch1[i], v.dfch_gelu1)
+            st(v.dfch)
         linear_backward(v.dln, grads[fcw], grads[fcb], v.dfch, v.ln2[i], params[fcw])
         st(v.dln)
         self._f_backward(v.dln)
