@@ -43,7 +43,7 @@ class _Workspace:
 
 class FCMNIST:
     # simdist.kernels modules it calls (warmed before training; tests/test_imports.py)
-    kernel_modules = ("linear", "loss", "rowops")
+    kernel_modules = ("gelu", "linear", "loss", "rowops")  # gelu: linear imports gelu_grad
 
     def __init__(self, config: FCMNISTConfig):
         if not config.hidden_sizes or any(h < 1 for h in config.hidden_sizes):
