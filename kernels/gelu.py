@@ -43,16 +43,22 @@ def tanh_f32(x):
 
 
 @kernel
-def gelu_forward(out, inp):
-    """out = gelu(inp), tanh approximation."""
-    # out, inp: (n,)
+def gelu_f32(x):
+    """gelu(x) in float32, tanh approximation (``gelu_forward``'s value;
+    ``linear.linear_gelu_forward`` applies it to a product's rows in place)."""
     half = F32(0.5)
     one = F32(1.0)
     k = F32(0.7978845608028654)  # sqrt(2 / pi)
     a = F32(0.044715)
+    return half * x * (one + tanh_f32(k * (x + a * x * x * x)))
+
+
+@kernel
+def gelu_forward(out, inp):
+    """out = gelu(inp), tanh approximation."""
+    # out, inp: (n,)
     for i in range(inp.shape[0]):
-        x = inp[i]
-        out[i] = half * x * (one + tanh_f32(k * (x + a * x * x * x)))
+        out[i] = gelu_f32(inp[i])
 
 
 @kernel
@@ -89,4 +95,5 @@ def _warm() -> None:
     gelu_forward(y, x)
     gelu_backward(y, x, y)
     tanh_f32(F32(0.5))
+    gelu_f32(F32(0.5))
     gelu_grad(F32(0.5))

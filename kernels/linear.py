@@ -12,7 +12,7 @@ import numpy as np
 
 from ._jit import kernel
 from .blas import gemm
-from .gelu import gelu_grad
+from .gelu import gelu_f32, gelu_grad
 
 F32 = np.float32
 ONE, ZERO = F32(1.0), F32(0.0)
@@ -64,6 +64,23 @@ def linear_relu_forward(out, inp, weight, bias):
 
 
 @kernel
+def linear_gelu_forward(act, pre, inp, weight, bias):
+    """pre[B,OC] = inp[B,C] @ weight[C,OC] + bias[OC] and act = gelu(pre) (GPT-2's c_fc and
+    its GELU), bitwise ``linear_forward`` then ``gelu.gelu_forward``: the bias and the GELU
+    in one pass over the product's rows, so ``pre`` is not read back from memory for the
+    GELU (it is kept: the backward reads it)."""
+    gemm(inp, weight, pre, ONE, ZERO)
+    B, OC = pre.shape
+    for b in range(B):
+        row = pre[b]
+        out = act[b]
+        for o in range(OC):
+            x = row[o] + bias[o]
+            row[o] = x
+            out[o] = gelu_f32(x)
+
+
+@kernel
 def linear_relu_backward(dinp, dweight, dbias, dout, inp, weight):
     """``linear_backward`` with dinp then masked by the ReLU whose output is ``inp``
     (dinp = 0 where inp <= 0): bitwise ``linear_backward`` then ``relu_backward``."""
@@ -108,3 +125,4 @@ def _warm() -> None:
     linear_relu_forward(out, inp, weight, bias)
     linear_relu_backward(dinp, dweight, dbias, out, inp, weight)
     linear_gelu_backward(dinp, dweight, dbias, out, inp, weight, inp)
+    linear_gelu_forward(np.empty_like(out), out, inp, weight, bias)

@@ -99,6 +99,8 @@ def kernel_of(name: str, phase: str) -> str:
         return "layernorm_backward" if name == "ln_f.bwd" else "layernorm_backward_accumulate"
     if not fwd and (".mlp.c_proj" in name or ".mlp.gelu" in name):
         return "linear_gelu_backward"  # float32: the GELU's gradient fused into c_proj's
+    if fwd and (".mlp.c_fc" in name or ".mlp.gelu" in name):
+        return "linear_gelu_forward"  # float32: the GELU fused into c_fc's bias pass
     if any(p in name for p in ("c_attn", "c_proj", "c_fc")):
         return f"linear_{side}"
     if ".attn." in name:

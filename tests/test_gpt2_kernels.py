@@ -19,7 +19,12 @@ import pytest
 from kernel_checks import central_fd, float64_ops, nrt_allocations
 from numba.core.dispatcher import Dispatcher
 from simdist.kernels import attention, embedding, gelu, layernorm, matmul, residual, rowops
-from simdist.kernels.linear import linear_backward, linear_gelu_backward
+from simdist.kernels.linear import (
+    linear_backward,
+    linear_forward,
+    linear_gelu_backward,
+    linear_gelu_forward,
+)
 
 from simdist.arena import Layout
 from simdist.models.base import GradientViews
@@ -239,6 +244,24 @@ def test_linear_gelu_backward_is_linear_then_gelu_backward(B, C, OC):
     assert np.array_equal(got, want) and np.array_equal(dw2, dw) and np.array_equal(db2, db)
     assert not np.array_equal(got, dact)  # the GELU factor was applied
     assert nrt_allocations(linear_gelu_backward, got, dw2, db2, dout, act, weight, pre) == 0
+
+
+@pytest.mark.parametrize("B,C,OC", [(64, 32, 16), (37, 100, 24), (256, 256, 1024)])
+def test_linear_gelu_forward_is_linear_then_gelu_forward(B, C, OC):
+    """The fused c_fc + GELU forward gives the bits of linear_forward, then gelu_forward
+    on its output: the pre-activation (kept for backward) and the activation."""
+    rng = np.random.default_rng(B * C)
+    inp = rng.standard_normal((B, C)).astype(F32)
+    weight = (rng.standard_normal((C, OC)) * 2 / math.sqrt(C)).astype(F32)
+    bias = rng.standard_normal(OC).astype(F32)
+    pre, act = np.empty((B, OC), F32), np.empty((B, OC), F32)
+    linear_forward(pre, inp, weight, bias)
+    gelu.gelu_forward(act.reshape(-1), pre.reshape(-1))
+    got_pre, got_act = np.full_like(pre, np.nan), np.full_like(act, np.nan)
+    linear_gelu_forward(got_act, got_pre, inp, weight, bias)
+    assert np.array_equal(got_pre, pre) and np.array_equal(got_act, act)
+    assert not np.array_equal(got_act, got_pre)  # the GELU was applied
+    assert nrt_allocations(linear_gelu_forward, got_act, got_pre, inp, weight, bias) == 0
 
 
 def test_residual_forward():

@@ -47,7 +47,12 @@ from simdist.kernels.layernorm import (
     layernorm_forward,
     residual_layernorm_forward,
 )
-from simdist.kernels.linear import linear_backward, linear_forward, linear_gelu_backward
+from simdist.kernels.linear import (
+    linear_backward,
+    linear_forward,
+    linear_gelu_backward,
+    linear_gelu_forward,
+)
 from simdist.kernels.loss import (
     mean_loss,
     softmax_cross_entropy_backward,
@@ -726,10 +731,13 @@ class GPT2(PacksSavedActivations, StagedModel):
         st(v.res2[i])  # the GEMM's half output (a shard's partial sums are summed in half)
         self._g(v.res2[i])
         mid_block(v, i, v.res2[i], (params[ln2w], params[ln2b]), st)
-        linear_forward(v.fch[i], v.ln2[i], params[fcw], params[fcb])
-        st(v.fch[i])
-        gelu_forward(v.fch_gelu1[i], v.fch1[i])
-        st(v.fch_gelu[i])
+        if st is no_store:  # float32: the GELU applied to c_fc's rows in the bias pass
+            linear_gelu_forward(v.fch_gelu[i], v.fch[i], v.ln2[i], params[fcw], params[fcb])
+        else:  # mixed precision: the GELU reads c_fc's output as stored (rounded)
+            linear_forward(v.fch[i], v.ln2[i], params[fcw], params[fcb])
+            st(v.fch[i])
+            gelu_forward(v.fch_gelu1[i], v.fch1[i])
+            st(v.fch_gelu[i])
         linear_forward(v.res3[i], v.fch_gelu[i], params[mprojw], self._row_bias(params[mprojb]))
         st(v.res3[i])
         self._g(v.res3[i])
