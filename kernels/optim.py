@@ -104,14 +104,16 @@ def flushing_subnormals() -> Iterator[None]:
 
 
 @kernel
-def _adamw_kernel(param, grad, m, v, decay, w1, beta2, w2, neg_step_size, bc2_sqrt, eps):
-    """AdamW on param/grad/m/v[N] with float32 coefficients precomputed by adamw_update."""
+def _adamw_kernel(param, grad, m, v, decay, w1, beta2, w2, neg_step_size, bc2_sqrt, eps, gscale):
+    """AdamW on param/grad/m/v[N] with float32 coefficients precomputed by adamw_update;
+    the gradient enters as fl(grad * gscale) (clipping's coefficient, 1 when it clips
+    nothing: exact), read and scaled in the update's own pass."""
     one = F32(1.0)
     # torch's lerp: for |w| < 0.5, m + w*(g - m); else g - (g - m)*(1 - w); both as one FMA.
     small = abs(w1) < F32(0.5)
     coeff = w1 if small else w1 - one
     for i in range(param.size):
-        g = grad[i]
+        g = grad[i] * gscale
         p = param[i] * decay  # param.mul_(1 - lr*wd); decay == 1 when wd == 0 (exact no-op)
         mi = m[i]
         mi = _fma(coeff, g - mi, mi if small else g)  # exp_avg.lerp_(grad, 1 - beta1)
@@ -123,7 +125,9 @@ def _adamw_kernel(param, grad, m, v, decay, w1, beta2, w2, neg_step_size, bc2_sq
 
 
 @kernel
-def _adamw_segments(param, grad, m, v, segs, decay, w1, beta2, w2, neg_step_size, bc2_sqrt, eps):
+def _adamw_segments(
+    param, grad, m, v, segs, decay, w1, beta2, w2, neg_step_size, bc2_sqrt, eps, gscale
+):  # fmt: skip
     """_adamw_kernel on each [lo, hi) row of segs (lo, hi, decays): one call per step."""
     one = F32(1.0)
     for s in range(segs.shape[0]):
@@ -131,7 +135,7 @@ def _adamw_segments(param, grad, m, v, segs, decay, w1, beta2, w2, neg_step_size
         d = decay if segs[s, 2] != 0 else one
         _adamw_kernel(
             param[lo:hi], grad[lo:hi], m[lo:hi], v[lo:hi], d, w1, beta2, w2, neg_step_size,
-            bc2_sqrt, eps,
+            bc2_sqrt, eps, gscale,
         )  # fmt: skip
 
 
@@ -169,13 +173,14 @@ def adamw_update_segments(
     eps: float,
     weight_decay: float,
     step: int,
+    grad_scale: float = 1.0,
 ) -> None:
     """``adamw_update`` on every segment of ``segs`` (int64 rows: lo, hi, decays) of the
     1-D buffers in one call, weight decay only where decays != 0: bitwise the per-segment
     calls, without their Python overhead (GPT-2 has 4 + 12 per layer tensors)."""
     scalars = _adamw_scalars(lr, beta1, beta2, eps, weight_decay, step)
     with flushing_subnormals():
-        _adamw_segments(param, grad, m, v, segs, *scalars)
+        _adamw_segments(param, grad, m, v, segs, *scalars, F32(grad_scale))
 
 
 def adamw_update(
@@ -189,6 +194,7 @@ def adamw_update(
     eps: float,
     weight_decay: float,
     step: int,
+    grad_scale: float = 1.0,
 ) -> None:
     """One AdamW step in place on param/m/v[N] (1-D float32, contiguous); step counts from 1.
 
@@ -197,19 +203,24 @@ def adamw_update(
 
     Pass the hyperparameters as Python floats, as torch receives them: np.float32(0.9) is
     0.89999998, and 1 - that rounds to a different float32 than 1 - 0.9 does.
+
+    ``grad_scale``: the update takes g = fl(grad * float32(grad_scale)), bitwise what
+    scaling the gradient in place first gives (global-norm clipping's coefficient), in the
+    update's own pass over the gradient; ``grad`` itself is left as it is.
     """
     scalars = _adamw_scalars(lr, beta1, beta2, eps, weight_decay, step)
     with flushing_subnormals():
-        _adamw_kernel(param, grad, m, v, *scalars)
+        _adamw_kernel(param, grad, m, v, *scalars, F32(grad_scale))
 
 
 @kernel
-def _sgd_kernel(param, grad, buf, neg_lr, momentum, weight_decay, first):
-    """SGD (dampening 0, no nesterov) on param/grad/buf[N] with float32 coefficients."""
+def _sgd_kernel(param, grad, buf, neg_lr, momentum, weight_decay, first, gscale):
+    """SGD (dampening 0, no nesterov) on param/grad/buf[N] with float32 coefficients; the
+    gradient enters as fl(grad * gscale), as in _adamw_kernel."""
     zero = F32(0.0)
     for i in range(param.size):
         p = param[i]
-        g = grad[i]
+        g = grad[i] * gscale
         if weight_decay != zero:
             g = _fma(p, weight_decay, g)  # grad.add(param, alpha=wd)
         if momentum != zero:
@@ -221,13 +232,13 @@ def _sgd_kernel(param, grad, buf, neg_lr, momentum, weight_decay, first):
 
 
 @kernel
-def _sgd_segments(param, grad, buf, segs, neg_lr, momentum, weight_decay, first):
+def _sgd_segments(param, grad, buf, segs, neg_lr, momentum, weight_decay, first, gscale):
     """_sgd_kernel on each [lo, hi) row of segs (lo, hi, decays)."""
     zero = F32(0.0)
     for s in range(segs.shape[0]):
         lo, hi = segs[s, 0], segs[s, 1]
         wd = weight_decay if segs[s, 2] != 0 else zero
-        _sgd_kernel(param[lo:hi], grad[lo:hi], buf[lo:hi], neg_lr, momentum, wd, first)
+        _sgd_kernel(param[lo:hi], grad[lo:hi], buf[lo:hi], neg_lr, momentum, wd, first, gscale)
 
 
 def sgd_update_segments(
@@ -239,13 +250,15 @@ def sgd_update_segments(
     momentum: float,
     weight_decay: float,
     step: int,
+    grad_scale: float = 1.0,
 ) -> None:
     """``sgd_update`` on every segment of ``segs`` in one call (see adamw_update_segments)."""
     lr, momentum, weight_decay = float(lr), float(momentum), float(weight_decay)
     with flushing_subnormals():
         _sgd_segments(
-            param, grad, momentum_buf, segs, F32(-lr), F32(momentum), F32(weight_decay), step == 1
-        )
+            param, grad, momentum_buf, segs, F32(-lr), F32(momentum), F32(weight_decay),
+            step == 1, F32(grad_scale),
+        )  # fmt: skip
 
 
 def sgd_update(
@@ -256,18 +269,21 @@ def sgd_update(
     momentum: float,
     weight_decay: float,
     step: int,
+    grad_scale: float = 1.0,
 ) -> None:
     """One torch.optim.SGD step in place on param[N] (and momentum_buf[N] if momentum != 0).
 
     g' = g + wd*p; buf = g' at step 1, else momentum*buf + g'; p -= lr*buf
     (momentum 0: p -= lr*g', momentum_buf untouched). step counts from 1.
     Hyperparameters as Python floats; each is rounded to float32 once, as torch does.
+    ``grad_scale`` as in ``adamw_update``.
     """
     lr, momentum, weight_decay = float(lr), float(momentum), float(weight_decay)
     with flushing_subnormals():
         _sgd_kernel(
-            param, grad, momentum_buf, F32(-lr), F32(momentum), F32(weight_decay), step == 1
-        )
+            param, grad, momentum_buf, F32(-lr), F32(momentum), F32(weight_decay), step == 1,
+            F32(grad_scale),
+        )  # fmt: skip
 
 
 # The gradient norm's float64 sum runs in LANES interleaved lanes: element i of a slice is

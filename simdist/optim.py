@@ -46,8 +46,12 @@ class Optimizer:
         if master:
             self.state["master"] = alloc("optimizer_state", "master", n)
 
-    def step(self, params: np.ndarray, grads: np.ndarray, step: int, lr: float) -> None:
-        """Update params[lo:hi] given grads for the same range; ``step`` counts from 1."""
+    def step(
+        self, params: np.ndarray, grads: np.ndarray, step: int, lr: float, grad_scale: float = 1.0
+    ) -> None:
+        """Update params[lo:hi] given grads for the same range; ``step`` counts from 1.
+        ``grad_scale``: the update takes fl(grads * float32(grad_scale)) (clipping's
+        coefficient) in its own pass, bitwise scaling grads first; grads stay unscaled."""
         # Hyper-parameters go in as Python floats: the kernels derive torch's per-step
         # scalars (1 - beta1, bias corrections) in float64 and round each once, as torch does.
         c = self.cfg
@@ -64,9 +68,10 @@ class Optimizer:
                 c.eps,
                 c.weight_decay,
                 step,
+                grad_scale,
             )
         else:
             sgd_update_segments(
                 params, grads, self.state["momentum_buffer"], self._segs, lr, c.momentum,
-                c.weight_decay, step,
+                c.weight_decay, step, grad_scale,
             )  # fmt: skip

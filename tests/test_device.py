@@ -743,8 +743,9 @@ def test_the_optimizer_pass_is_priced_by_its_own_sweep(tmp_path):
         model = StepModel(clock, cost, "fp32", None, 0, (0, n), lambda *a: [], [])
         model._vector("optimizer.adamw", 14.0 * n, 28.0 * n, optimizer=True)
         model._vector("optimizer.sgd", 6.0 * n, 20.0 * n)
-        model._vector("grad.clip.scale", n, 8.0 * n)
-        return [clock._by_name[k] for k in ("optimizer.adamw", "optimizer.sgd", "grad.clip.scale")]
+        model._vector("grad.accumulate.add", n, 12.0 * n)
+        names = ("optimizer.adamw", "optimizer.sgd", "grad.accumulate.add")
+        return [clock._by_name[k] for k in names]
 
     (opt_s, *rest), (opt_plain, *rest_plain) = map(step_optimizer_seconds, (prof, plain))
     assert opt_s > 1.5 * opt_plain and rest == rest_plain  # only AdamW's pass

@@ -841,7 +841,7 @@ def test_optimizer_updates_flush_subnormal_state_and_restore_the_register():
     m, v = np.full(n, half_tiny), np.full(n, 1e-20, F32)
     unflushed = m.copy()  # the same update without the flush keeps a subnormal exp_avg
     optim_kernels._adamw_kernel(
-        p.copy(), g, unflushed, v.copy(), *optim_kernels._adamw_scalars(*args)
+        p.copy(), g, unflushed, v.copy(), *optim_kernels._adamw_scalars(*args), F32(1.0)
     )
     assert (unflushed > 0).all() and (unflushed < np.finfo(F32).tiny).all()
     adamw_update(p, g, m, v, *args)
@@ -904,6 +904,53 @@ def test_segment_updates_are_bitwise_the_per_segment_calls(wd):
             sgd_update(rp[sl], g[sl], rm[sl], 1e-2, 0.9, wd * decays, step)
         np.testing.assert_array_equal(p, rp)
         np.testing.assert_array_equal(m, rm)
+
+
+@pytest.mark.parametrize("scale", [0.3137, 1.0])
+def test_grad_scale_is_bitwise_scaling_the_gradient_first(scale):
+    """grad_scale (clipping's coefficient, applied in the update's pass) == multiplying the
+    gradient in place by float32(scale) and updating with that, for AdamW and SGD, whole
+    buffer and segments; the gradient itself is left unscaled."""
+    rng = np.random.default_rng(32)
+    n = 1003
+    segs = np.array([[0, 500, 1], [500, 1003, 0]], np.int64)
+    g = randn(rng, n) * F32(50)
+    g[:3] = (np.finfo(F32).tiny, -np.finfo(F32).tiny * F32(3), 0.0)  # products to flush
+    p0, m0, v0 = randn(rng, n), randn(rng, n), np.abs(randn(rng, n))
+    scaled = g * F32(scale)
+    for step in (1, 4):
+        args = (1e-2, 0.9, 0.95, 1e-8, 0.1, step)
+        p, m, v, gg = p0.copy(), m0.copy(), v0.copy(), g.copy()
+        adamw_update(p, gg, m, v, *args, grad_scale=scale)
+        rp, rm, rv = p0.copy(), m0.copy(), v0.copy()
+        adamw_update(rp, scaled.copy(), rm, rv, *args)
+        for a, b in ((p, rp), (m, rm), (v, rv)):
+            np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(gg, g)
+        p, m, v = p0.copy(), m0.copy(), v0.copy()
+        adamw_update_segments(p, g, m, v, segs, *args, grad_scale=scale)
+        rp, rm, rv = p0.copy(), m0.copy(), v0.copy()
+        adamw_update_segments(rp, scaled, rm, rv, segs, *args)
+        for a, b in ((p, rp), (m, rm), (v, rv)):
+            np.testing.assert_array_equal(a, b)
+        p, b1 = p0.copy(), m0.copy()
+        sgd_update_segments(p, g, b1, segs, 1e-2, 0.9, 1e-4, step, grad_scale=scale)
+        rp, rb = p0.copy(), m0.copy()
+        sgd_update_segments(rp, scaled, rb, segs, 1e-2, 0.9, 1e-4, step)
+        np.testing.assert_array_equal(p, rp)
+        np.testing.assert_array_equal(b1, rb)
+        p, b1 = p0.copy(), m0.copy()
+        sgd_update(p, g, b1, 1e-2, 0.0, 0.0, step, grad_scale=scale)
+        rp = p0.copy()
+        sgd_update(rp, scaled, b1.copy(), 1e-2, 0.0, 0.0, step)
+        np.testing.assert_array_equal(p, rp)
+    if scale != 1.0:  # the check can fail: an unscaled update differs
+        p = p0.copy()
+        adamw_update(p, g.copy(), m0.copy(), v0.copy(), 1e-2, 0.9, 0.95, 1e-8, 0.1, 4)
+        q = p0.copy()
+        adamw_update(q, g.copy(), m0.copy(), v0.copy(), 1e-2, 0.9, 0.95, 1e-8, 0.1, 4,
+                     grad_scale=scale)  # fmt: skip
+        assert not np.array_equal(p, q)
 
 
 @njit
@@ -1074,9 +1121,11 @@ def test_kernels_do_not_allocate():
     # The optimizers' jitted kernels, through their Python wrappers' argument conversion.
     from simdist.kernels import optim
 
-    adamw_args = (p, g, m, v) + tuple(F32(x) for x in (0.9, 0.1, 0.999, 1e-3, -1e-3, 0.5, 1e-8))
+    adamw_args = (p, g, m, v) + tuple(
+        F32(x) for x in (0.9, 0.1, 0.999, 1e-3, -1e-3, 0.5, 1e-8, 0.75)
+    )
     assert nrt_allocations(optim._adamw_kernel, *adamw_args) == 0
-    sgd_args = (p, g, m, F32(-0.1), F32(0.9), F32(1e-4), False)
+    sgd_args = (p, g, m, F32(-0.1), F32(0.9), F32(1e-4), False, F32(0.75))
     assert nrt_allocations(optim._sgd_kernel, *sgd_args) == 0
     segs = np.array([[0, 4, 1], [4, 10, 0]], np.int64)
     assert nrt_allocations(optim._adamw_segments, *adamw_args[:4], segs, *adamw_args[4:]) == 0

@@ -383,15 +383,17 @@ class DataParallel(Schedule):
                 # does for the simulated device and ZeRO-3's windows
                 self._gather_parameters()
                 return StepResult(loss, None, stop)
-        norm = self.clip(grads, sumsq)
+        norm, coef = self.clip_coefficient(grads, sumsq)  # applied in the update's pass
         guard.enter("update", n)
         # the optimizer's own step count: skipped steps never reached it (GradScaler)
         applied = n - (self.scaler.skipped_steps if self.scaler is not None else 0)
         if self.precision.half is None:
-            self.optimizer.step(self.owned_parameters(), grads, applied, run.learning_rate(step))
+            self.optimizer.step(
+                self.owned_parameters(), grads, applied, run.learning_rate(step), coef
+            )
         else:  # the fp32 master updated; the weights its half rounding
             master = self.optimizer.state["master"]
-            self.optimizer.step(master, grads, applied, run.learning_rate(step))
+            self.optimizer.step(master, grads, applied, run.learning_rate(step), coef)
             if self.packed is not None:
                 self.packed.store(self.sync.update_range[0], master)
             elif self._weights_as_words:
@@ -508,16 +510,19 @@ class DataParallel(Schedule):
         else:
             np.add(self.grads, self.micro_grads, out=self.grads)
 
-    def clip(self, grads: np.ndarray, sumsq: float | None = None) -> float | None:
-        """Global-norm clipping; ``sumsq``: the global sum of squares if already reduced."""
+    def clip_coefficient(
+        self, grads: np.ndarray, sumsq: float | None = None
+    ) -> tuple[float | None, float]:
+        """Global-norm clipping as (norm, the gradient's scale factor): the optimizer
+        applies the factor in its own pass over the gradient, bitwise multiplying the
+        gradient in place first, one pass over it fewer (nothing reads the gradient after
+        the update). ``sumsq``: the global sum of squares if already reduced."""
         max_norm = self.params.optimizer.max_gradient_norm
         if max_norm is None:
-            return None
+            return None, 1.0
         norm = self.sync.global_norm(grads) if sumsq is None else float(np.sqrt(sumsq))
         coef = max_norm / (norm + 1e-6)  # as torch.nn.utils.clip_grad_norm_
-        if coef < 1.0:
-            np.multiply(grads, np.float32(coef), out=grads)
-        return norm
+        return norm, (coef if coef < 1.0 else 1.0)
 
     def mean_loss(self, run, result: StepResult) -> float:
         mean = self.coll.allreduce_scalars(np.array([result.loss]))[0] / self.world

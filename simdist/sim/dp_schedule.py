@@ -134,10 +134,10 @@ def dp_step_events(
     events.append(Span("sync", 0.0, 0.0, {"sumsq": sumsq}))
     scalars = (8 * AGREEMENT_VALUES,) * world
     events.append(_coll("allreduce_scalars", "native", scalars, False, None))
-    held = padded if level == 0 else layout.shard_size  # the gradients clipping scales
-    events.append(Span("clip", 0.0, 0.0, {"norm": False, "scaled": held if clip_scales else 0}))
+    events.append(Span("clip", 0.0, 0.0, {"norm": False}))
     updated = layout.shard_size if level > 0 else padded
-    events.append(Span("optimizer", 0.0, 0.0, {"elements": updated, "type": optimizer_type}))
+    info = {"elements": updated, "type": optimizer_type, "scaled": clip_scales}
+    events.append(Span("optimizer", 0.0, 0.0, info))  # clipping's scale in the update's pass
     if level in (1, 2):
         events.append(_coll("allgather", algorithm, _blocks(bounds, param_bytes), staged, "gather"))
     events.append(Span("gather", 0.0, 0.0, {}))

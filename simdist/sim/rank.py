@@ -20,8 +20,9 @@ hook                         recorded
                              points where a gradient group is finished
 ``run.accumulate_gradients`` the copy / add over the gradient buffer (accumulation)
 ``sync.reduce_gradients``    span; the gradient collectives inside it
-``run.clip``                 sum of squares of the owned slice, the clipping scale
-``run.optimizer.step``       one AdamW / SGD pass over the range it updates
+``run.clip_coefficient``     sum of squares of the owned slice where not handed in
+``run.optimizer.step``       one AdamW / SGD pass over the range it updates (clipping's
+                             scale applied in it: one multiply an element more)
 ``sync.gather_parameters``   span and its all-gather; the step ends when it returns
 ``run.coll`` = ``sync.coll`` every collective: op, resolved algorithm, block bytes per rank,
                              host staging (``reduce_on_device: false`` really copies through
@@ -544,16 +545,18 @@ def attach(run: Any) -> Simulation:
 
     def clip_info(args, kwargs, result) -> dict[str, Any]:
         sumsq = kwargs.get("sumsq", args[1] if len(args) > 1 else None)
-        grads = args[0]
-        scaled = 0
-        if max_norm is not None and result is not None and max_norm / (result + 1e-6) < 1.0:
-            scaled = int(grads.size)
         # a sum of squares handed in was computed outside the hooks (the loop's per-step
-        # check): its time is in the measured host time, so only clip's own is modelled
-        return {"norm": sumsq is None and max_norm is not None, "scaled": scaled}
+        # check): its time is in the measured host time, so only clip's own is modelled.
+        # The scaling itself runs in the optimizer's pass (its info says so).
+        return {"norm": sumsq is None and max_norm is not None}
 
     def optimizer_info(args, kwargs, result) -> dict[str, Any]:
-        return {"elements": int(args[0].size), "type": opt.optimizer_type}
+        grad_scale = kwargs.get("grad_scale", args[4] if len(args) > 4 else 1.0)
+        return {
+            "elements": int(args[0].size),
+            "type": opt.optimizer_type,
+            "scaled": grad_scale != 1.0,  # clipping's multiply, in the same pass
+        }
 
     sim.hook(run.data, "train_batch", "input")
     sim.hook(run.model, "forward", "forward", shape_of)
@@ -564,7 +567,7 @@ def attach(run: Any) -> Simulation:
         return {"sumsq": result[1] is not None}  # took this rank's sum of squares on the way
 
     sim.hook(run.sync, "reduce_gradients", "sync", sync_info)
-    sim.hook(run, "clip", "clip", clip_info)
+    sim.hook(run, "clip_coefficient", "clip", clip_info)
     sim.hook(run.optimizer, "step", "optimizer", optimizer_info)
     sim.hook(run.sync, "gather_parameters", "gather", ends_step=True)
     return sim

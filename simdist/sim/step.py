@@ -330,17 +330,15 @@ class StepModel:
                     self._vector("grad.accumulate.add", n, 12.0 * n)
             elif kind == "sync" and info.get("sumsq"):  # the DP sync's share of the norm
                 self._sum_of_squares()
-            elif kind == "clip":
-                if info.get("norm"):
-                    self._sum_of_squares()
-                if info.get("scaled"):
-                    self._vector("grad.clip.scale", info["scaled"], 8.0 * info["scaled"])
+            elif kind == "clip" and info.get("norm"):  # the scale: in the optimizer's pass
+                self._sum_of_squares()
             elif kind == "optimizer":
                 n = info["elements"]
+                scale = n if info.get("scaled") else 0.0  # clipping's multiply, in this pass
                 if info["type"] == "adamw":  # reads p, g, m, v; writes p, m, v
-                    self._vector("optimizer.adamw", 14.0 * n, 28.0 * n, optimizer=True)
+                    self._vector("optimizer.adamw", 14.0 * n + scale, 28.0 * n, optimizer=True)
                 else:  # reads p, g, buf; writes p, buf
-                    self._vector("optimizer.sgd", 6.0 * n, 20.0 * n)
+                    self._vector("optimizer.sgd", 6.0 * n + scale, 20.0 * n)
             for c in colls:  # sync, gather and norm collectives: blocking, exposed
                 name = {"sync": "grad", "gather": "params", "clip": "grad_norm"}.get(kind, kind)
                 self._place(c, 0.0, f"{name}.{c.op}")
