@@ -21,6 +21,16 @@ from simdist.kernels.optim import adamw_update_segments, sgd_update_segments
 from .arena import Layout
 
 
+def clip_coefficient(max_norm: float | None, norm: float | None) -> float:
+    """Global-norm clipping's factor, as torch.nn.utils.clip_grad_norm_ computes it, 1.0
+    where it clips nothing. The schedules hand it to ``Optimizer.step`` (``grad_scale``),
+    which applies it in the update's own pass: nothing reads the gradient afterwards."""
+    if max_norm is None or norm is None:
+        return 1.0
+    coef = max_norm / (norm + 1e-6)
+    return coef if coef < 1.0 else 1.0
+
+
 class Optimizer:
     def __init__(
         self, cfg: OptimizerConfig, layout: Layout, lo: int, hi: int, alloc, master: bool = False

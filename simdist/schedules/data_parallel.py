@@ -40,7 +40,7 @@ from simdist.loss_scale import describe_scaling, scaler_for, scaler_report
 from simdist.memplan import DeviceAllocator, bucket_elements, check_device_memory
 from simdist.models import build_model
 from simdist.models.base import GradientViews
-from simdist.optim import Optimizer
+from simdist.optim import Optimizer, clip_coefficient
 from simdist.packed_params import PackedParameters
 from simdist.packed_params import chosen as packing_chosen
 from simdist.parallel import GradientSync, PartitionedParameters
@@ -383,7 +383,8 @@ class DataParallel(Schedule):
                 # does for the simulated device and ZeRO-3's windows
                 self._gather_parameters()
                 return StepResult(loss, None, stop)
-        norm, coef = self.clip_coefficient(grads, sumsq)  # applied in the update's pass
+        norm = self.gradient_norm(grads, sumsq)
+        coef = clip_coefficient(self.params.optimizer.max_gradient_norm, norm)  # in the update
         guard.enter("update", n)
         # the optimizer's own step count: skipped steps never reached it (GradScaler)
         applied = n - (self.scaler.skipped_steps if self.scaler is not None else 0)
@@ -510,19 +511,12 @@ class DataParallel(Schedule):
         else:
             np.add(self.grads, self.micro_grads, out=self.grads)
 
-    def clip_coefficient(
-        self, grads: np.ndarray, sumsq: float | None = None
-    ) -> tuple[float | None, float]:
-        """Global-norm clipping as (norm, the gradient's scale factor): the optimizer
-        applies the factor in its own pass over the gradient, bitwise multiplying the
-        gradient in place first, one pass over it fewer (nothing reads the gradient after
-        the update). ``sumsq``: the global sum of squares if already reduced."""
-        max_norm = self.params.optimizer.max_gradient_norm
-        if max_norm is None:
-            return None, 1.0
-        norm = self.sync.global_norm(grads) if sumsq is None else float(np.sqrt(sumsq))
-        coef = max_norm / (norm + 1e-6)  # as torch.nn.utils.clip_grad_norm_
-        return norm, (coef if coef < 1.0 else 1.0)
+    def gradient_norm(self, grads: np.ndarray, sumsq: float | None = None) -> float | None:
+        """The global gradient norm clipping needs (None without clipping); ``sumsq``: the
+        global sum of squares if already reduced."""
+        if self.params.optimizer.max_gradient_norm is None:
+            return None
+        return self.sync.global_norm(grads) if sumsq is None else float(np.sqrt(sumsq))
 
     def mean_loss(self, run, result: StepResult) -> float:
         mean = self.coll.allreduce_scalars(np.array([result.loss]))[0] / self.world

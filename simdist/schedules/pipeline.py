@@ -98,7 +98,7 @@ from simdist.models.base import GradientViews
 from simdist.models.gpt2 import build_gpt2
 from simdist.models.gpt2 import parameter_specs as gpt2_specs
 from simdist.models.gpt2_tp import GPT2TP
-from simdist.optim import Optimizer
+from simdist.optim import Optimizer, clip_coefficient
 from simdist.packed_params import packing_mode
 from simdist.param_gather import BACKWARD, FORWARD, Gather, GatherPlan, WindowCache, stage_gathers
 from simdist.precision import Precision, canonical, read_words, write_words
@@ -767,17 +767,19 @@ class Pipeline(WholeTensorCheckpoint, Schedule):
                 # nothing changed: no update, no gather, no tied values to send
                 self.walls.append(time.perf_counter() - t0)
                 return StepResult(loss, None, stop, mean_loss=total_loss / self.replicas)
-        norm = self._clip(grads, sumsq)
+        max_norm = self.params.optimizer.max_gradient_norm
+        norm = float(np.sqrt(sumsq)) if max_norm is not None else None
+        coef = clip_coefficient(max_norm, norm)  # applied in the update's pass
         guard.enter("update", n)
         owned = self.params_flat[ulo - self.poff : uhi - self.poff]
         lr = run.learning_rate(step)
         # the optimizer's own step count: skipped steps never reached it (GradScaler)
         applied = n - (self.scaler.skipped_steps if self.scaler is not None else 0)
         if self.precision.half is None:
-            self.optimizer.step(owned, g, applied, lr)
+            self.optimizer.step(owned, g, applied, lr, coef)
         else:
             master = self.optimizer.state["master"]
-            self.optimizer.step(master, g, applied, lr)
+            self.optimizer.step(master, g, applied, lr, coef)
             if self.as_words:
                 pack_half(owned, master, self.precision.fmt)
             else:
@@ -960,18 +962,6 @@ class Pipeline(WholeTensorCheckpoint, Schedule):
             self.pipe.Send(acc, dest=self.stage + 1, tag=TAG_SUMSQ)
             return 0.0
         return float(combine_lanes(acc))
-
-    def _clip(self, grads: np.ndarray, sumsq: float) -> float | None:
-        max_norm = self.params.optimizer.max_gradient_norm
-        if max_norm is None:
-            return None
-        norm = float(np.sqrt(sumsq))
-        coef = max_norm / (norm + 1e-6)  # as torch.nn.utils.clip_grad_norm_
-        if coef < 1.0:
-            ulo, uhi = self.update
-            part = grads[ulo - self.goff : uhi - self.goff]
-            np.multiply(part, np.float32(coef), out=part)
-        return norm
 
     def _send_tied(self) -> None:
         """The owner's values of tied parameters to their copies (after each update; ZeRO-3:

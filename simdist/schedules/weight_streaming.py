@@ -46,7 +46,7 @@ from simdist.input_workers import device_input, input_report
 from simdist.kernels.blas import BACKEND, half_operands
 from simdist.loss_scale import describe_scaling, scaler_for, scaler_report
 from simdist.models import build_model
-from simdist.optim import Optimizer
+from simdist.optim import Optimizer, clip_coefficient
 from simdist.precision import Precision, canonical
 from simdist.schedules.base import Schedule, StateShard, StepResult
 from simdist.schedules.streaming_io import GradientStream, ServerShard, WeightWindow
@@ -333,15 +333,12 @@ class WeightStreaming(Schedule):
         if self.role != SERVER:
             return norm
         sh = self.shard
-        if norm is not None:
-            coef = o.max_gradient_norm / (norm + 1e-6)  # as torch.nn.utils.clip_grad_norm_
-            if coef < 1.0:
-                np.multiply(sh.grads, np.float32(coef), out=sh.grads)
+        coef = clip_coefficient(o.max_gradient_norm, norm)  # applied in the update's pass
         if self.precision.half is None:
-            self.optimizer.step(sh.params, sh.grads, n, rate)
+            self.optimizer.step(sh.params, sh.grads, n, rate, coef)
         else:
             master = self.optimizer.state["master"]
-            self.optimizer.step(master, sh.grads, n, rate)
+            self.optimizer.step(master, sh.grads, n, rate, coef)
             self.precision.store_into(sh.params, master)
             sh.pack()
         return norm

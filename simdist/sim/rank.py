@@ -20,7 +20,7 @@ hook                         recorded
                              points where a gradient group is finished
 ``run.accumulate_gradients`` the copy / add over the gradient buffer (accumulation)
 ``sync.reduce_gradients``    span; the gradient collectives inside it
-``run.clip_coefficient``     sum of squares of the owned slice where not handed in
+``run.gradient_norm``        sum of squares of the owned slice where not handed in
 ``run.optimizer.step``       one AdamW / SGD pass over the range it updates (clipping's
                              scale applied in it: one multiply an element more)
 ``sync.gather_parameters``   span and its all-gather; the step ends when it returns
@@ -567,7 +567,7 @@ def attach(run: Any) -> Simulation:
         return {"sumsq": result[1] is not None}  # took this rank's sum of squares on the way
 
     sim.hook(run.sync, "reduce_gradients", "sync", sync_info)
-    sim.hook(run, "clip_coefficient", "clip", clip_info)
+    sim.hook(run, "gradient_norm", "clip", clip_info)
     sim.hook(run.optimizer, "step", "optimizer", optimizer_info)
     sim.hook(run.sync, "gather_parameters", "gather", ends_step=True)
     return sim
