@@ -10,6 +10,7 @@ own matmul and (where installed) torch.mm (printed, never asserted).
     python scripts/bench_kernels.py --attention-blocks  # causal products: dense or in blocks
     python scripts/bench_kernels.py --vector-width  # the loop kernels at 512- and 256-bit
     python scripts/bench_kernels.py --norm          # the gradient norm at both models' sizes
+    python scripts/bench_kernels.py --optimizer-cache  # AdamW, state hot or cold, 1 or 2 at once
 
 One thread (simdist pins it). Forward is 2*B*C*OC FLOP; backward twice that (dinp and
 dweight). NumPy's reference runs the same three products with ``out=`` so neither side
@@ -51,6 +52,11 @@ compiled code.
 its lanes in independent registers) at FC-MNIST's and gpt2-mini's parameter counts against a
 one-chain float64 loop and numpy's float32 ``np.dot(x, x)``: the measurement behind
 ``LANES``.
+``--optimizer-cache`` times AdamW (``kernels.optim.adamw_update``) at FC-MNIST's and
+gpt2-mini's parameter counts with its four buffers hot, and with 4, 16 and 64 MiB of other
+data streamed between calls (as a step's forward and backward stream theirs), in one
+process and in two at once (two data-parallel ranks updating in lockstep on this machine's
+two cores): medians of ``--reps`` calls, in child processes.
 """
 
 import simdist  # noqa: F401  (one thread per process, before numpy loads)
@@ -552,6 +558,46 @@ def bench_gradient_norm(reps: int) -> None:
         )
 
 
+def optimizer_cache_child(n: int, junk_mib: int, reps: int) -> float:
+    """Median us of AdamW over n elements, ``junk_mib`` MiB streamed before each call."""
+    from simdist.kernels.optim import adamw_update
+
+    rng = np.random.default_rng(0)
+    p, g, m = (rng.standard_normal(n, dtype=F32) for _ in range(3))
+    v = np.abs(rng.standard_normal(n, dtype=F32))
+    junk = np.zeros(junk_mib << 18, F32)  # MiB of float32
+    adamw_update(p, g, m, v, 1e-3, 0.9, 0.999, 1e-8, 0.01, 1)  # compiled, pages touched
+    times = []
+    for step in range(2, reps + 2):
+        junk += F32(1.0)  # read and write: the cache now holds this, not AdamW's buffers
+        g += F32(0.0)  # the gradient is hot, as backward has just written it
+        t = time.perf_counter()
+        adamw_update(p, g, m, v, 1e-3, 0.9, 0.999, 1e-8, 0.01, step)
+        times.append(time.perf_counter() - t)
+    return 1e6 * float(np.median(times))
+
+
+def bench_optimizer_cache(reps: int) -> None:
+    """AdamW with its state hot or pushed out of cache, one process or two at once."""
+    from simdist.config import load_params
+    from simdist.models import build_model
+
+    def child(n: int, junk: int) -> subprocess.Popen:
+        cmd = [sys.executable, __file__, "--optimizer-cache-child", str(n), str(junk)]
+        return subprocess.Popen(cmd + ["--reps", str(reps)], stdout=subprocess.PIPE, text=True)
+
+    print(f"AdamW, us (median of {reps}); other data streamed between calls; two = two at once")
+    print(f"{'model':>10} {'params':>10} {'MiB':>4} {'one':>8} {'two':>8} {'two/one':>8}")
+    for preset in ("fc_mnist", "gpt2_mini"):
+        model = build_model(load_params(["--params", preset]).model)
+        n = sum(spec.numel for spec in model.parameter_specs())
+        for junk in (0, 4, 16, 64):
+            one = float(child(n, junk).communicate()[0])
+            pair = [child(n, junk) for _ in range(2)]
+            two = max(float(c.communicate()[0]) for c in pair)  # lockstep waits for the slower
+            print(f"{preset:>10} {n:>10,} {junk:>4} {one:8.1f} {two:8.1f} {two / one:8.2f}")
+
+
 def bench_row_reductions(reps: int, N: int = 1024, C: int = 256) -> None:
     """rowops' lane reductions against the eight scalar partial sums they replaced (kept
     here as the reference), on gpt2-mini's layernorm rows (1024 x 256), and the layernorm
@@ -653,11 +699,18 @@ def main() -> None:
     parser.add_argument(
         "--narrow", action="store_true", help="beside oneMKL: narrow products on OpenBLAS"
     )
+    parser.add_argument(
+        "--optimizer-cache", action="store_true", help="AdamW, state hot or cold, 1 or 2 at once"
+    )
     parser.add_argument("--loop-kernels-json", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--optimizer-cache-child", nargs=2, type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     reps = args.reps
     if args.loop_kernels_json:  # a --vector-width child
         print(json.dumps(time_loop_kernels(reps)))
+        return
+    if args.optimizer_cache_child:  # an --optimizer-cache child
+        print(optimizer_cache_child(*args.optimizer_cache_child, reps))
         return
     from simdist.hostcpu import cpu_identity, cpu_info
 
@@ -691,6 +744,9 @@ def main() -> None:
         return
     if args.norm:
         bench_gradient_norm(reps)
+        return
+    if args.optimizer_cache:
+        bench_optimizer_cache(reps)
         return
     if args.vector_width:
         bench_vector_width(max(3, reps // 5))
