@@ -520,6 +520,15 @@ def bench_vector_width(reps: int, rounds: int = 5) -> None:
     )
 
 
+def parameter_count(preset: str) -> int:
+    """The number of parameters of a packaged params preset's model."""
+    from simdist.config import load_params
+    from simdist.models import build_model
+
+    model = build_model(load_params(["--params", preset]).model)
+    return sum(spec.numel for spec in model.parameter_specs())
+
+
 def bench_gradient_norm(reps: int) -> None:
     """The gradient norm's float64 sum of squares at the two models' parameter counts.
 
@@ -528,9 +537,6 @@ def bench_gradient_norm(reps: int) -> None:
     float64 loop (each add waits for the one before: the latency bound lanes remove).
     """
     from simdist.kernels.optim import sum_of_squares
-
-    from simdist.config import load_params
-    from simdist.models import build_model
 
     @numba.njit(cache=False)
     def one_chain(x):
@@ -546,8 +552,7 @@ def bench_gradient_norm(reps: int) -> None:
     )
     rng = np.random.default_rng(0)
     for preset in ("fc_mnist", "gpt2_mini"):
-        model = build_model(load_params(["--params", preset]).model)
-        n = sum(spec.numel for spec in model.parameter_specs())
+        n = parameter_count(preset)
         x = rng.standard_normal(n).astype(F32)
         ours = 1e6 * best_seconds(sum_of_squares, (x,), reps)
         chain = 1e6 * best_seconds(one_chain, (x,), reps)
@@ -579,8 +584,6 @@ def optimizer_cache_child(n: int, junk_mib: int, reps: int) -> float:
 
 def bench_optimizer_cache(reps: int) -> None:
     """AdamW with its state hot or pushed out of cache, one process or two at once."""
-    from simdist.config import load_params
-    from simdist.models import build_model
 
     def child(n: int, junk: int) -> subprocess.Popen:
         cmd = [sys.executable, __file__, "--optimizer-cache-child", str(n), str(junk)]
@@ -589,8 +592,7 @@ def bench_optimizer_cache(reps: int) -> None:
     print(f"AdamW, us (median of {reps}); other data streamed between calls; two = two at once")
     print(f"{'model':>10} {'params':>10} {'MiB':>4} {'one':>8} {'two':>8} {'two/one':>8}")
     for preset in ("fc_mnist", "gpt2_mini"):
-        model = build_model(load_params(["--params", preset]).model)
-        n = sum(spec.numel for spec in model.parameter_specs())
+        n = parameter_count(preset)
         for junk in (0, 4, 16, 64):
             one = float(child(n, junk).communicate()[0])
             pair = [child(n, junk) for _ in range(2)]
