@@ -49,7 +49,8 @@ Which measurement. The profile is best-of-N (calibrate keeps each rate's best sa
 that other processes on a shared machine do not lower it): it describes the machine when
 nothing else runs. The measured side uses the same estimator: the best step over
 ``--repeats`` interleaved runs; for collectives each launch's best call, and of the
-``--repeats`` launches the one with the median error. The median is printed beside it: on
+``--launches`` launches (odd, 3 by default) the one with the median error: one launch,
+neither the better nor the worse of an even pair. The median is printed beside it: on
 a loaded machine the gap between the two is the load, not the model. Nothing is rescaled.
 
 Which profile. ``--profile`` (default: the shipped ``host``) or ``--calibrate``: calibrate
@@ -526,8 +527,8 @@ def case_links(row: dict, base: Link) -> list[Link]:
     return links
 
 
-def measured_collectives(nps: list[int], repeats: int, work: Path) -> list[dict]:
-    """Collectives of 1-16 MiB: measured (``collectives_worker``, launched ``repeats`` times)
+def measured_collectives(nps: list[int], launches: int, work: Path) -> list[dict]:
+    """Collectives of 1-16 MiB: measured (``collectives_worker``, launched ``launches`` times)
     vs the schedule model, as the training runs cost them.
 
     The link: the profile's ``intra`` link, or with ``--calibrate`` the link calibrate's
@@ -538,8 +539,8 @@ def measured_collectives(nps: list[int], repeats: int, work: Path) -> list[dict]
     base = CostModel(load_profile(HOST_PROFILE))
     rows = []
     for np_ in [n for n in nps if n > 1]:
-        launches = []
-        for k in range(max(1, repeats)):
+        runs = []
+        for k in range(max(1, launches)):
             out = work / f"collectives-np{np_}-{k}.json"
             args = [str(Path(__file__).resolve()), "--collectives-worker", str(out)]
             if PROBE_LINKS:
@@ -550,11 +551,11 @@ def measured_collectives(nps: list[int], repeats: int, work: Path) -> list[dict]
                 _launch_on_hosts(*HOSTS, args, 1800)
             else:
                 _launch(np_, args, 1800)
-            launches.append(json.loads(out.read_text()))
+            runs.append(json.loads(out.read_text()))
             if KEEP_DIR is not None:  # the cases and their probed links, for the record
                 KEEP_DIR.mkdir(parents=True, exist_ok=True)
                 shutil.copy(out, KEEP_DIR / out.name)
-        for i, r in enumerate(launches[0]):
+        for i, r in enumerate(runs[0]):
             n = r["bytes"]
             bounds = partition(n // 4, np_)
             blocks = [4 * int(x) for x in bounds[1:] - bounds[:-1]]
@@ -567,7 +568,7 @@ def measured_collectives(nps: list[int], repeats: int, work: Path) -> list[dict]
             shaped = HOSTS is not None and HOSTS[1] is not None
             pick = statistics.median if shaped else min
             pairs = []
-            for x in launches:  # the best of its predictions, as of its calls
+            for x in runs:  # the best of its predictions, as of its calls
                 links = case_links(x[i], base.link("intra", np_))
                 preds = [schedule_time(r["op"], r["algorithm"], blocks, lk) for lk in links]
                 measured = x[i]["median_us" if shaped else "best_us"]
@@ -713,7 +714,7 @@ def across_hosts(args: argparse.Namespace) -> int:
         flush=True,
     )
     with tempfile.TemporaryDirectory(prefix="validate_sim-") as tmp:
-        rows = measured_collectives([args.hosts], args.repeats, Path(tmp))
+        rows = measured_collectives([args.hosts], args.launches, Path(tmp))
     _print(rows)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
@@ -742,7 +743,14 @@ def main(argv: list[str] | None = None) -> int:
         "--repeats",
         type=int,
         default=2,
-        help="runs per training case (best kept) and launches of the collectives worker",
+        help="runs per training case (best kept)",
+    )
+    ap.add_argument(
+        "--launches",
+        type=int,
+        default=3,
+        help="launches of the collectives worker, odd: a row is the launch with the median "
+        "error (each launch: its best call against its own probes' prediction)",
     )
     ap.add_argument("--no-collectives", action="store_true", help="skip the collective rows")
     ap.add_argument(
@@ -787,6 +795,11 @@ def main(argv: list[str] | None = None) -> int:
         return collectives_worker(args.collectives_worker, args.worker_probe, calls)
     global WORKER_CALLS
     WORKER_CALLS = args.worker_calls
+    if args.launches < 1 or args.launches % 2 == 0:
+        ap.error(
+            f"--launches {args.launches}: give an odd number >= 1 (a row is the launch with "
+            "the median error, which an even count does not have)"
+        )
     if args.rate and not args.hosts:
         ap.error("--rate shapes the links of --hosts; give --hosts N too")
     if args.hosts is not None:
@@ -828,7 +841,7 @@ def main(argv: list[str] | None = None) -> int:
                 if group:
                     rows += measured_training(group, args.repeats, work)
                     if not args.no_collectives:
-                        rows += measured_collectives(group, args.repeats, work)
+                        rows += measured_collectives(group, args.launches, work)
                 if k == 0 and not args.no_parallel:  # 2 ranks: scored where 2 cores exist
                     rows += measured_parallel(args.repeats, work)
         print(

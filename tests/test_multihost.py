@@ -300,7 +300,7 @@ def test_validate_sim_scores_the_collectives_across_hosts(tmp_path, monkeypatch)
     spec.loader.exec_module(vs)
     base = CostModel(load_profile("host")).link("intra", 2)
     out = tmp_path / "hosts.json"
-    cmd = [sys.executable, "scripts/validate_sim.py", "--hosts", "2", "--repeats", "1",
+    cmd = [sys.executable, "scripts/validate_sim.py", "--hosts", "2", "--launches", "1",
            "--worker-calls", "3", "--json", str(out)]  # fmt: skip
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=REPO)
     assert r.returncode == 0, r.stdout + r.stderr
