@@ -54,7 +54,7 @@ from simdist.kernels.optim import (
     sgd_update_segments,
     sum_of_squares,
 )
-from simdist.kernels.reduce import add_divide
+from simdist.kernels.reduce import add_divide, add_divide_store
 
 F32 = np.float32
 EPS = float(np.finfo(F32).eps)
@@ -1000,6 +1000,24 @@ def test_add_divide_is_numpy_add_then_divide(divisor):
     np.divide(want, F32(divisor), out=want)
     add_divide(acc, x, F32(divisor))
     assert acc.dtype == np.float32 and max_ulp(acc, want) == 0
+
+
+@pytest.mark.parametrize("n", [0, 1, 31, 4095, 4096, 4097, 2 * 4096 + 33, 100_003])
+def test_add_divide_store_is_add_divide_copy_and_sum_of_squares(n):
+    """The shm all-reduce's fused pass (DP gradients): the same bits as add_divide, a copy
+    into the peer's buffer and sum_of_squares of the result, across piece boundaries (4096
+    elements) and the lanes' tail; also with the peer's values read and overwritten in place,
+    as the all-reduce runs it."""
+    rng = np.random.default_rng(n)
+    acc, x = randn(rng, n), randn(rng, n)
+    want = acc.copy()
+    add_divide(want, x, F32(2))
+    for inplace in (False, True):
+        got, peer = acc.copy(), x.copy()
+        dst = peer if inplace else np.full(n, np.nan, F32)
+        total = add_divide_store(got, peer, F32(2), dst, np.full(LANES, 7.0))
+        assert max_ulp(got, want) == 0 and max_ulp(dst, want) == 0
+        assert total == sum_of_squares(want)  # bitwise: the norm's order is a contract
 
 
 def test_scale_inplace_is_float32_multiply():

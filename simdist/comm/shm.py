@@ -46,8 +46,8 @@ import numpy as np
 from mpi4py import MPI
 
 from simdist.kernels.half import round_half
-from simdist.kernels.optim import sum_of_squares
-from simdist.kernels.reduce import add_divide
+from simdist.kernels.optim import LANES, sum_of_squares
+from simdist.kernels.reduce import add_divide, add_divide_store
 
 from .algorithm import Algorithm, average_block, register_algorithm
 from .p2p import Exchanger
@@ -148,6 +148,7 @@ class SharedMemory(Algorithm):
         check_single_node(placement)
         self._registered: list[_Window] = []
         self._stage: _Window | None = None
+        self._lanes = np.zeros(LANES)  # add_divide_store's scratch (the norm's lanes)
 
     # ------------------------------------------------------------------ buffers
 
@@ -275,11 +276,28 @@ class SharedMemory(Algorithm):
             src, w = self._stage_all_but(buf, lo, hi)
         self._fence(w)
         owned = buf[lo:hi]
-        self._sum_owned(src, owned, lo, hi, average)
-        partial = sum_of_squares(owned) if sumsq else None
+        r, p = self.rank, self.world
+        partial = None
+        if sumsq and average and not self.p2p.half and hi > lo:
+            # the DP gradient path: the last addition, its store into that peer's buffer and
+            # the norm's share in one pass (add_divide_store: the same bits as the three).
+            # The peer's values are read and overwritten in place, piece by piece: each
+            # piece is added before it is stored, and no other rank reads this range there
+            for k in range(1, p - 1):
+                np.add(owned, src[(r + k) % p][lo:hi], out=owned)
+            last = (r + p - 1) % p
+            partial = add_divide_store(
+                owned, src[last][lo:hi], np.float32(p), src[last][lo:hi], self._lanes
+            )
+            stored = {last}
+        else:
+            self._sum_owned(src, owned, lo, hi, average)
+            if sumsq:
+                partial = sum_of_squares(owned)
+            stored = set()
         if hi > lo:
-            for q in range(self.world):
-                if q != self.rank:
+            for q in range(p):
+                if q != r and q not in stored:
                     np.copyto(src[q][lo:hi], owned)
         self._fence(w)
         if staged:  # the others' blocks arrived in this rank's staging segment
