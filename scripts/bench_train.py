@@ -34,10 +34,16 @@ MPI.COMM_SELF; they meet in one barrier just before their training loops and nev
 communicate), their samples/s added. ``ceiling_efficiency_np2`` = that sum / (2 x the solo
 np 1 rate): what the shared cores, caches and memory bandwidth leave for ANY data-parallel
 implementation; ``dp_vs_ceiling`` = simdist np 2 / that sum (1.0: communication and
-synchronisation cost nothing). Efficiencies are given as the ratio of the medians and, as
-``*_paired``, as the median of the ratios within each repeat (whose runs ran back to back):
-on a shared virtual machine whose speed drifts by 10-20 % over tens of seconds, the paired
-figure is the steadier one.
+synchronisation cost nothing). A synchronous step waits for the slower rank, and on a
+virtual machine one core can run several per cent slower than the other for tens of seconds
+(the row's ``independent_runs``: each repeat's two rates), so it also records twice the
+slower run's rate: ``lockstep_ceiling_efficiency_np2`` = that / (2 x the solo rate), the
+most any synchronous data parallelism could reach on those two cores with free
+communication (an upper bound: per-step noise makes a lockstep pair slower still);
+``dp_vs_lockstep_ceiling`` = simdist np 2 / that. Efficiencies are given as the ratio of
+the medians and, as ``*_paired``, as the median of the ratios within each repeat (whose
+runs ran back to back): on a shared virtual machine whose speed drifts by 10-20 % over tens
+of seconds, the paired figure is the steadier one.
 
 Also printed (and in the JSON's "machine"): the machine's load, the CPU model and the ISA
 flags that decide which kernels BLAS and LLVM pick (AVX2, AVX-512, AVX512_BF16, AMX...), the
@@ -243,11 +249,12 @@ def run_simdist(
         return steady_rate(perf), perf["samples_per_sec"], sync
 
 
-def run_independent(model: str, steps: int) -> tuple[float, float]:
+def run_independent(model: str, steps: int) -> tuple[float, float, list[float]]:
     """Two single-rank simdist runs at once, no communication between them: the sum of
-    their samples/s (median step; whole run). Divided by twice a solo run's, it is the most
-    any data-parallel implementation could reach on this machine (shared cores, caches,
-    memory bandwidth)."""
+    their samples/s (median step; whole run), and each one's (median step).
+    Divided by twice a solo run's, the sum is the most any data-parallel implementation
+    could reach on this machine (shared cores, caches, memory bandwidth), and twice the
+    slower the most a synchronous one could (its every step waits for the slower rank)."""
     with tempfile.TemporaryDirectory() as d:
         cmd = [MPIEXEC, "-n", "2", sys.executable, "-m", "mpi4py", __file__]
         cmd += ["--independent", model, "--steps", str(steps), "--dir", d]
@@ -255,7 +262,8 @@ def run_independent(model: str, steps: int) -> tuple[float, float]:
         if out.returncode:
             raise RuntimeError(f"independent runs failed:\n{out.stdout}\n{out.stderr}")
         perfs = [json.loads(Path(d, f"run{r}", "performance.json").read_text()) for r in (0, 1)]
-        return sum(map(steady_rate, perfs)), sum(p["samples_per_sec"] for p in perfs)
+        rates = [steady_rate(p) for p in perfs]
+        return sum(rates), sum(p["samples_per_sec"] for p in perfs), rates
 
 
 def independent_worker(model: str, steps: int, d: str) -> int:
@@ -628,6 +636,7 @@ def main() -> int:
         samples: dict[tuple[str, int], list[float]] = {k: [] for k in impls}
         whole: dict[tuple[str, int], list[float]] = {k: [] for k in impls}
         syncs: dict[tuple[str, int], list[float]] = {k: [] for k in impls}
+        pairs: list[list[float]] = []  # each repeat's two independent runs
         floors = [floor_rate(model)]  # the step's products and AdamW alone, before and after
         for _ in range(args.repeats):  # interleaved, so load drifts hit every impl alike
             for impl, n in impls:
@@ -636,7 +645,8 @@ def main() -> int:
                     sps, run_sps, sync = run_simdist(model, n, steps, alg)
                     syncs[(impl, n)].append(sync)
                 elif impl.startswith("2 x"):
-                    sps, run_sps = run_independent(model, steps)
+                    sps, run_sps, rates = run_independent(model, steps)
+                    pairs.append(rates)
                 else:
                     sps, run_sps = run_torch(model, n, steps)
                 samples[(impl, n)].append(sps)
@@ -658,6 +668,10 @@ def main() -> int:
                 row["tokens_per_sec"] = round(sps * tokens, 1)
             if syncs[(impl, n)]:  # gradient all-reduce inside the loop, ms per step
                 row["sync_ms"] = round(1e3 * statistics.median(syncs[(impl, n)]), 3)
+            if impl.startswith("2 x") and pairs:  # twice the slower: a synchronous pair's bound
+                row["independent_runs"] = [[round(v, 2) for v in two] for two in pairs]
+                slower = statistics.median(2 * min(two) for two in pairs)
+                row["lockstep_samples_per_sec"] = round(slower, 2)
             if (impl, n) == ("simdist", 1):
                 row.update(floor)
             rows.append(row)
@@ -686,6 +700,9 @@ def summarize(rows: list[dict], gemm: float) -> list[dict]:
     whole = {(r["impl"], r["model"], r["np"]): r.get("run_samples_per_sec") for r in rows}
     runs = {(r["impl"], r["model"], r["np"]): r["runs"] for r in rows}
     floors = {r["model"]: r["floor_samples_per_sec"] for r in rows if "floor_samples_per_sec" in r}
+    lockstep = {
+        r["model"]: r["lockstep_samples_per_sec"] for r in rows if "lockstep_samples_per_sec" in r
+    }
 
     def paired(model: str, impl: str) -> float:
         """Median over the repeats of (``impl`` at np 2) / (2 x simdist at np 1) within each
@@ -704,6 +721,10 @@ def summarize(rows: list[dict], gemm: float) -> list[dict]:
             entry["ceiling_efficiency_np2"] = round(both / (2 * s1), 3)
             entry["ceiling_efficiency_np2_paired"] = paired(model, "2 x simdist np1")
             entry["dp_vs_ceiling"] = round(s2 / both, 3)
+            slower = lockstep.get(model)
+            if slower:  # twice the slower run: the bound for a synchronous pair
+                entry["lockstep_ceiling_efficiency_np2"] = round(slower / (2 * s1), 3)
+                entry["dp_vs_lockstep_ceiling"] = round(s2 / slower, 3)
         if ("torch-eager", model, 1) in by:
             entry["vs_torch_eager_np1"] = round(s1 / by[("torch-eager", model, 1)], 3)
             entry["vs_torch_eager_np1_whole_run"] = round(
