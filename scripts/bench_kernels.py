@@ -11,6 +11,7 @@ own matmul and (where installed) torch.mm (printed, never asserted).
     python scripts/bench_kernels.py --vector-width  # the loop kernels at 512- and 256-bit
     python scripts/bench_kernels.py --norm          # the gradient norm at both models' sizes
     python scripts/bench_kernels.py --optimizer-cache  # AdamW, state hot or cold, 1 or 2 at once
+    python scripts/bench_kernels.py --allreduce-pass   # shm all-reduce's last pass, fused or not
 
 One thread (simdist pins it). Forward is 2*B*C*OC FLOP; backward twice that (dinp and
 dweight). NumPy's reference runs the same three products with ``out=`` so neither side
@@ -57,6 +58,14 @@ gpt2-mini's parameter counts with its four buffers hot, and with 4, 16 and 64 Mi
 data streamed between calls (as a step's forward and backward stream theirs), in one
 process and in two at once (two data-parallel ranks updating in lockstep on this machine's
 two cores): medians of ``--reps`` calls, in child processes.
+``--allreduce-pass`` times the shared-memory all-reduce's last pass over one rank's block of
+the gradients at 2 ranks (half of FC-MNIST's and of gpt2-mini's parameters) as three passes
+(``add_divide``, the copy into the peer's buffer, ``sum_of_squares``) and as the fused
+``kernels.reduce.add_divide_store``, taking turns, with the buffers hot and with 16 MiB of
+other data streamed between calls (as backward streams its own): medians of ``--reps``. As
+the all-reduce runs them, the result goes back over the peer's values it has just read; in
+one process, so the peer's buffer is not in another core's cache as it is in training
+(there the fused pass saves more: performance.json's ``sync``).
 """
 
 import simdist  # noqa: F401  (one thread per process, before numpy loads)
@@ -672,6 +681,44 @@ def bench_row_reductions(reps: int, N: int = 1024, C: int = 256) -> None:
     print(f"  layernorm_forward {fwd:8.1f}   layernorm_backward_accumulate {bwd:8.1f}")
 
 
+def bench_allreduce_pass(reps: int) -> None:
+    """The shm all-reduce's last pass over one rank's block at 2 ranks: three passes against
+    the fused kernel (the same bits), taking turns, hot and with 16 MiB streamed between."""
+    from simdist.kernels.optim import LANES, sum_of_squares
+    from simdist.kernels.reduce import add_divide, add_divide_store
+
+    def three(acc, peer, lanes):
+        add_divide(acc, peer, F32(2))
+        np.copyto(peer, acc)
+        return sum_of_squares(acc)
+
+    def fused(acc, peer, lanes):
+        return add_divide_store(acc, peer, F32(2), peer, lanes)
+
+    print(f"shm all-reduce's last pass, us (median of {reps}); 2 ranks' block of each model")
+    print(f"{'model':>10} {'block':>10} {'streamed':>9} {'3 passes':>9} {'fused':>8} {'ratio':>6}")
+    rng = np.random.default_rng(0)
+    junk = np.zeros(16 << 18, F32)  # 16 MiB
+    for preset in ("fc_mnist", "gpt2_mini"):
+        n = parameter_count(preset) // 2
+        acc, peer = (rng.standard_normal(n, dtype=F32) for _ in range(2))
+        lanes = np.zeros(LANES)
+        for cold in (False, True):
+            times: dict[str, list[float]] = {"three": [], "fused": []}
+            for i in range(2 * reps + 2):
+                name, fn = ("three", three) if i % 2 == 0 else ("fused", fused)
+                if cold:
+                    junk += F32(1.0)
+                np.copyto(acc, peer)  # written just before, as backward writes the gradients
+                t = time.perf_counter()
+                fn(acc, peer, lanes)
+                if i >= 2:  # one untimed call each first (compile, first touch)
+                    times[name].append(time.perf_counter() - t)
+            a, b = (1e6 * float(np.median(times[k])) for k in ("three", "fused"))
+            label = "16 MiB" if cold else "none"
+            print(f"{preset:>10} {n:>10,} {label:>9} {a:9.1f} {b:8.1f} {a / b:6.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=50)
@@ -703,6 +750,9 @@ def main() -> None:
     )
     parser.add_argument(
         "--optimizer-cache", action="store_true", help="AdamW, state hot or cold, 1 or 2 at once"
+    )
+    parser.add_argument(
+        "--allreduce-pass", action="store_true", help="the shm all-reduce's last pass, fused or not"
     )
     parser.add_argument("--loop-kernels-json", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--optimizer-cache-child", nargs=2, type=int, help=argparse.SUPPRESS)
@@ -749,6 +799,9 @@ def main() -> None:
         return
     if args.optimizer_cache:
         bench_optimizer_cache(reps)
+        return
+    if args.allreduce_pass:
+        bench_allreduce_pass(reps)
         return
     if args.vector_width:
         bench_vector_width(max(3, reps // 5))
