@@ -211,16 +211,28 @@ class SharedMemory(Algorithm):
         return 2 if self.p2p.half else 4
 
     def _sum_owned(
-        self, src: list[np.ndarray], out: np.ndarray, lo: int, hi: int, average: bool = False
-    ) -> None:
+        self,
+        src: list[np.ndarray],
+        out: np.ndarray,
+        lo: int,
+        hi: int,
+        average: bool = False,
+        store_sumsq: bool = False,
+    ) -> float | None:
         """``out`` (holding this rank's values of block [lo, hi)) += the other ranks', in
         the order r+1, r+2, .. (mod p); with ``average`` the last addition is fused with
-        ``average_block``'s division (the same bits, one pass fewer)."""
+        ``average_block``'s division (the same bits, one pass fewer). ``store_sumsq`` (with
+        ``average``, float32): that last pass also stores the result over the last peer's
+        values it has just read (``add_divide_store``: each piece is added before it is
+        stored, and no other rank reads this range there) and returns ``sum_of_squares`` of
+        the result; the caller stores into the other peers. Else returns None."""
         r, p, half = self.rank, self.world, self.p2p.half
         if hi > lo:
             for k in range(1, p):
                 x = src[(r + k) % p][lo:hi]
                 if average and k == p - 1 and not half:
+                    if store_sumsq:
+                        return add_divide_store(out, x, np.float32(p), x, self._lanes)
                     add_divide(out, x, np.float32(p))
                 else:
                     np.add(out, x, out=out)
@@ -228,6 +240,7 @@ class SharedMemory(Algorithm):
                         round_half(out, half)
             if average and half:
                 average_block(out, p, half)
+        return None
 
     def _copy_others(self, src: list[np.ndarray], buf: np.ndarray, bounds: list[int]) -> None:
         for q in range(self.world):
@@ -276,28 +289,16 @@ class SharedMemory(Algorithm):
             src, w = self._stage_all_but(buf, lo, hi)
         self._fence(w)
         owned = buf[lo:hi]
-        r, p = self.rank, self.world
-        partial = None
-        if sumsq and average and not self.p2p.half and hi > lo:
-            # the DP gradient path: the last addition, its store into that peer's buffer and
-            # the norm's share in one pass (add_divide_store: the same bits as the three).
-            # The peer's values are read and overwritten in place, piece by piece: each
-            # piece is added before it is stored, and no other rank reads this range there
-            for k in range(1, p - 1):
-                np.add(owned, src[(r + k) % p][lo:hi], out=owned)
-            last = (r + p - 1) % p
-            partial = add_divide_store(
-                owned, src[last][lo:hi], np.float32(p), src[last][lo:hi], self._lanes
-            )
-            stored = {last}
-        else:
-            self._sum_owned(src, owned, lo, hi, average)
-            if sumsq:
-                partial = sum_of_squares(owned)
-            stored = set()
+        # the DP gradient path (average, sumsq, float32) stores into the last peer and takes
+        # the norm's share in its last addition's pass: one pass over the block, not three
+        fused = sumsq and average and not self.p2p.half and hi > lo
+        partial = self._sum_owned(src, owned, lo, hi, average, store_sumsq=fused)
+        if sumsq and not fused:
+            partial = sum_of_squares(owned)
         if hi > lo:
-            for q in range(p):
-                if q != r and q not in stored:
+            done = (self.rank - 1) % self.world if fused else self.rank  # stored by the pass
+            for q in range(self.world):
+                if q != self.rank and q != done:
                     np.copyto(src[q][lo:hi], owned)
         self._fence(w)
         if staged:  # the others' blocks arrived in this rank's staging segment
