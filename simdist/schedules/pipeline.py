@@ -1137,13 +1137,14 @@ class Pipeline(WholeTensorCheckpoint, Schedule):
         meta = self.eval_meta(n) if self.rank == 0 else (0, 0)
         return np.array([loss_sum, correct, *meta], np.float64)
 
-    def _simulate(self, run, steps: int, host_s: float) -> dict[str, Any]:
+    def _simulate(self, run, steps: int, host_s: float, working_set: float) -> dict[str, Any]:
         """Rank 0: a step on the simulated device (``simdist.sim.pp_schedule``, the function
         plan mode calls for the same configuration) and its Chrome trace
         (``model_dir/timeline.json``, the first ``runconfig.trace_steps`` steps).
         ``est_step_time_s`` adds ``host_s`` (the measured host time of the
         forward/backward phase, the largest rank's mean per step: what a plan cannot
-        know), as data parallelism's estimate adds its measured "other" time."""
+        know), as data parallelism's estimate adds its measured "other" time.
+        ``working_set``: the bytes the ranks of rank 0's node keep resident."""
         from simdist.device import write_chrome_trace
         from simdist.sim.pp_schedule import pipeline_step, pipeline_trace
 
@@ -1164,6 +1165,7 @@ class Pipeline(WholeTensorCheckpoint, Schedule):
             half=self.precision.half,
             half_gradients=bool(self.grad_wire),
             group=self._group_calls(),
+            working_set=working_set,
         )
         traced = min(r.trace_steps, steps)
         if traced:
@@ -1273,7 +1275,11 @@ class Pipeline(WholeTensorCheckpoint, Schedule):
         if ranks is None:
             return None
         host = max(x["host_s"] for x in ranks)
-        simulated = self._simulate(run, steps, host) if steps else {}  # views are set
+        # what the ranks of rank 0's node keep resident: on profiles keyed by it (a CPU's
+        # shared caches) a kernel's operands come from as far away as this reaches
+        place = self.coll.placement
+        resident = sum(sum(ranks[q]["memory_bytes"].values()) for q in place.members(place.node))
+        simulated = self._simulate(run, steps, host, resident) if steps else {}  # views set
         line = simulated_line(simulated)
         if line:
             run.log(line)

@@ -600,14 +600,6 @@ class Planner(AnalyticStep):
             raise ValueError("a pipeline's stage groups sync with ring, rhd or auto")
         nodes = -(-c.devices // prof.devices_per_node)
         opt = "adamw" if c.optimizer == "adam" else "sgd"
-        est = pipeline_step(
-            model, prof, split, kind=c.pipeline_schedule, micro=m, micro_batch=micro,
-            replicas=dp, zero=c.zero, optimizer_type=opt, algorithm=algorithm,
-            link_class="intra" if nodes == 1 else "inter",
-            half=self.dtype if self.elem == 2 else None,  # the run's runconfig.precision
-            group=None if c.tp == 1 else stage_group_calls(
-                model, c.tp, micro, seq, c.algorithm, self.elem),
-        )  # fmt: skip
         per_rank = [
             stage_memory(
                 model,
@@ -625,6 +617,19 @@ class Planner(AnalyticStep):
             for d in range(dp)
             for s in range(c.pp)
         ]
+        # profiles keyed by the working set (a CPU's caches): what the ranks of the first
+        # node keep resident, rank (d P + s) T + t holding its stage's accounting
+        per_node = min(prof.devices_per_node, c.devices)
+        resident = sum(sum(per_rank[q // c.tp].values()) for q in range(per_node))
+        est = pipeline_step(
+            model, prof, split, kind=c.pipeline_schedule, micro=m, micro_batch=micro,
+            replicas=dp, zero=c.zero, optimizer_type=opt, algorithm=algorithm,
+            link_class="intra" if nodes == 1 else "inter",
+            half=self.dtype if self.elem == 2 else None,  # the run's runconfig.precision
+            group=None if c.tp == 1 else stage_group_calls(
+                model, c.tp, micro, seq, c.algorithm, self.elem),
+            working_set=resident,
+        )  # fmt: skip
         mem.update(max(per_rank, key=lambda x: sum(x.values())))
         out.update(est.breakdown())
         self.notes += est.notes

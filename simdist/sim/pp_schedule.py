@@ -365,6 +365,7 @@ def pipeline_step(
     half: str | None = None,
     half_gradients: bool = True,
     group: dict[str, list[list[Any]]] | None = None,
+    working_set: float = 0.0,
 ) -> PipelineStep:
     """The step described in the module docstring. ``plan``: the run's ``StagePlan``;
     ``replicas``: D x T (the stage groups' size); ``algorithm``: the gradient collectives'
@@ -373,13 +374,16 @@ def pipeline_step(
     weights and (``half_gradients``: unless ``fp32_allreduce``) gradients at 2 bytes on
     every link, as the device holds them. ``group``: tensor-parallel weight mode, the
     group's collectives per phase and model stage (``tp_schedule.stage_group_calls``),
-    each run blocking after its model stage's kernels, over the group's node."""
+    each run blocking after its model stage's kernels, over the group's node.
+    ``working_set``: the bytes the ranks of a node keep resident (every stage's model states
+    and activations), which keys the memory efficiency of a CPU profile's kernels, as in
+    data parallelism's step (``CostModel.working_set``)."""
     from .streaming_step import device_compute
 
     P = len(plan.ranges)
     elem = 2 if half else 4  # bytes of an activation or weight on the device
     gelem = 2 if half and half_gradients else 4  # of a gradient in its collectives
-    f, b, note = device_compute(model, model.stages(), profile, micro_batch, half)
+    f, b, note = device_compute(model, model.stages(), profile, micro_batch, half, working_set)
     fwd = [sum(f[k0:k1]) for k0, k1 in plan.ranges]
     bwd = [sum(b[k0:k1]) for k0, k1 in plan.ranges]
     sizes = [
@@ -389,7 +393,7 @@ def pipeline_step(
     send = [link_seconds(profile, link_class, f_b) for f_b, _ in sizes]
     back = [link_seconds(profile, link_class, b_b) for _, b_b in sizes]
     notes = [note]
-    cost = CostModel(profile, compute_dtype(profile, half)[0])
+    cost = CostModel(profile, compute_dtype(profile, half)[0], working_set)
     layout = Layout(model.parameter_specs(), replicas)
     D = replicas
 

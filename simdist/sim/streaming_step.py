@@ -229,12 +229,20 @@ def step_events(
 
 
 def device_compute(
-    model, stages: list[Stage], profile: DeviceProfile, batch: int, half: str | None = None
+    model,
+    stages: list[Stage],
+    profile: DeviceProfile,
+    batch: int,
+    half: str | None = None,
+    working_set: float = 0.0,
 ) -> tuple:
     """``stage_compute_times`` on the profile's cost model at the run's precision (``half``:
-    a mixed-precision run's format, timed at the profile's half rates where it has them)."""
+    a mixed-precision run's format, timed at the profile's half rates where it has them).
+    ``working_set``: the bytes the ranks of a node keep resident, on profiles whose memory
+    efficiency is keyed by it (a CPU's shared caches: ``CostModel.working_set``)."""
     dtype, notes = compute_dtype(profile, half)
-    fwd, bwd, note = stage_compute_times(model, stages, CostModel(profile, dtype), batch)
+    cost = CostModel(profile, dtype, working_set)
+    fwd, bwd, note = stage_compute_times(model, stages, cost, batch)
     return fwd, bwd, "; ".join([note, *notes])
 
 
