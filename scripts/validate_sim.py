@@ -424,9 +424,12 @@ def collectives_worker(out: str, probe_links: bool = False, calls: int = COLL_CA
         rounds: dict = {}
         views = None
         if probe is not None:
-            # latencies as calibrate takes them: best of a tight loop (interleaved with the
-            # large transfers, the shm fence came out 1.5-4x what it costs inside the calls)
-            lat = probe.latencies(coll, tiny, 50)
+            # latencies as calibrate takes them (best of a loop, not interleaved with the
+            # large transfers: there the shm fence came out 1.5-4x what it costs inside the
+            # calls), each right after the case's buffer is written, as its calls run: a
+            # 16 MiB write evicts the calls' own Python and MPI state (their fixed costs
+            # 3-4x the tight loop's on Zen 5); a 4 MiB one leaves them within 2 us
+            lat = probe.latencies(coll, tiny, 50, written=buf)
             if alg == "shm":
                 views = coll.peer_views(buf)
                 kinds = dict.fromkeys(DIRECT_MODES, DIRECT_SIZES)

@@ -1141,3 +1141,36 @@ def test_estimate_fields_split_and_log_line():
         [{"peak_bytes": {"a": 1, "total": 3}}, {"peak_bytes": {"a": 2, "total": 2}}]
     )
     assert peaks == {"a": 2, "total": 3}
+
+
+def test_link_latencies_run_each_primitive_right_after_the_written_buffer():
+    """``LinkProbe.latencies(written=buf)``: every timed primitive (the bare Sendrecv, the
+    ring call, and on shared memory the shm call, its addition and the fence) runs right
+    after ``buf`` is written, as validate_sim's collective cases run their calls; without
+    it nothing is written (the tight loop calibrate takes)."""
+    from mpi4py import MPI
+
+    from simdist.calibration.link import LinkProbe
+    from simdist.comm import Collectives
+
+    class Counted(np.ndarray):
+        fills = 0
+
+        def fill(self, value):
+            type(self).fills += 1
+            super().fill(value)
+
+    coll = Collectives(MPI.COMM_SELF)
+    probe = LinkProbe(MPI.COMM_SELF, coll.exchanger)
+    tiny = coll.buffer(16)
+    written = np.zeros(1024, np.float32).view(Counted)
+    lat = probe.latencies(coll, tiny, repeats=4, warmup=1, written=written)
+    primitives = 5 if coll.registered(tiny) else 2
+    assert Counted.fills == (1 + 4) * primitives
+    assert (np.asarray(written) == 1.0).all()
+    assert lat["raw"] > 0 and lat["call"] >= 0
+    Counted.fills = 0
+    probe.latencies(coll, tiny, repeats=2, warmup=0)
+    assert Counted.fills == 0
+    probe.free()
+    coll.free()
