@@ -428,7 +428,7 @@ def collectives_worker(out: str, probe_links: bool = False, calls: int = COLL_CA
             # large transfers: there the shm fence came out 1.5-4x what it costs inside the
             # calls), each right after the case's buffer is written, as its calls run: a
             # 16 MiB write evicts the calls' own Python and MPI state (their fixed costs
-            # 3-4x the tight loop's on Zen 5); a 4 MiB one leaves them within 2 us
+            # 2.5-7x the tight loop's on Zen 5); a 1 or 4 MiB one leaves them at 6-8 us
             lat = probe.latencies(coll, tiny, 50, written=buf)
             if alg == "shm":
                 views = coll.peer_views(buf)
