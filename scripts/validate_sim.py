@@ -465,6 +465,7 @@ def collectives_worker(out: str, probe_links: bool = False, calls: int = COLL_CA
                 "bytes": n,
                 "best_us": 1e6 * min(window),
                 "median_us": 1e6 * float(np.median(window)),
+                "calls_us": [round(1e6 * t, 2) for t in window],  # in order, for the record
                 "link": link,
             }
         )
