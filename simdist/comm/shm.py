@@ -149,6 +149,12 @@ class SharedMemory(Algorithm):
         self._registered: list[_Window] = []
         self._stage: _Window | None = None
         self._lanes = np.zeros(LANES)  # add_divide_store's scratch (the norm's lanes)
+        # registered arrays seen before: id -> (the array, its views, window). Held, so the
+        # id is not reused while cached. A step calls with the same few arrays, and once
+        # backward has streamed its data through the CPU caches, building the address
+        # (numpy's interface dict) and the views is one of the slowest parts of a call's
+        # Python; a hit is one dict lookup.
+        self._known: dict[int, tuple[np.ndarray, list[np.ndarray], _Window]] = {}
 
     # ------------------------------------------------------------------ buffers
 
@@ -162,16 +168,22 @@ class SharedMemory(Algorithm):
         return w.segments[self.rank]
 
     def is_registered(self, buf: np.ndarray) -> bool:
-        addr = _address(buf)
-        return any(w.offset_of(addr, buf.size) is not None for w in self._registered)
+        return self._peers(buf)[1] is not None
 
     def _peers(self, buf: np.ndarray) -> tuple[list[np.ndarray], _Window | None]:
         """Every rank's view of ``buf`` if it is registered (and the window), else ([], None)."""
+        hit = self._known.get(id(buf))
+        if hit is not None and hit[0] is buf:
+            return hit[1], hit[2]
         addr = _address(buf)  # once: numpy builds the interface dict on every access
         for w in self._registered:
             off = w.offset_of(addr, buf.size)
             if off is not None:
-                return [s[off : off + buf.size] for s in w.segments], w
+                views = [s[off : off + buf.size] for s in w.segments]
+                if len(self._known) >= 64:  # views made per call: keep the table small
+                    self._known.clear()
+                self._known[id(buf)] = (buf, views, w)
+                return views, w
         return [], None
 
     def views(self, buf: np.ndarray) -> tuple[list[np.ndarray], Callable[[], None]] | None:
@@ -196,6 +208,7 @@ class SharedMemory(Algorithm):
         w.win.Sync()
 
     def free(self) -> None:
+        self._known.clear()
         for w in self._registered:
             w.free()
         self._registered = []
