@@ -549,7 +549,7 @@ def measured_collectives(nps: list[int], launches: int, work: Path) -> list[dict
             args = [str(Path(__file__).resolve()), "--collectives-worker", str(out)]
             if PROBE_LINKS:
                 args.append("--worker-probe")
-            if WORKER_CALLS is not None:  # tests: fewer calls
+            if WORKER_CALLS is not None:  # --worker-calls (tests: fewer)
                 args += ["--worker-calls", str(WORKER_CALLS)]
             if HOSTS is not None:
                 _launch_on_hosts(*HOSTS, args, 1800)
@@ -787,7 +787,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rate", help="with --hosts: shape each host's link, e.g. 1gbit")
     ap.add_argument("--collectives-worker", metavar="OUT", help=argparse.SUPPRESS)
     ap.add_argument("--worker-probe", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--worker-calls", type=int, help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--worker-calls",
+        type=int,
+        metavar="N",
+        help=f"timed calls per collective case, each next to one probe round with --calibrate "
+        f"(default {COLL_CALLS}): more calls, steadier best-of figures on a noisy machine",
+    )
     ap.add_argument(
         "--combine",
         choices=("roofline", "sum"),

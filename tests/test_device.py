@@ -961,6 +961,9 @@ def test_validate_sim_collectives_worker_probes_each_cases_buffer(tmp_path, monk
     base = CostModel(load_profile("host")).link("intra", 2)
     for row in rows:
         assert 0 < row["best_us"] <= row["median_us"], row
+        calls = row["calls_us"]  # every timed call, in order (rounded to 0.01 us)
+        assert len(calls) == mod.COLL_CALLS
+        assert min(calls) == pytest.approx(row["best_us"], abs=0.01), row
         shm = row["algorithm"] == "shm"
         rounds = row["link"]["rounds"]
         mpi = {"sendrecv", "reduce"} | ({"gather"} if row["op"] == "allreduce" else set())
